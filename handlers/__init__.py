@@ -1,0 +1,1 @@
+"""Handler modules: the shipped examples, and where users add theirs."""

@@ -1,0 +1,12 @@
+"""Thaw: a serverless function runtime for GPU inference.
+
+The public handler API is re-exported here; everything else is imported from
+its own module. Importing this package must stay cheap (no torch).
+"""
+
+from runtime.context import Context
+from runtime.errors import InvalidInput
+from runtime.registry import bundle, handler
+
+__all__ = ["Context", "InvalidInput", "bundle", "handler"]
+__version__ = "0.1.0"

@@ -1,0 +1,223 @@
+"""The exception tree. Every deliberate error is a `ThawError`.
+
+    ThawError                      500 internal
+    ├── ConfigError                500 config
+    ├── BadRequest                 400 bad-request
+    │   ├── InvalidJSON            400 invalid-json
+    │   ├── InvalidInput           400 invalid-input   (a handler rejects its event)
+    │   └── InvalidPrefer          400 invalid-prefer
+    ├── Unauthorized               401 unauthorized
+    ├── NotFound                   404 not-found
+    │   ├── UnknownHandler         404 unknown-handler
+    │   ├── UnknownBundle          404 unknown-bundle
+    │   └── UnknownJob             404 unknown-job
+    ├── Conflict                   409 conflict
+    ├── PayloadTooLarge            413 payload-too-large
+    ├── QueueFull                  429 queue-full      (Retry-After)
+    ├── HandlerError               500 handler-error   (user code raised)
+    ├── BundleError                500 bundle-invalid  (manifest or layout defect)
+    │   └── IntegrityError         500 integrity       (size or sha256 mismatch)
+    ├── LoadFailed                 503 load-failed     (a load failed; retried after back-off)
+    ├── Unavailable                503 unavailable
+    │   ├── Draining               503 drained
+    │   └── InsufficientMemory     503 insufficient-memory
+    └── Cancelled                  409 cancelled
+
+Each class knows its HTTP status, its problem type slug and its title. The slug
+is also a job's `error.type` and the Lambda `errorType`, so one name follows an
+error through every surface. Foreign errors are translated once, at the
+boundary where they are caught, with `raise ... from exc`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class ThawError(Exception):
+    """Root of every deliberate runtime error."""
+
+    status: ClassVar[int] = 500
+    slug: ClassVar[str] = "internal"
+    title: ClassVar[str] = "Internal error"
+
+    def __init__(self, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.extra = extra
+        # Seconds a client should wait before retrying; rendered as Retry-After.
+        self.retry_after_s: float | None = extra.pop("retry_after_s", None)
+
+    def to_problem(self, instance: str | None = None) -> dict[str, Any]:
+        """RFC 9457 problem details."""
+        problem: dict[str, Any] = {
+            "type": f"https://thaw.dev/problems/{self.slug}",
+            "title": self.title,
+            "status": self.status,
+            "detail": self.message,
+        }
+        if instance:
+            problem["instance"] = instance
+        problem.update(self.extra)
+        return problem
+
+    def to_job_error(self) -> dict[str, str]:
+        return {"type": self.slug, "message": self.message}
+
+
+class ConfigError(ThawError):
+    """A setting or template value is invalid."""
+
+    slug = "config"
+    title = "Invalid configuration"
+
+
+class BadRequest(ThawError):
+    """The request cannot be processed as sent."""
+
+    status = 400
+    slug = "bad-request"
+    title = "Bad request"
+
+
+class InvalidJSON(BadRequest):
+    """The body is not valid JSON."""
+
+    slug = "invalid-json"
+    title = "Malformed JSON body"
+
+
+class InvalidInput(BadRequest):
+    """A handler rejected its event; `field` names the offending field."""
+
+    slug = "invalid-input"
+    title = "Invalid input"
+
+    def __init__(self, field: str, message: str, **extra: Any) -> None:
+        super().__init__(f"{field}: {message}", field=field, **extra)
+        self.field = field
+
+
+class InvalidPrefer(BadRequest):
+    """The Prefer header could not be parsed."""
+
+    slug = "invalid-prefer"
+    title = "Invalid Prefer header"
+
+
+class Unauthorized(ThawError):
+    """Missing or wrong credentials."""
+
+    status = 401
+    slug = "unauthorized"
+    title = "Unauthorized"
+
+
+class NotFound(ThawError):
+    """The named thing does not exist."""
+
+    status = 404
+    slug = "not-found"
+    title = "Not found"
+
+
+class UnknownHandler(NotFound):
+    """No handler of that name is registered."""
+
+    slug = "unknown-handler"
+    title = "Unknown handler"
+
+
+class UnknownBundle(NotFound):
+    """No bundle of that name is in the bundle source."""
+
+    slug = "unknown-bundle"
+    title = "Unknown bundle"
+
+
+class UnknownJob(NotFound):
+    """No job of that id (or not one this caller may see)."""
+
+    slug = "unknown-job"
+    title = "Unknown job"
+
+
+class Conflict(ThawError):
+    """The request conflicts with the current state."""
+
+    status = 409
+    slug = "conflict"
+    title = "Conflict"
+
+
+class Cancelled(Conflict):
+    """The job was cancelled before it finished."""
+
+    slug = "cancelled"
+    title = "Cancelled"
+
+
+class PayloadTooLarge(ThawError):
+    """The body exceeds THAW_MAX_BODY_BYTES."""
+
+    status = 413
+    slug = "payload-too-large"
+    title = "Payload too large"
+
+
+class QueueFull(ThawError):
+    """The handler's bounded queue is full; retry later."""
+
+    status = 429
+    slug = "queue-full"
+    title = "Queue full"
+
+
+class HandlerError(ThawError):
+    """User handler or builder code raised."""
+
+    slug = "handler-error"
+    title = "Handler error"
+
+
+class BundleError(ThawError):
+    """A bundle's manifest or layout is defective."""
+
+    slug = "bundle-invalid"
+    title = "Invalid bundle"
+
+
+class IntegrityError(BundleError):
+    """A bundle file's size or sha256 does not match its manifest."""
+
+    slug = "integrity"
+    title = "Bundle integrity check failed"
+
+
+class Unavailable(ThawError):
+    """The service cannot take this request now."""
+
+    status = 503
+    slug = "unavailable"
+    title = "Service unavailable"
+
+
+class LoadFailed(Unavailable):
+    """A bundle failed to load; the next attempt waits for a back-off."""
+
+    slug = "load-failed"
+    title = "Model load failed"
+
+
+class Draining(Unavailable):
+    """The instance is draining and takes no new work."""
+
+    slug = "drained"
+    title = "Draining"
+
+
+class InsufficientMemory(Unavailable):
+    """The bundle cannot fit in the memory budget."""
+
+    slug = "insufficient-memory"
+    title = "Insufficient memory"

@@ -1,0 +1,156 @@
+"""Async jobs: the record, its wire form, and the store contract.
+
+A job is created when a request cannot be answered before its deadline. The
+instance that runs it holds a *lease* (owner + lease_until) and renews it with
+heartbeats; a job whose lease lapsed (its instance died) is claimed again by
+whichever instance next sees it (a poll, or the start-up sweep), up to
+`THAW_JOB_MAX_ATTEMPTS`, then failed with `worker-lost`. All state changes are
+conditional, so two instances never both own one job.
+
+Stores are synchronous (SQLite and boto3 are); async callers run them in a
+thread. `open_store` picks one from `THAW_JOB_STORE`.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Protocol
+
+from runtime.errors import ConfigError
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def final(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+def new_job_id() -> str:
+    """192 random bits from the OS CSPRNG, URL-safe."""
+    return secrets.token_urlsafe(24)
+
+
+def rfc3339(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z"
+    )
+
+
+@dataclass
+class Job:
+    id: str
+    handler: str
+    input: Any
+    status: JobStatus = JobStatus.QUEUED
+    phase: str = "queued"
+    attempts: int = 0
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    expires_at: float = 0.0
+    output: Any = None
+    error: dict[str, Any] | None = None
+    owner: str | None = None
+    lease_until: float | None = None
+    # Id (not the secret) of the API key that created the job; None when auth is off.
+    key_id: str | None = None
+    progress: dict[str, Any] | None = None
+
+    def public(self) -> dict[str, Any]:
+        """The job object of the HTTP contract."""
+        body: dict[str, Any] = {
+            "id": self.id,
+            "handler": self.handler,
+            "status": str(self.status),
+            "phase": self.phase,
+            "attempts": self.attempts,
+            "created_at": rfc3339(self.created_at),
+            "updated_at": rfc3339(self.updated_at),
+        }
+        if self.progress:
+            body["progress"] = self.progress
+        if self.status is JobStatus.SUCCEEDED:
+            body["output"] = self.output
+        if self.error is not None:
+            body["error"] = self.error
+        return body
+
+
+LOST_ERROR = "worker-lost"
+
+
+class JobStore(Protocol):
+    """The contract every job store meets (one test suite runs against all)."""
+
+    def create(self, job: Job) -> None:
+        """Insert a new job; its id must be unused."""
+        ...
+
+    def get(self, job_id: str) -> Job | None:
+        """The job, or None if unknown or expired."""
+        ...
+
+    def claim(self, job_id: str, owner: str, lease_s: float, max_attempts: int) -> Job | None:
+        """Take the job to run it.
+
+        Succeeds (returns the job, now `running`, attempts + 1, leased to
+        `owner`) when it is queued, or running with a lapsed lease and fewer
+        than `max_attempts` attempts. A lapsed job out of attempts is failed
+        with error type `worker-lost`. Otherwise returns None.
+        """
+        ...
+
+    def heartbeat(self, job_id: str, owner: str, lease_s: float) -> bool:
+        """Renew the lease; False when `owner` no longer holds a running job."""
+        ...
+
+    def set_phase(
+        self, job_id: str, owner: str, phase: str, progress: dict[str, Any] | None = None
+    ) -> bool:
+        ...
+
+    def finish(
+        self,
+        job_id: str,
+        owner: str,
+        status: JobStatus,
+        output: Any = None,
+        error: dict[str, Any] | None = None,
+    ) -> bool:
+        """Record the final state, only if `owner` still holds the running job."""
+        ...
+
+    def cancel(self, job_id: str) -> Job | None:
+        """Queued or running -> cancelled; returns the job as it now is."""
+        ...
+
+    def lapsed(self, limit: int = 100) -> list[str]:
+        """Ids of running jobs whose lease has lapsed, and of queued jobs, oldest first."""
+        ...
+
+    def purge_expired(self) -> int:
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+def open_store(url: str, *, ttl_s: float) -> JobStore:
+    if url.startswith("sqlite://"):
+        from runtime.jobs.stores.sqlite import SQLiteJobStore
+
+        return SQLiteJobStore.from_url(url, ttl_s=ttl_s)
+    if url.startswith("dynamodb://"):
+        from runtime.jobs.stores.dynamodb import DynamoDBJobStore
+
+        return DynamoDBJobStore.from_url(url, ttl_s=ttl_s)
+    raise ConfigError(f"THAW_JOB_STORE={url!r}: expected sqlite:///path or dynamodb://table")

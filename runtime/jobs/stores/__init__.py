@@ -1,0 +1,1 @@
+"""Job store implementations (SQLite for local, DynamoDB + S3 on AWS)."""

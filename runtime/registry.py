@@ -1,0 +1,167 @@
+"""The handler API and its discovery.
+
+    from runtime import Context, bundle, handler
+
+    @bundle("tiny-mlp")
+    def build(weights, config, device):           # once per instance per bundle version
+        ...
+
+    @handler("predict", uses=["tiny-mlp"], warmup=[{"x": [0.0, 0.0]}])
+    def predict(event, mlp, ctx):                  # models positional, in `uses` order
+        ...
+
+The decorators only attach a spec to the function; `discover()` imports the
+handler modules and collects the specs into a `Registry`. Handler modules must
+not import torch at module level (do it inside builders), so discovery stays
+cheap and the control interface starts without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from runtime.errors import ConfigError, UnknownHandler
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Parameters a builder may declare, bound by name when it runs.
+BUILDER_PARAMS = frozenset({"weights", "config", "device", "files", "manifest"})
+_SPEC_ATTR = "__thaw_spec__"
+
+
+@dataclass(frozen=True)
+class BuilderSpec:
+    bundle: str
+    fn: Callable[..., Any]
+    params: tuple[str, ...]
+
+    def call(self, available: Mapping[str, Any]) -> Any:
+        return self.fn(**{name: available[name] for name in self.params})
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    name: str
+    fn: Callable[..., Any]
+    uses: tuple[str, ...] = ()
+    warmup: tuple[dict[str, Any], ...] = ()
+    is_async: bool = False
+    description: str = ""
+
+
+def bundle(name: str) -> Callable[[F], F]:
+    """Declare `fn` as the builder of bundle `name`: weights -> model object."""
+
+    def decorate(fn: F) -> F:
+        params = tuple(inspect.signature(fn).parameters)
+        unknown = [p for p in params if p not in BUILDER_PARAMS]
+        if unknown:
+            raise TypeError(
+                f"builder {fn.__qualname__} for {name!r}: unknown parameter {unknown[0]!r} "
+                f"(builders may take {sorted(BUILDER_PARAMS)})"
+            )
+        setattr(fn, _SPEC_ATTR, BuilderSpec(name, fn, params))
+        return fn
+
+    return decorate
+
+
+def handler(
+    name: str,
+    *,
+    uses: Iterable[str] = (),
+    warmup: Iterable[dict[str, Any]] = (),
+) -> Callable[[F], F]:
+    """Declare `fn(event, *models, ctx)` as handler `name`."""
+
+    def decorate(fn: F) -> F:
+        uses_t = tuple(uses)
+        arity = len(inspect.signature(fn).parameters)
+        if arity != len(uses_t) + 2:
+            raise TypeError(
+                f"handler {name!r} takes {arity} parameters; expected event, "
+                f"{len(uses_t)} model(s) for {list(uses_t)}, ctx"
+            )
+        spec = HandlerSpec(
+            name=name,
+            fn=fn,
+            uses=uses_t,
+            warmup=tuple(dict(w) for w in warmup),
+            is_async=inspect.iscoroutinefunction(fn),
+            description=(inspect.getdoc(fn) or "").split("\n")[0],
+        )
+        setattr(fn, _SPEC_ATTR, spec)
+        return fn
+
+    return decorate
+
+
+@dataclass
+class Registry:
+    builders: dict[str, BuilderSpec] = field(default_factory=dict)
+    handlers: dict[str, HandlerSpec] = field(default_factory=dict)
+
+    def add(self, spec: BuilderSpec | HandlerSpec, origin: str) -> None:
+        if isinstance(spec, BuilderSpec):
+            if spec.bundle in self.builders and self.builders[spec.bundle].fn is not spec.fn:
+                raise ConfigError(f"two builders for bundle {spec.bundle!r} (second in {origin})")
+            self.builders[spec.bundle] = spec
+        else:
+            if spec.name in self.handlers and self.handlers[spec.name].fn is not spec.fn:
+                raise ConfigError(f"two handlers named {spec.name!r} (second in {origin})")
+            self.handlers[spec.name] = spec
+
+    def handler(self, name: str) -> HandlerSpec:
+        try:
+            return self.handlers[name]
+        except KeyError:
+            raise UnknownHandler(f"no handler named {name!r}") from None
+
+    def builder(self, bundle_name: str) -> BuilderSpec | None:
+        return self.builders.get(bundle_name)
+
+    def users_of(self, bundle_name: str) -> list[HandlerSpec]:
+        return [h for h in self.handlers.values() if bundle_name in h.uses]
+
+    def bundle_names(self) -> set[str]:
+        return {b for h in self.handlers.values() for b in h.uses}
+
+    def check(self) -> None:
+        """Every bundle a handler uses has a builder."""
+        for h in self.handlers.values():
+            for b in h.uses:
+                if b not in self.builders:
+                    raise ConfigError(f"handler {h.name!r} uses bundle {b!r}, which has no builder")
+
+
+def _collect(module: Any, registry: Registry) -> None:
+    for value in vars(module).values():
+        spec = getattr(value, _SPEC_ATTR, None)
+        if isinstance(spec, BuilderSpec | HandlerSpec):
+            registry.add(spec, module.__name__)
+
+
+def discover(modules: Iterable[str] = ()) -> Registry:
+    """Import handler modules (default: every module of the `handlers` package)."""
+    names = list(modules)
+    if not names:
+        package = importlib.import_module("handlers")
+        names = [
+            f"handlers.{info.name}"
+            for info in pkgutil.iter_modules(package.__path__)
+            if not info.name.startswith("_") and not info.ispkg
+        ]
+    registry = Registry()
+    for name in names:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            raise ConfigError(f"cannot import handler module {name!r}: {exc}") from exc
+        _collect(module, registry)
+    registry.check()
+    return registry

@@ -1,0 +1,133 @@
+"""The one settings object, read once from `THAW_*` environment variables.
+
+Nothing else in the runtime reads `os.environ` for configuration; every
+component receives the settings (or the values it needs) in its constructor.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from runtime.errors import ConfigError
+
+
+def _parse_bytes(text: str) -> int:
+    """`8GiB`, `512MB`, `1e9` or a plain integer -> bytes."""
+    units = {
+        "kib": 1024,
+        "mib": 1024**2,
+        "gib": 1024**3,
+        "tib": 1024**4,
+        "kb": 1000,
+        "mb": 1000**2,
+        "gb": 1000**3,
+        "tb": 1000**4,
+        "k": 1024,
+        "m": 1024**2,
+        "g": 1024**3,
+        "b": 1,
+    }
+    raw = text.strip().lower().replace("_", "")
+    for suffix, factor in units.items():
+        if raw.endswith(suffix):
+            return int(float(raw[: -len(suffix)].strip()) * factor)
+    return int(float(raw))
+
+
+def _split_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Runtime configuration. Each field `x` is read from `THAW_X`."""
+
+    # Seconds a caller waits by default before getting a 202 and a job.
+    wait_s: float = 10.0
+    # Answer a turned-into-a-job request this long before its deadline.
+    deadline_margin_s: float = 0.05
+    # Where bundles come from: a directory or s3://bucket/prefix.
+    bundle_source: str = "bundles"
+    # Node cache for fetched bundles and persisted load statistics.
+    cache_dir: str = ".thaw/cache"
+    state_dir: str = ".thaw/state"
+    # sqlite:///path or dynamodb://table?bucket=name
+    job_store: str = "sqlite:///.thaw/jobs.sqlite3"
+    job_ttl_s: float = 24 * 3600.0
+    job_lease_s: float = 30.0
+    job_max_attempts: int = 3
+    # 0 means "derive from the machine" (free GPU memory or the cgroup/host limit).
+    memory_budget: int = 0
+    prewarm: tuple[str, ...] = ()
+    # Handler modules to import; empty means every module in the `handlers` package.
+    handlers: tuple[str, ...] = ()
+    max_queue: int = 64
+    max_body_bytes: int = 6 * 1024 * 1024
+    drain_grace_s: float = 30.0
+    device: str = ""
+    # Back-off after a failed load before the next attempt, doubled per failure.
+    retry_backoff_s: float = 1.0
+    # Used for estimates before any load of a bundle was observed.
+    default_bandwidth_bytes_s: float = 200e6
+    default_init_s: float = 2.0
+    fetch_stall_s: float = 30.0
+    fetch_concurrency: int = 8
+    min_residency_s: float = 30.0
+    api_keys: tuple[str, ...] = ()
+    api_keys_file: str = ""
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            key = f"THAW_{f.name.upper()}"
+            if key not in env:
+                continue
+            raw = env[key]
+            default = f.default
+            try:
+                if f.name == "memory_budget":
+                    values[f.name] = _parse_bytes(raw) if raw.strip() else 0
+                elif f.name == "max_body_bytes":
+                    values[f.name] = _parse_bytes(raw)
+                elif isinstance(default, tuple):
+                    values[f.name] = _split_list(raw)
+                elif isinstance(default, bool):
+                    values[f.name] = raw.strip().lower() in {"1", "true", "yes", "on"}
+                elif isinstance(default, int):
+                    values[f.name] = int(raw)
+                elif isinstance(default, float):
+                    values[f.name] = float(raw)
+                else:
+                    values[f.name] = raw
+            except ValueError as exc:
+                raise ConfigError(f"{key}={raw!r} is not a valid {type(default).__name__}") from exc
+        values.update(overrides)
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        if self.wait_s < 0:
+            raise ConfigError("THAW_WAIT_S must be >= 0")
+        if self.max_queue < 1:
+            raise ConfigError("THAW_MAX_QUEUE must be >= 1")
+        if self.job_max_attempts < 1:
+            raise ConfigError("THAW_JOB_MAX_ATTEMPTS must be >= 1")
+        if self.max_body_bytes < 1:
+            raise ConfigError("THAW_MAX_BODY_BYTES must be >= 1")
+
+    @property
+    def cache_path(self) -> Path:
+        return Path(self.cache_dir)
+
+    @property
+    def state_path(self) -> Path:
+        return Path(self.state_dir)
+

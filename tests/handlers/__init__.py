@@ -1,0 +1,1 @@
+"""Fixture handlers named by behaviour, shared by the server tests."""
