@@ -129,7 +129,8 @@ def parse_manifest(raw: bytes | str) -> Manifest:
             raise BundleError(f"{MANIFEST}: missing field {required!r}")
     if data["format"] != FORMAT_VERSION or isinstance(data["format"], bool):
         raise BundleError(
-            f"{MANIFEST}: unsupported format {data['format']!r} (this runtime reads {FORMAT_VERSION})"
+            f"{MANIFEST}: unsupported format {data['format']!r} "
+            f"(this runtime reads {FORMAT_VERSION})"
         )
     name = data["name"]
     if not isinstance(name, str) or not _NAME.match(name):
@@ -256,7 +257,9 @@ def verify_files(
     def check(f: BundleFile) -> None:
         actual = sha256_file(bundle_dir / f.path)
         if actual != f.sha256:
-            raise IntegrityError(f"{f.path}: sha256 mismatch (file changed or corrupt)", file=f.path)
+            raise IntegrityError(
+                f"{f.path}: sha256 mismatch (file changed or corrupt)", file=f.path
+            )
         if on_progress is not None:
             on_progress(f.size)
 

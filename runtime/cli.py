@@ -55,17 +55,26 @@ def _cmd_bundle_build(args: argparse.Namespace) -> int:
         if per_request is None:
             per_request = converted.per_request_bytes
         manifest = build_bundle(
-            out, args.name, version=args.version, out=out, config=config,
+            out,
+            args.name,
+            version=args.version,
+            out=out,
+            config=config,
             per_request_bytes=per_request or 0,
         )
     else:
         out = Path(args.out) if args.out else None
         manifest = build_bundle(
-            src, args.name, version=args.version, out=out, config=config,
+            src,
+            args.name,
+            version=args.version,
+            out=out,
+            config=config,
             per_request_bytes=per_request or 0,
         )
     target = out if out is not None else src
-    print(f"built {manifest.id} in {target} ({len(manifest.files)} files, {manifest.total_bytes} bytes)")
+    size = f"{len(manifest.files)} files, {manifest.total_bytes} bytes"
+    print(f"built {manifest.id} in {target} ({size})")
     return 0
 
 
@@ -93,20 +102,22 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_emulate(args: argparse.Namespace) -> int:
     from runtime.emulator import run_emulator
 
-    return run_emulator(
+    code: int = run_emulator(
         port=args.port,
         template=Path(args.template),
         max_instances=args.max_instances,
         idle_timeout_s=args.idle_timeout,
         host=args.host,
     )
+    return code
 
 
 def _cmd_coldstart(args: argparse.Namespace) -> int:
     from runtime.coldstart import run_coldstart
 
     event = _read_json_arg(args.event, "--event") if args.event else {}
-    return run_coldstart(args.handler, event=event, runs=args.runs, as_json=args.json)
+    code: int = run_coldstart(args.handler, event=event, runs=args.runs, as_json=args.json)
+    return code
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,7 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     bundle = sub.add_parser("bundle", help="build and verify model bundles")
     bsub = bundle.add_subparsers(dest="bundle_command", required=True)
-    build = bsub.add_parser("build", help="write a bundle from safetensors/JSON/text (or .gguf/.pth)")
+    build = bsub.add_parser(
+        "build", help="write a bundle from safetensors/JSON/text (or .gguf/.pth)"
+    )
     build.add_argument("src")
     build.add_argument("--name", required=True)
     build.add_argument("--version", default="1")

@@ -89,6 +89,10 @@ class Lifecycle:
             self.error = None
         return elapsed_ms
 
+    def restart_clock(self) -> None:
+        """Start timing a new load from now (the entry may have idled in STORED)."""
+        self.entered_at = time.monotonic()
+
     @property
     def loading(self) -> bool:
         return self.state in _LOADING and self.state is not State.STORED

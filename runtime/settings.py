@@ -49,7 +49,7 @@ class Settings:
     # Seconds a caller waits by default before getting a 202 and a job.
     wait_s: float = 10.0
     # Answer a turned-into-a-job request this long before its deadline.
-    deadline_margin_s: float = 0.05
+    deadline_margin_s: float = 0.15
     # Where bundles come from: a directory or s3://bucket/prefix.
     bundle_source: str = "bundles"
     # Node cache for fetched bundles and persisted load statistics.
@@ -130,4 +130,3 @@ class Settings:
     @property
     def state_path(self) -> Path:
         return Path(self.state_dir)
-

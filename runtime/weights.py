@@ -6,9 +6,12 @@ Everything here imports torch lazily, so importing `runtime` (and serving
 
 from __future__ import annotations
 
+import ctypes
 import gc
+import importlib.util
 import os
 import struct
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +25,8 @@ if TYPE_CHECKING:
 # A safetensors header is JSON; real ones are kilobytes. A header length claim
 # beyond this is refused before anything is allocated for it.
 MAX_HEADER_BYTES = 64 * 1024 * 1024
+_RTLD_NOW = 0x2
+_RTLD_GLOBAL = 0x100
 
 _DTYPES = {
     "float32": "float32",
@@ -34,8 +39,37 @@ _DTYPES = {
 }
 
 
+def preload_framework() -> None:
+    """dlopen torch's native libraries through a ctypes call, which releases the GIL.
+
+    `import torch` spends most of its time in the static initialisers of
+    libtorch_cpu (and libtorch_cuda), run by dlopen while the importing thread
+    holds the GIL: the event loop, and every deadline timer on it, freezes for
+    that long (0.3-0.8 s measured here). Loading those libraries first through
+    a foreign call lets the loop run meanwhile; the import then finds them
+    loaded. Best effort: any failure just leaves the work to `import torch`.
+    """
+    if sys.platform != "linux" or "torch" in sys.modules:
+        return
+    try:
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.origin is None:
+            return
+        lib_dir = Path(spec.origin).parent / "lib"
+        libc = ctypes.CDLL(None)
+        libc.dlopen.restype = ctypes.c_void_p
+        libc.dlopen.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        for name in ("libtorch_cpu.so", "libtorch_cuda.so"):
+            path = lib_dir / name
+            if path.exists():
+                libc.dlopen(str(path).encode(), _RTLD_NOW | _RTLD_GLOBAL)
+    except (OSError, AttributeError, ValueError, ImportError):
+        return
+
+
 def resolve_device(requested: str) -> str:
     """`THAW_DEVICE` if set, else `cuda` when available, else `cpu`."""
+    preload_framework()
     if requested:
         return requested
     import torch
@@ -53,8 +87,7 @@ def check_header(path: Path) -> None:
     (header_len,) = struct.unpack("<Q", prefix)
     if header_len > MAX_HEADER_BYTES:
         raise BundleError(
-            f"{path.name}: safetensors header claims {header_len} bytes "
-            f"(limit {MAX_HEADER_BYTES})"
+            f"{path.name}: safetensors header claims {header_len} bytes (limit {MAX_HEADER_BYTES})"
         )
     if 8 + header_len > size:
         raise BundleError(f"{path.name}: safetensors header runs past the end of the file")

@@ -41,8 +41,10 @@ def new_job_id() -> str:
 
 
 def rfc3339(epoch_s: float) -> str:
-    return datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z"
+    return (
+        datetime.fromtimestamp(epoch_s, UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
     )
 
 
@@ -115,8 +117,7 @@ class JobStore(Protocol):
 
     def set_phase(
         self, job_id: str, owner: str, phase: str, progress: dict[str, Any] | None = None
-    ) -> bool:
-        ...
+    ) -> bool: ...
 
     def finish(
         self,
@@ -137,11 +138,9 @@ class JobStore(Protocol):
         """Ids of running jobs whose lease has lapsed, and of queued jobs, oldest first."""
         ...
 
-    def purge_expired(self) -> int:
-        ...
+    def purge_expired(self) -> int: ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 def open_store(url: str, *, ttl_s: float) -> JobStore:

@@ -31,8 +31,7 @@ class BundleSource(Protocol):
         """Make every file local and verified; returns the bundle directory."""
         ...
 
-    def describe(self) -> str:
-        ...
+    def describe(self) -> str: ...
 
 
 def open_source(settings: Settings) -> BundleSource:

@@ -60,6 +60,11 @@ class SQLiteJobStore:
         self.ttl_s = ttl_s
         path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
+        # SQLite allows one writer at a time and makes the others sleep in
+        # growing steps (up to 100 ms) while they wait. Writers of this process
+        # queue on a lock instead, so a job's creation is never stuck behind
+        # that back-off; other processes still meet the busy timeout.
+        self._write_lock = threading.Lock()
         with self._conn() as conn:
             conn.executescript(_SCHEMA)
 
@@ -79,6 +84,10 @@ class SQLiteJobStore:
             conn.execute("PRAGMA busy_timeout=30000")
             self._local.conn = conn
         return conn
+
+    def _write(self, sql: str, params: tuple[Any, ...]) -> int:
+        with self._write_lock:
+            return self._conn().execute(sql, params).rowcount
 
     def _row_to_job(self, row: tuple[Any, ...]) -> Job:
         return Job(
@@ -103,7 +112,7 @@ class SQLiteJobStore:
         now = time.time()
         job.created_at = job.updated_at = now
         job.expires_at = now + self.ttl_s
-        self._conn().execute(
+        self._write(
             f"INSERT INTO jobs ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 job.id,
@@ -127,53 +136,60 @@ class SQLiteJobStore:
     def get(self, job_id: str) -> Job | None:
         row = (
             self._conn()
-            .execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ? AND expires_at > ?", (job_id, time.time()))
+            .execute(
+                f"SELECT {_COLUMNS} FROM jobs WHERE id = ? AND expires_at > ?",
+                (job_id, time.time()),
+            )
             .fetchone()
         )
         return None if row is None else self._row_to_job(row)
 
     def claim(self, job_id: str, owner: str, lease_s: float, max_attempts: int) -> Job | None:
         now = time.time()
-        conn = self._conn()
-        cur = conn.execute(
-            "UPDATE jobs SET status = 'running', owner = ?, lease_until = ?, attempts = attempts + 1,"
-            " phase = 'claimed', updated_at = ?, error = NULL"
+        claimed = self._write(
+            "UPDATE jobs SET status = 'running', owner = ?, lease_until = ?,"
+            " attempts = attempts + 1, phase = 'claimed', updated_at = ?, error = NULL"
             " WHERE id = ? AND attempts < ? AND expires_at > ?"
             " AND (status = 'queued' OR (status = 'running' AND lease_until < ?))",
             (owner, now + lease_s, now, job_id, max_attempts, now, now),
         )
-        if cur.rowcount == 1:
+        if claimed == 1:
             return self.get(job_id)
         error = orjson.dumps(
             {
                 "type": LOST_ERROR,
-                "message": f"the instance running this job stopped; gave up after {max_attempts} attempts",
+                "message": (
+                    "the instance running this job stopped; "
+                    f"gave up after {max_attempts} attempts"
+                ),
             }
         )
-        conn.execute(
+        self._write(
             "UPDATE jobs SET status = 'failed', phase = 'failed', error = ?, owner = NULL,"
-            " updated_at = ? WHERE id = ? AND status = 'running' AND lease_until < ? AND attempts >= ?",
+            " updated_at = ? WHERE id = ? AND status = 'running' AND lease_until < ?"
+            " AND attempts >= ?",
             (error, now, job_id, now, max_attempts),
         )
         return None
 
     def heartbeat(self, job_id: str, owner: str, lease_s: float) -> bool:
         now = time.time()
-        cur = self._conn().execute(
-            "UPDATE jobs SET lease_until = ? WHERE id = ? AND owner = ? AND status = 'running'",
-            (now + lease_s, job_id, owner),
+        changed = self._write(
+            "UPDATE jobs SET lease_until = ?, expires_at = MAX(expires_at, ?)"
+            " WHERE id = ? AND owner = ? AND status = 'running'",
+            (now + lease_s, now + self.ttl_s, job_id, owner),
         )
-        return cur.rowcount == 1
+        return changed == 1
 
     def set_phase(
         self, job_id: str, owner: str, phase: str, progress: dict[str, Any] | None = None
     ) -> bool:
-        cur = self._conn().execute(
+        changed = self._write(
             "UPDATE jobs SET phase = ?, progress = ?, updated_at = ?"
             " WHERE id = ? AND owner = ? AND status = 'running'",
             (phase, _dump(progress), time.time(), job_id, owner),
         )
-        return cur.rowcount == 1
+        return changed == 1
 
     def finish(
         self,
@@ -185,16 +201,27 @@ class SQLiteJobStore:
     ) -> bool:
         if not status.final:
             raise ValueError(f"finish() needs a final status, got {status}")
-        cur = self._conn().execute(
+        now = time.time()
+        changed = self._write(
             "UPDATE jobs SET status = ?, phase = ?, output = ?, error = ?, lease_until = NULL,"
-            " progress = NULL, updated_at = ? WHERE id = ? AND owner = ? AND status = 'running'",
-            (str(status), str(status), _dump(output), _dump(error), time.time(), job_id, owner),
+            " progress = NULL, updated_at = ?, expires_at = ?"
+            " WHERE id = ? AND owner = ? AND status = 'running'",
+            (
+                str(status),
+                str(status),
+                _dump(output),
+                _dump(error),
+                now,
+                now + self.ttl_s,
+                job_id,
+                owner,
+            ),
         )
-        return cur.rowcount == 1
+        return changed == 1
 
     def cancel(self, job_id: str) -> Job | None:
         error = orjson.dumps({"type": "cancelled", "message": "cancelled by the client"})
-        self._conn().execute(
+        self._write(
             "UPDATE jobs SET status = 'cancelled', phase = 'cancelled', error = ?, output = NULL,"
             " updated_at = ? WHERE id = ? AND status IN ('queued', 'running')",
             (error, time.time(), job_id),
@@ -211,8 +238,7 @@ class SQLiteJobStore:
         return [row[0] for row in rows]
 
     def purge_expired(self) -> int:
-        cur = self._conn().execute("DELETE FROM jobs WHERE expires_at <= ?", (time.time(),))
-        return cur.rowcount
+        return self._write("DELETE FROM jobs WHERE expires_at <= ?", (time.time(),))
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

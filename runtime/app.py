@@ -1,0 +1,332 @@
+"""The HTTP contract as a Starlette app. Endpoints are module-level functions;
+errors are rendered in one place (`render_error`) as application/problem+json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import re
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from runtime.dispatch import Accepted, Completed, Dispatcher
+from runtime.errors import (
+    BadRequest,
+    Draining,
+    InvalidJSON,
+    NotFound,
+    PayloadTooLarge,
+    ThawError,
+    UnknownBundle,
+)
+from runtime.instance import Instance
+from runtime.jobs import Job
+from runtime.prefer import parse_prefer
+from runtime.settings import Settings
+
+log = logging.getLogger("thaw.app")
+
+PROBLEM = "application/problem+json"
+_TIMING_ORDER = ("queue", "fetch", "load", "init", "warmup", "run")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
+
+
+class JSONResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content, option=_JSON_OPTS)
+
+
+def problem_response(exc: ThawError, instance: str | None = None) -> Response:
+    headers: dict[str, str] = {}
+    if exc.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+    if exc.status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="thaw"'
+    return Response(
+        orjson.dumps(exc.to_problem(instance), default=str),
+        status_code=exc.status,
+        headers=headers,
+        media_type=PROBLEM,
+    )
+
+
+async def render_error(request: Request, exc: Exception) -> Response:
+    """The one place errors become HTTP responses."""
+    if isinstance(exc, ThawError):
+        return problem_response(exc, request.url.path)
+    if isinstance(exc, HTTPException):
+        thaw_exc = ThawError(exc.detail or "error")
+        thaw_exc.status = exc.status_code  # type: ignore[misc]
+        if exc.status_code == 404:
+            thaw_exc = NotFound(f"no route for {request.method} {request.url.path}")
+        body = thaw_exc.to_problem(request.url.path)
+        body["status"] = exc.status_code
+        return Response(orjson.dumps(body), status_code=exc.status_code, media_type=PROBLEM)
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return problem_response(ThawError("internal error; see the server log"), request.url.path)
+
+
+def _instance(request: Request) -> Instance:
+    instance: Instance = request.app.state.instance
+    return instance
+
+
+def _dispatcher(request: Request) -> Dispatcher:
+    return _instance(request).dispatcher
+
+
+def _request_id(request: Request) -> str:
+    given = request.headers.get("x-request-id", "")
+    return given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+
+
+def key_id_of(request: Request) -> str | None:
+    """The caller's API key id (set by the auth middleware), None when auth is off."""
+    return request.scope.get("thaw.key_id")
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The body as JSON, refusing bodies over `limit` bytes before reading them whole."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(
+            f"body of {declared} bytes exceeds THAW_MAX_BODY_BYTES={limit}", limit_bytes=limit
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"body exceeds THAW_MAX_BODY_BYTES={limit}", limit_bytes=limit)
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    if not body.strip():
+        return {}
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidJSON(f"body is not valid JSON: {exc}") from exc
+
+
+def server_timing(timings_ms: dict[str, float]) -> str:
+    return ", ".join(
+        f"{name};dur={timings_ms[name]:.3f}" for name in _TIMING_ORDER if name in timings_ms
+    )
+
+
+def job_response(job: Job, status: int = 200, retry_after_s: float | None = None) -> Response:
+    headers = {"Location": f"/jobs/{job.id}"}
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
+        headers["Preference-Applied"] = "respond-async"
+    return JSONResponse(job.public(), status_code=status, headers=headers)
+
+
+async def _invoke(request: Request, *, force_async: bool) -> Response:
+    instance = _instance(request)
+    prefs = parse_prefer(request.headers.getlist("prefer"))
+    event = await read_json(request, instance.settings.max_body_bytes)
+    request_id = _request_id(request)
+    outcome = await instance.dispatcher.invoke(
+        request.path_params["handler"],
+        event,
+        wait_s=prefs.wait_s,
+        respond_async=force_async or prefs.respond_async,
+        request_id=request_id,
+        key_id=key_id_of(request),
+    )
+    if isinstance(outcome, Accepted):
+        return job_response(outcome.job, 202, outcome.retry_after_s)
+    assert isinstance(outcome, Completed)
+    try:
+        body = orjson.dumps(outcome.output, option=_JSON_OPTS)
+    except TypeError as exc:
+        raise ThawError(f"handler output is not JSON-serialisable: {exc}") from exc
+    return Response(
+        body,
+        media_type="application/json",
+        headers={"Server-Timing": server_timing(outcome.timings_ms), "X-Request-Id": request_id},
+    )
+
+
+async def invoke(request: Request) -> Response:
+    """Invoke a handler; 200 with its output, or 202 with a job past the deadline."""
+    return await _invoke(request, force_async=False)
+
+
+async def submit_job(request: Request) -> Response:
+    """Invoke a handler asynchronously; always 202 with a job."""
+    return await _invoke(request, force_async=True)
+
+
+def _wait_param(request: Request) -> float:
+    raw = request.query_params.get("wait", "0")
+    try:
+        wait_s = float(raw)
+    except ValueError:
+        raise BadRequest(f"wait={raw!r} is not a number of seconds") from None
+    if not math.isfinite(wait_s) or wait_s < 0:
+        raise BadRequest(f"wait={raw!r} must be a non-negative number of seconds")
+    return min(wait_s, 60.0)
+
+
+async def get_job(request: Request) -> Response:
+    """The job object; `?wait=S` long-polls up to S seconds for a final state."""
+    job = await _instance(request).jobs.get(
+        request.path_params["job_id"], key_id=key_id_of(request), wait_s=_wait_param(request)
+    )
+    return JSONResponse(job.public())
+
+
+async def cancel_job(request: Request) -> Response:
+    """Cancel a job that has not finished."""
+    job = await _instance(request).jobs.cancel(
+        request.path_params["job_id"], key_id=key_id_of(request)
+    )
+    return JSONResponse(job.public())
+
+
+async def list_models(request: Request) -> Response:
+    """Every bundle: id, state, bytes, phase times, loads, hits, last use, estimate."""
+    instance = _instance(request)
+    cache = instance.cache
+    names = set(instance.registry.bundle_names()) | set(cache.entries)
+    views = []
+    for name in sorted(names):
+        entry = cache.entry(name)
+        if entry.manifest is None:
+            with contextlib.suppress(ThawError):
+                await cache.manifest_of(name)
+        views.append(cache.describe(entry))
+    return JSONResponse(
+        {"models": views, "budget_bytes": cache.budget, "reserved_bytes": cache.reserved_bytes()}
+    )
+
+
+def _known_bundle(instance: Instance, name: str) -> str:
+    if instance.registry.builder(name) is None:
+        raise UnknownBundle(f"no bundle named {name!r}")
+    return name
+
+
+async def load_model(request: Request) -> Response:
+    """Prewarm a bundle in the background (202)."""
+    instance = _instance(request)
+    name = _known_bundle(instance, request.path_params["name"])
+    if instance.dispatcher.draining:
+        raise Draining("this instance is draining")
+    instance.spawn(instance.prewarm(name))
+    await asyncio.sleep(0)
+    return JSONResponse(instance.cache.describe(instance.cache.entry(name)), status_code=202)
+
+
+async def unload_model(request: Request) -> Response:
+    """Unload a bundle once its in-flight requests finish."""
+    instance = _instance(request)
+    name = _known_bundle(instance, request.path_params["name"])
+    await instance.cache.unload(name)
+    return JSONResponse(instance.cache.describe(instance.cache.entry(name)))
+
+
+async def healthz(request: Request) -> Response:
+    """200 as soon as the process serves."""
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    """200 once the prewarm set is READY and the instance is not draining."""
+    instance = _instance(request)
+    if instance.ready():
+        return JSONResponse({"status": "ready"})
+    waiting = [n for n in instance.settings.prewarm if not instance.cache.is_ready(n)]
+    body = {"status": "draining" if instance.dispatcher.draining else "warming", "waiting": waiting}
+    return JSONResponse(body, status_code=503)
+
+
+async def drain(request: Request) -> Response:
+    """Readiness off, in-flight work finishes, the rest is aborted, then the process exits."""
+    instance = _instance(request)
+    if not instance.dispatcher.draining:
+        instance.dispatcher.draining = True
+
+        async def finish() -> None:
+            await instance.dispatcher.drain(instance.settings.drain_grace_s)
+            exit_hook = getattr(request.app.state, "request_exit", None)
+            if exit_hook is not None:
+                exit_hook()
+
+        instance.spawn(finish())
+    return JSONResponse({"status": "draining"}, status_code=202)
+
+
+async def metrics(request: Request) -> Response:
+    """Prometheus text format."""
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    return Response(_instance(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+ROUTES = [
+    Route("/invoke/{handler}", invoke, methods=["POST"]),
+    Route("/jobs/{handler}", submit_job, methods=["POST"]),
+    Route("/jobs/{job_id}", get_job, methods=["GET"]),
+    Route("/jobs/{job_id}", cancel_job, methods=["DELETE"]),
+    Route("/models", list_models, methods=["GET"]),
+    Route("/models/{name}/load", load_model, methods=["POST"]),
+    Route("/models/{name}", unload_model, methods=["DELETE"]),
+    Route("/healthz", healthz, methods=["GET"]),
+    Route("/readyz", readyz, methods=["GET"]),
+    Route("/drain", drain, methods=["POST"]),
+    Route("/metrics", metrics, methods=["GET"]),
+]
+
+
+def create_app(
+    settings: Settings | None = None,
+    instance: Instance | None = None,
+    *,
+    defer_background: bool = False,
+) -> Starlette:
+    """The ASGI app. Its lifespan starts the instance and drains it on shutdown.
+
+    With `defer_background`, prewarm and job recovery wait for
+    `app.state.instance.start_background()` (the server calls it once listening).
+    """
+    settings = settings if settings is not None else Settings.from_env()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        inst = instance if instance is not None else Instance.create(settings)
+        app.state.instance = inst
+        app.state.dispatcher = inst.dispatcher
+        await inst.start(background=not defer_background)
+        try:
+            yield
+        finally:
+            await inst.stop()
+
+    app = Starlette(
+        routes=ROUTES,
+        lifespan=lifespan,
+        exception_handlers={
+            ThawError: render_error,
+            HTTPException: render_error,
+            Exception: render_error,
+        },
+    )
+    app.state.settings = settings
+    return app

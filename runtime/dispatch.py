@@ -1,0 +1,266 @@
+"""The deadline rule: answer every invocation before its deadline.
+
+    READY            -> run
+    not READY        -> estimate remaining load + run time
+        fits         -> wait for the (single-flight) load, then run
+        does not fit -> create a job, answer 202 at once
+    estimate wrong   -> just before the deadline, turn the waiting request into
+                        a job and answer 202; the work goes on
+
+The work of every invocation is one asyncio task started at admission; a
+request that becomes a job keeps that same task, so nothing runs twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime import weights as weights_mod
+from runtime.cache import Lease, ModelCache
+from runtime.context import Context
+from runtime.errors import Draining, HandlerError, QueueFull, ThawError
+from runtime.estimate import Estimator
+from runtime.jobs import Job
+from runtime.jobs.manager import JobManager
+from runtime.lifecycle import LOAD_PHASES
+from runtime.metrics import Metrics
+from runtime.registry import HandlerSpec, Registry
+from runtime.settings import Settings
+
+log = logging.getLogger("thaw.dispatch")
+
+# The first `import torch` of a process holds the GIL for a few hundred ms
+# (torch._C's module init), freezing the event loop and every deadline timer
+# with it. While that import is still ahead, waiting requests keep this much
+# more in hand.
+FRAMEWORK_STALL_S = 0.4
+
+
+@dataclass
+class Completed:
+    output: Any
+    timings_ms: dict[str, float]
+
+
+@dataclass
+class Accepted:
+    job: Job
+    retry_after_s: float
+
+
+@dataclass
+class Work:
+    """What one invocation is doing, for Server-Timing and the job's phase."""
+
+    handler: str
+    phase: str = "queued"
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    running: bool = False
+
+
+async def run_handler(spec: HandlerSpec, event: Any, models: list[Any], ctx: Context) -> Any:
+    """Call user code: async handlers on the loop, sync ones in a worker thread.
+
+    Handlers that use models run under torch.inference_mode (entered in the
+    thread, as it is thread-local); model-less ones never touch torch.
+    """
+    try:
+        if spec.is_async:
+            return await spec.fn(event, *models, ctx)
+        if spec.uses:
+
+            def call() -> Any:
+                with weights_mod.inference_mode():
+                    return spec.fn(event, *models, ctx)
+
+            return await asyncio.to_thread(call)
+        return await asyncio.to_thread(spec.fn, event, *models, ctx)
+    except ThawError:
+        raise
+    except Exception as exc:
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        log.warning("handler %s raised %s%s", spec.name, type(exc).__name__, where)
+        raise HandlerError(f"{type(exc).__name__}: {exc}", handler=spec.name) from exc
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        registry: Registry,
+        cache: ModelCache,
+        jobs: JobManager,
+        estimator: Estimator,
+        metrics: Metrics,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.cache = cache
+        self.jobs = jobs
+        self.estimator = estimator
+        self.metrics = metrics
+        self.draining = False
+        self.pending: dict[str, int] = defaultdict(int)
+        self.tasks: set[asyncio.Task[Any]] = set()
+        jobs.execute = self._execute_job
+
+    # ---- the deadline rule ------------------------------------------------------
+
+    async def invoke(
+        self,
+        name: str,
+        event: Any,
+        *,
+        wait_s: float | None = None,
+        respond_async: bool = False,
+        request_id: str,
+        key_id: str | None = None,
+    ) -> Completed | Accepted:
+        received = time.monotonic()
+        spec = self.registry.handler(name)
+        if self.draining:
+            raise Draining("this instance is draining and takes no new work")
+        if self.pending[name] >= self.settings.max_queue:
+            self.metrics.invocations.labels(name, "throttled").inc()
+            raise QueueFull(
+                f"handler {name!r} has {self.pending[name]} requests queued "
+                f"(limit {self.settings.max_queue})",
+                retry_after_s=max(1.0, await self._estimate_s(spec)),
+            )
+        wait = self.settings.wait_s if wait_s is None else wait_s
+        deadline_at = received + wait
+        ctx = Context(request_id=request_id, handler=name, deadline_at=deadline_at)
+        work = Work(handler=name)
+        estimate_s = await self._estimate_s(spec)
+        budget_s = deadline_at - time.monotonic() - self.settings.deadline_margin_s
+        if spec.uses and self.cache.device is None:
+            budget_s -= FRAMEWORK_STALL_S
+        if respond_async or estimate_s > budget_s:
+            # Record the job before starting the work, so the answer is not
+            # delayed by what the work does first (a cold load imports torch).
+            job = await self._record(spec, event, work, key_id)
+            self._follow(spec, job, self._start(spec, event, ctx, work), work)
+            return Accepted(job, retry_after_s=max(1.0, estimate_s))
+        task = self._start(spec, event, ctx, work)
+        await asyncio.wait({task}, timeout=max(0.0, budget_s))
+        if task.done():
+            output = task.result()
+            self.metrics.invocations.labels(name, "sync").inc()
+            return Completed(output, work.timings_ms)
+        # The estimate was wrong: answer 202 now; the same task goes on.
+        job = await self._record(spec, event, work, key_id)
+        self._follow(spec, job, task, work)
+        return Accepted(job, retry_after_s=max(1.0, await self._estimate_s(spec)))
+
+    async def _record(self, spec: HandlerSpec, event: Any, work: Work, key_id: str | None) -> Job:
+        job = await self.jobs.record(spec.name, event, phase=work.phase, key_id=key_id)
+        self.metrics.invocations.labels(spec.name, "async").inc()
+        return job
+
+    def _follow(self, spec: HandlerSpec, job: Job, task: asyncio.Task[Any], work: Work) -> None:
+        self.jobs.follow(job, task, lambda: (work.phase, self._progress(spec)))
+
+    async def _estimate_s(self, spec: HandlerSpec) -> float:
+        ready_s = 0.0
+        for name in spec.uses:
+            ready_s = max(ready_s, await self.cache.estimate_ready_s(name))
+        return ready_s + self.estimator.run_s(spec.name)
+
+    def _progress(self, spec: HandlerSpec) -> dict[str, Any] | None:
+        for name in spec.uses:
+            entry = self.cache.entries.get(name)
+            if entry is not None and entry.lifecycle.loading and entry.manifest is not None:
+                return {
+                    "bundle": name,
+                    "state": str(entry.lifecycle.state),
+                    "bytes": entry.progress_bytes,
+                    "total_bytes": entry.manifest.total_bytes,
+                }
+        return None
+
+    # ---- executing work ---------------------------------------------------------
+
+    def _start(self, spec: HandlerSpec, event: Any, ctx: Context, work: Work) -> asyncio.Task[Any]:
+        self.pending[spec.name] += 1
+        self.metrics.queue_depth.labels(spec.name).set(self.pending[spec.name])
+        task = asyncio.get_running_loop().create_task(self._execute(spec, event, ctx, work))
+        self.tasks.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self.tasks.discard(t)
+            self.pending[spec.name] -= 1
+            self.metrics.queue_depth.labels(spec.name).set(self.pending[spec.name])
+            if not t.cancelled() and t.exception() is not None:
+                self.metrics.invocations.labels(spec.name, "error").inc()
+
+        task.add_done_callback(done)
+        return task
+
+    async def _execute(self, spec: HandlerSpec, event: Any, ctx: Context, work: Work) -> Any:
+        started = time.monotonic()
+        load_ms: dict[str, float] = {}
+        leases: list[Lease] = []
+        try:
+            if spec.uses:
+                work.phase = "loading"
+                cold = [n for n in spec.uses if not self.cache.is_ready(n)]
+                results = await asyncio.gather(
+                    *(self.cache.acquire(n) for n in spec.uses), return_exceptions=True
+                )
+                leases = [r for r in results if isinstance(r, Lease)]
+                for r in results:
+                    if isinstance(r, BaseException):
+                        raise r
+                for name in cold:
+                    phases = self.cache.entries[name].lifecycle.phase_ms
+                    for phase in LOAD_PHASES:
+                        load_ms[phase] = load_ms.get(phase, 0.0) + phases.get(phase, 0.0)
+            waited_ms = (time.monotonic() - started) * 1000
+            work.timings_ms["queue"] = max(0.0, waited_ms - sum(load_ms.values()))
+            work.timings_ms.update(load_ms)
+            work.phase = "running"
+            work.running = True
+            run_started = time.monotonic()
+            output = await run_handler(spec, event, [lease.model for lease in leases], ctx)
+            run_s = time.monotonic() - run_started
+            work.timings_ms["run"] = run_s * 1000
+            self.estimator.record_run(spec.name, run_s)
+            self.metrics.run_seconds.labels(spec.name).observe(run_s)
+            return output
+        finally:
+            for lease in leases:
+                lease.release()
+
+    def _execute_job(self, job: Job) -> asyncio.Task[Any]:
+        """Run a recovered job's stored input on this instance."""
+        spec = self.registry.handler(job.handler)
+        ctx = Context(request_id=job.id, handler=job.handler)
+        return self._start(spec, job.input, ctx, Work(handler=job.handler))
+
+    # ---- drain ------------------------------------------------------------------
+
+    async def wait_idle(self) -> None:
+        """Returns once no invocation or job of this instance is running."""
+        while self.tasks:
+            await asyncio.wait(set(self.tasks))
+        await self.jobs.wait_idle()
+
+    async def drain(self, grace_s: float) -> None:
+        """Refuse new work, let in-flight work finish for `grace_s`, abort the rest."""
+        self.draining = True
+        if self.tasks:
+            await asyncio.wait(set(self.tasks), timeout=grace_s)
+        await self.jobs.abort_all()
+        for task in list(self.tasks):
+            task.cancel()
+        if self.tasks:
+            await asyncio.wait(set(self.tasks), timeout=5.0)
+        await self.cache.unload_all()

@@ -1,0 +1,142 @@
+"""The composition root: one runtime instance's components, wired together.
+
+Every entry point (HTTP app, Lambda loop, `thaw invoke`) builds one
+`Instance` from the settings, starts it, and stops it; nothing else
+constructs the cache, the job store or the dispatcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import socket
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.cache import ModelCache
+from runtime.dispatch import Dispatcher, run_handler
+from runtime.estimate import Estimator
+from runtime.jobs import JobStore, open_store
+from runtime.jobs.manager import JobManager
+from runtime.lifecycle import State
+from runtime.metrics import Metrics
+from runtime.registry import Registry, discover
+from runtime.settings import Settings
+from runtime.sources import open_source
+
+log = logging.getLogger("thaw.instance")
+
+# Blocking work (hashing, tensor reads, sync handlers, store calls) runs in
+# threads; the default pool (cpu + 4) is too small for 64 waiting requests.
+_THREADS = 64
+
+
+@dataclass
+class Instance:
+    settings: Settings
+    registry: Registry
+    metrics: Metrics
+    estimator: Estimator
+    cache: ModelCache
+    store: JobStore
+    jobs: JobManager
+    dispatcher: Dispatcher
+    id: str
+    _background: set[asyncio.Task[None]] = field(default_factory=set)
+
+    @classmethod
+    def create(cls, settings: Settings, registry: Registry | None = None) -> Instance:
+        registry = registry if registry is not None else discover(settings.handlers)
+        metrics = Metrics()
+        estimator = Estimator(
+            settings.state_path,
+            default_bandwidth_bytes_s=settings.default_bandwidth_bytes_s,
+            default_init_s=settings.default_init_s,
+        )
+        cache = ModelCache(
+            source=open_source(settings),
+            registry=registry,
+            estimator=estimator,
+            metrics=metrics,
+            runner=run_handler,
+            device=settings.device,
+            memory_budget=settings.memory_budget,
+            retry_backoff_s=settings.retry_backoff_s,
+            pinned=settings.prewarm,
+        )
+        store = open_store(settings.job_store, ttl_s=settings.job_ttl_s)
+        instance_id = f"{socket.gethostname()}-{secrets.token_hex(4)}"
+        jobs = JobManager(
+            store,
+            owner=instance_id,
+            lease_s=settings.job_lease_s,
+            max_attempts=settings.job_max_attempts,
+            metrics=metrics,
+        )
+        dispatcher = Dispatcher(
+            settings=settings,
+            registry=registry,
+            cache=cache,
+            jobs=jobs,
+            estimator=estimator,
+            metrics=metrics,
+        )
+        return cls(
+            settings, registry, metrics, estimator, cache, store, jobs, dispatcher, instance_id
+        )
+
+    async def start(self, *, background: bool = True) -> None:
+        """Prepare the instance; with `background`, begin prewarm and recovery at once.
+
+        A server passes background=False and calls `start_background()` once it
+        listens: prewarm imports torch, whose first import holds the GIL for a
+        few hundred ms, and must not delay the control interface.
+        """
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(_THREADS, "thaw"))
+        if background:
+            self.start_background()
+
+    def start_background(self) -> None:
+        for name in self.settings.prewarm:
+            self.spawn(self.prewarm(name))
+        self.spawn(self._sweep())
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def prewarm(self, name: str) -> None:
+        try:
+            lease = await self.cache.acquire(name)
+        except Exception as exc:
+            log.warning("prewarm of %s failed: %s", name, exc)
+            return
+        lease.release()
+
+    async def _sweep(self) -> None:
+        try:
+            recovered = await self.jobs.sweep()
+        except Exception:
+            log.exception("job recovery sweep failed")
+            return
+        if recovered:
+            log.info("recovered %d lapsed job(s)", recovered)
+
+    def ready(self) -> bool:
+        """Prewarm set READY and not draining."""
+        if self.dispatcher.draining:
+            return False
+        return all(
+            name in self.cache.entries and self.cache.entries[name].lifecycle.state is State.READY
+            for name in self.settings.prewarm
+        )
+
+    async def stop(self) -> None:
+        await self.dispatcher.drain(self.settings.drain_grace_s)
+        for task in list(self._background):
+            task.cancel()
+        self.store.close()

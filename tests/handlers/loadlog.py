@@ -1,0 +1,89 @@
+"""Builders that record each load (start and end times, one line per load) and
+sleep `config["sleep_s"]`; a builder fails while `config["fault_file"]` exists.
+
+Bundles: `alpha`, `beta`, `gamma`, `huge` (same builder); handlers of the same
+names return the model object's identity and the load record.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from runtime import Context, bundle, handler
+
+
+class Model:
+    def __init__(self, name: str, started: float, ended: float, tensors: int) -> None:
+        self.name = name
+        self.started = started
+        self.ended = ended
+        self.tensors = tensors
+
+
+def _build(name: str, weights: dict[str, Any], config: dict[str, Any]) -> Model:
+    started = time.time()
+    fault = config.get("fault_file")
+    if fault and Path(fault).exists():
+        raise RuntimeError(f"injected builder fault for {name}")
+    time.sleep(float(config.get("sleep_s", 0.0)))
+    log = config.get("log_file") or os.environ.get("THAW_TEST_LOAD_LOG")
+    ended = time.time()
+    if log:
+        with open(log, "a") as handle:
+            handle.write(f"{name} {started} {ended}\n")
+    return Model(name, started, ended, len(weights))
+
+
+def _view(model: Model, event: Any, ctx: Context) -> dict[str, Any]:
+    if isinstance(event, dict) and event.get("sleep_s"):
+        time.sleep(float(event["sleep_s"]))
+    return {
+        "bundle": model.name,
+        "model_id": id(model),
+        "pid": os.getpid(),
+        "load": [model.started, model.ended],
+        "tensors": model.tensors,
+    }
+
+
+@bundle("alpha")
+def build_alpha(weights: dict[str, Any], config: dict[str, Any]) -> Model:
+    return _build("alpha", weights, config)
+
+
+@bundle("beta")
+def build_beta(weights: dict[str, Any], config: dict[str, Any]) -> Model:
+    return _build("beta", weights, config)
+
+
+@bundle("gamma")
+def build_gamma(weights: dict[str, Any], config: dict[str, Any]) -> Model:
+    return _build("gamma", weights, config)
+
+
+@bundle("huge")
+def build_huge(weights: dict[str, Any], config: dict[str, Any]) -> Model:
+    return _build("huge", weights, config)
+
+
+@handler("alpha", uses=["alpha"])
+def alpha(event: Any, model: Model, ctx: Context) -> dict[str, Any]:
+    return _view(model, event, ctx)
+
+
+@handler("beta", uses=["beta"])
+def beta(event: Any, model: Model, ctx: Context) -> dict[str, Any]:
+    return _view(model, event, ctx)
+
+
+@handler("gamma", uses=["gamma"])
+def gamma(event: Any, model: Model, ctx: Context) -> dict[str, Any]:
+    return _view(model, event, ctx)
+
+
+@handler("huge", uses=["huge"])
+def huge(event: Any, model: Model, ctx: Context) -> dict[str, Any]:
+    return _view(model, event, ctx)

@@ -1,0 +1,149 @@
+"""What the DynamoDB store does beyond the shared contract: wiring, TTL, S3 payloads."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from runtime.errors import ConfigError, PayloadTooLarge
+from runtime.jobs import Job, JobStatus, new_job_id, open_store
+from runtime.jobs.stores.dynamodb import TTL_ATTRIBUTE, DynamoDBJobStore
+from tests import aws_fixtures
+from tests.aws_fixtures import client, make_bucket, make_jobs_table
+
+moto_endpoint = aws_fixtures.moto_endpoint  # fixtures: the session's moto server
+aws_env = aws_fixtures.aws_env
+
+BIG = {"blob": "x" * 450_000}
+
+
+@pytest.fixture
+def aws(moto_endpoint: str) -> dict[str, Any]:
+    return {
+        "table": make_jobs_table(moto_endpoint),
+        "bucket": make_bucket(moto_endpoint),
+        "ddb": client(moto_endpoint, "dynamodb"),
+        "s3": client(moto_endpoint, "s3"),
+    }
+
+
+@pytest.fixture
+def store(aws: dict[str, Any]) -> Iterator[DynamoDBJobStore]:
+    store = DynamoDBJobStore(
+        aws["table"], ttl_s=3600, bucket=aws["bucket"], client=aws["ddb"], s3_client=aws["s3"]
+    )
+    yield store
+    store.close()
+
+
+def keys(aws: dict[str, Any]) -> list[str]:
+    listed = aws["s3"].list_objects_v2(Bucket=aws["bucket"])
+    return sorted(obj["Key"] for obj in listed.get("Contents", []))
+
+
+def item(aws: dict[str, Any], job_id: str) -> dict[str, Any]:
+    found: dict[str, Any] = aws["ddb"].get_item(TableName=aws["table"], Key={"id": {"S": job_id}})
+    stored: dict[str, Any] = found["Item"]
+    return stored
+
+
+def test_open_store_from_url_uses_the_standard_aws_environment(
+    aws_env: str, aws: dict[str, Any]
+) -> None:
+    store = open_store(f"dynamodb://{aws['table']}?bucket={aws['bucket']}&prefix=jobs/", ttl_s=60)
+    try:
+        job = Job(id=new_job_id(), handler="echo", input=BIG)
+        store.create(job)
+        assert store.get(job.id) == job
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["dynamodb://", "dynamodb://t", "dynamodb://table?bucket=b&region=x", "dynamodb://table/x"],
+)
+def test_bad_urls_are_config_errors(url: str) -> None:
+    with pytest.raises(ConfigError):
+        DynamoDBJobStore.from_url(url, ttl_s=60)
+
+
+def test_prefix_is_normalised(aws_env: str) -> None:
+    store = DynamoDBJobStore.from_url("dynamodb://table?bucket=b&prefix=/a/b", ttl_s=60)
+    assert store.payloads.prefix == "a/b/" and store.payloads.bucket == "b"
+    store.close()
+
+
+def test_expires_at_is_whole_epoch_seconds_and_the_ttl_attribute(
+    store: DynamoDBJobStore, aws: dict[str, Any]
+) -> None:
+    job = Job(id=new_job_id(), handler="echo", input={})
+    store.create(job)
+    raw = item(aws, job.id)[TTL_ATTRIBUTE]["N"]
+    assert float(raw) == int(float(raw)) == job.expires_at
+    ttl = aws["ddb"].describe_time_to_live(TableName=aws["table"])["TimeToLiveDescription"]
+    assert ttl["AttributeName"] == TTL_ATTRIBUTE and ttl["TimeToLiveStatus"] == "ENABLED"
+
+
+def test_large_payloads_live_in_s3_under_the_prefix(
+    store: DynamoDBJobStore, aws: dict[str, Any]
+) -> None:
+    job = Job(id=new_job_id(), handler="echo", input=BIG)
+    store.create(job)
+    assert store.claim(job.id, "a", 30, 3) is not None
+    assert store.finish(job.id, "a", JobStatus.SUCCEEDED, BIG)
+    stored = item(aws, job.id)
+    assert "input" not in stored and "output" not in stored
+    assert stored["output_ref"]["S"].startswith(f"jobs/{job.id}/output-")
+    assert [k.rpartition("-")[0] for k in keys(aws)] == [
+        f"jobs/{job.id}/input",
+        f"jobs/{job.id}/output",
+    ]
+
+
+def test_small_payloads_stay_inline(store: DynamoDBJobStore, aws: dict[str, Any]) -> None:
+    job = Job(id=new_job_id(), handler="echo", input={"x": 0.1})
+    store.create(job)
+    assert item(aws, job.id)["input"]["B"] == b'{"x":0.1}'
+    assert keys(aws) == []
+
+
+def test_a_writer_that_loses_drops_its_s3_object(
+    store: DynamoDBJobStore, aws: dict[str, Any]
+) -> None:
+    job = Job(id=new_job_id(), handler="echo", input={})
+    store.create(job)
+    store.claim(job.id, "a", 30, 3)
+    assert not store.finish(job.id, "intruder", JobStatus.SUCCEEDED, BIG)
+    assert not store.set_phase(job.id, "intruder", "run", {"p": "y" * 20_000})
+    assert keys(aws) == []
+
+
+def test_a_duplicate_create_leaves_no_s3_object(
+    store: DynamoDBJobStore, aws: dict[str, Any]
+) -> None:
+    job = Job(id=new_job_id(), handler="echo", input={})
+    store.create(job)
+    with pytest.raises(Exception, match="already exists"):
+        store.create(Job(id=job.id, handler="echo", input=BIG))
+    assert keys(aws) == []
+
+
+def test_without_a_bucket_large_payloads_are_refused(aws: dict[str, Any]) -> None:
+    store = DynamoDBJobStore(aws["table"], ttl_s=60, client=aws["ddb"])
+    job = Job(id=new_job_id(), handler="echo", input=BIG)
+    with pytest.raises(PayloadTooLarge):
+        store.create(job)
+    assert store.get(job.id) is None
+
+
+def test_purge_removes_the_s3_payloads_of_expired_jobs(aws: dict[str, Any]) -> None:
+    store = DynamoDBJobStore(
+        aws["table"], ttl_s=-1, bucket=aws["bucket"], client=aws["ddb"], s3_client=aws["s3"]
+    )
+    store.create(Job(id=new_job_id(), handler="echo", input=BIG))
+    assert len(keys(aws)) == 1
+    assert store.purge_expired() == 1
+    assert keys(aws) == []

@@ -1,0 +1,360 @@
+"""One contract, every job store: SQLite (a temp file) and DynamoDB + S3 (a moto server).
+
+Each test states one rule of `runtime.jobs.JobStore` and runs against both
+stores. A store is opened through a factory so a test can open a second
+instance on the same data (another Lambda instance, or a restart).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.errors import Conflict
+from runtime.jobs import LOST_ERROR, Job, JobStatus, JobStore, new_job_id
+from runtime.jobs.stores.dynamodb import DynamoDBJobStore
+from runtime.jobs.stores.sqlite import SQLiteJobStore
+from tests import aws_fixtures
+from tests.aws_fixtures import client, make_bucket, make_jobs_table
+
+moto_endpoint = aws_fixtures.moto_endpoint  # fixture: the session's moto server (DynamoDB runs)
+
+OpenStore = Callable[..., JobStore]
+LEASE_S = 0.3
+
+
+@pytest.fixture(params=["sqlite", "dynamodb"])
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenStore]:
+    """Opens a store on this test's data; every call is a new instance."""
+    opened: list[JobStore] = []
+    if request.param == "sqlite":
+        path = tmp_path / "jobs.sqlite3"
+
+        def make(ttl_s: float) -> JobStore:
+            return SQLiteJobStore(path, ttl_s=ttl_s)
+
+    else:
+        endpoint = request.getfixturevalue("moto_endpoint")
+        table, bucket = make_jobs_table(endpoint), make_bucket(endpoint)
+
+        def make(ttl_s: float) -> JobStore:
+            return DynamoDBJobStore(
+                table,
+                ttl_s=ttl_s,
+                bucket=bucket,
+                client=client(endpoint, "dynamodb"),
+                s3_client=client(endpoint, "s3"),
+            )
+
+    def factory(ttl_s: float = 3600.0) -> JobStore:
+        store = make(ttl_s)
+        opened.append(store)
+        return store
+
+    yield factory
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(open_store: OpenStore) -> JobStore:
+    return open_store()
+
+
+def queued(store: JobStore, payload: Any = None, **fields: Any) -> Job:
+    job = Job(id=new_job_id(), handler="echo", input=payload or {"x": 1}, **fields)
+    store.create(job)
+    return job
+
+
+def running(store: JobStore, owner: str = "a", lease_s: float = 30.0) -> Job:
+    job = queued(store)
+    claimed = store.claim(job.id, owner, lease_s, 3)
+    assert claimed is not None
+    return claimed
+
+
+# -- create / get ---------------------------------------------------------------
+
+
+def test_create_then_get_round_trips_every_field(store: JobStore) -> None:
+    payload = {"floats": [0.1, 1e-300, 1.7976931348623157e308, -0.0], "text": "é ✓", "n": None}
+    job = queued(store, payload, key_id="key-1")
+    got = store.get(job.id)
+    assert got is not None
+    assert got == job
+    assert got.input == payload
+    assert got.status is JobStatus.QUEUED and got.attempts == 0
+    assert got.created_at == job.created_at and got.expires_at > time.time()
+
+
+def test_get_unknown_is_none(store: JobStore) -> None:
+    assert store.get(new_job_id()) is None
+
+
+def test_create_refuses_a_used_id(store: JobStore) -> None:
+    job = queued(store)
+    with pytest.raises((Conflict, sqlite3.IntegrityError)):
+        store.create(Job(id=job.id, handler="other", input={}))
+    got = store.get(job.id)
+    assert got is not None and got.handler == "echo"
+
+
+# -- claim ------------------------------------------------------------------------
+
+
+def test_claim_takes_a_queued_job(store: JobStore) -> None:
+    job = queued(store)
+    before = time.time()
+    claimed = store.claim(job.id, "a", 30.0, 3)
+    assert claimed is not None
+    assert claimed.status is JobStatus.RUNNING and claimed.phase == "claimed"
+    assert claimed.owner == "a" and claimed.attempts == 1
+    assert claimed.lease_until is not None and claimed.lease_until >= before + 30.0
+    assert store.get(job.id) == claimed
+
+
+def test_a_leased_job_cannot_be_claimed_again(store: JobStore) -> None:
+    job = running(store, "a")
+    assert store.claim(job.id, "b", 30.0, 3) is None
+    assert store.claim(job.id, "a", 30.0, 3) is None
+    got = store.get(job.id)
+    assert got is not None and got.owner == "a" and got.attempts == 1
+
+
+def test_claim_of_unknown_job_is_none(store: JobStore) -> None:
+    assert store.claim(new_job_id(), "a", 30.0, 3) is None
+
+
+def test_racing_claimers_exactly_one_wins(open_store: OpenStore) -> None:
+    claimers = 6
+    instances = [open_store() for _ in range(claimers)]  # one store per "instance"
+    jobs = [queued(instances[0]) for _ in range(4)]
+    for job in jobs:
+        barrier = threading.Barrier(claimers)
+        winners: list[str] = []
+
+        def race(index: int, job_id: str, barrier: threading.Barrier, winners: list[str]) -> None:
+            barrier.wait()
+            if instances[index].claim(job_id, f"owner-{index}", 30.0, 3) is not None:
+                winners.append(f"owner-{index}")
+
+        threads = [
+            threading.Thread(target=race, args=(i, job.id, barrier, winners))
+            for i in range(claimers)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert len(winners) == 1, winners
+        got = instances[0].get(job.id)
+        assert got is not None and got.owner == winners[0] and got.attempts == 1
+
+
+# -- heartbeat / set_phase ---------------------------------------------------------
+
+
+def test_heartbeat_renews_only_the_owners_lease(store: JobStore) -> None:
+    job = running(store, "a", lease_s=5.0)
+    assert store.heartbeat(job.id, "a", 60.0)
+    got = store.get(job.id)
+    assert got is not None and got.lease_until is not None
+    assert got.lease_until > time.time() + 50
+    assert not store.heartbeat(job.id, "b", 60.0)
+    assert not store.heartbeat(new_job_id(), "a", 60.0)
+
+
+def test_heartbeat_of_a_queued_job_is_refused(store: JobStore) -> None:
+    job = queued(store)
+    assert not store.heartbeat(job.id, "a", 60.0)
+
+
+def test_set_phase_by_the_owner_is_visible(store: JobStore) -> None:
+    job = running(store, "a")
+    progress = {"bytes": 10, "total_bytes": 100, "ratio": 0.1}
+    assert store.set_phase(job.id, "a", "fetch", progress)
+    got = store.get(job.id)
+    assert got is not None and got.phase == "fetch" and got.progress == progress
+    assert store.set_phase(job.id, "a", "load")
+    got = store.get(job.id)
+    assert got is not None and got.phase == "load" and got.progress is None
+    assert not store.set_phase(job.id, "b", "run")
+
+
+# -- finish ---------------------------------------------------------------------
+
+
+def test_finish_only_by_the_owner(store: JobStore) -> None:
+    job = running(store, "a")
+    assert not store.finish(job.id, "b", JobStatus.SUCCEEDED, {"y": 2})
+    got = store.get(job.id)
+    assert got is not None and got.status is JobStatus.RUNNING and got.output is None
+    store.set_phase(job.id, "a", "run", {"step": 1})
+    assert store.finish(job.id, "a", JobStatus.SUCCEEDED, {"y": 2.5})
+    got = store.get(job.id)
+    assert got is not None
+    assert got.status is JobStatus.SUCCEEDED and got.phase == "succeeded"
+    assert got.output == {"y": 2.5} and got.error is None
+    assert got.lease_until is None and got.progress is None
+    assert not store.finish(job.id, "a", JobStatus.FAILED, error={"type": "x", "message": "m"})
+    assert not store.heartbeat(job.id, "a", 30.0)
+
+
+def test_finish_failed_records_the_error(store: JobStore) -> None:
+    job = running(store, "a")
+    error = {"type": "handler-error", "message": "boom"}
+    assert store.finish(job.id, "a", JobStatus.FAILED, error=error)
+    got = store.get(job.id)
+    assert got is not None and got.status is JobStatus.FAILED and got.error == error
+
+
+def test_finish_needs_a_final_status(store: JobStore) -> None:
+    job = running(store, "a")
+    with pytest.raises(ValueError):
+        store.finish(job.id, "a", JobStatus.RUNNING)
+
+
+def test_finish_of_a_queued_job_is_refused(store: JobStore) -> None:
+    job = queued(store)
+    assert not store.finish(job.id, "a", JobStatus.SUCCEEDED, {})
+
+
+# -- cancel ---------------------------------------------------------------------
+
+
+def test_cancel_a_queued_job(store: JobStore) -> None:
+    job = queued(store)
+    got = store.cancel(job.id)
+    assert got is not None and got.status is JobStatus.CANCELLED and got.phase == "cancelled"
+    assert got.error is not None and got.error["type"] == "cancelled"
+    assert store.claim(job.id, "a", 30.0, 3) is None
+    assert job.id not in store.lapsed()
+
+
+def test_cancel_a_running_job_revokes_the_owner(store: JobStore) -> None:
+    job = running(store, "a")
+    got = store.cancel(job.id)
+    assert got is not None and got.status is JobStatus.CANCELLED
+    assert not store.heartbeat(job.id, "a", 30.0)
+    assert not store.set_phase(job.id, "a", "run")
+    assert not store.finish(job.id, "a", JobStatus.SUCCEEDED, {"late": True})
+    got = store.get(job.id)
+    assert got is not None and got.status is JobStatus.CANCELLED and got.output is None
+
+
+def test_cancel_a_finished_job_changes_nothing(store: JobStore) -> None:
+    job = running(store, "a")
+    store.finish(job.id, "a", JobStatus.SUCCEEDED, {"y": 1})
+    got = store.cancel(job.id)
+    assert got is not None and got.status is JobStatus.SUCCEEDED and got.output == {"y": 1}
+
+
+def test_cancel_unknown_is_none(store: JobStore) -> None:
+    assert store.cancel(new_job_id()) is None
+
+
+# -- leases ---------------------------------------------------------------------
+
+
+def test_a_lapsed_lease_is_claimed_again_with_one_more_attempt(open_store: OpenStore) -> None:
+    first, second = open_store(), open_store()
+    job = running(first, "a", lease_s=LEASE_S)
+    time.sleep(LEASE_S + 0.1)
+    assert job.id in second.lapsed()
+    again = second.claim(job.id, "b", 30.0, 3)
+    assert again is not None and again.owner == "b" and again.attempts == 2
+    assert again.status is JobStatus.RUNNING
+    assert not first.heartbeat(job.id, "a", 30.0)
+    assert not first.finish(job.id, "a", JobStatus.SUCCEEDED, {"stale": True})
+    assert second.finish(job.id, "b", JobStatus.SUCCEEDED, {"fresh": True})
+    got = first.get(job.id)
+    assert got is not None and got.output == {"fresh": True}
+
+
+def test_attempts_exhausted_fails_the_job_as_worker_lost(store: JobStore) -> None:
+    job = queued(store)
+    for attempt, owner in enumerate(("a", "b"), start=1):
+        claimed = store.claim(job.id, owner, LEASE_S, 2)
+        assert claimed is not None and claimed.attempts == attempt
+        time.sleep(LEASE_S + 0.1)
+    assert store.claim(job.id, "c", 30.0, 2) is None
+    got = store.get(job.id)
+    assert got is not None and got.status is JobStatus.FAILED and got.phase == "failed"
+    assert got.error is not None and got.error["type"] == LOST_ERROR
+    assert got.attempts == 2
+    assert job.id not in store.lapsed()
+    assert store.claim(job.id, "d", 30.0, 5) is None
+
+
+# -- lapsed() -----------------------------------------------------------------------
+
+
+def test_lapsed_lists_queued_and_lease_lapsed_jobs_oldest_first(store: JobStore) -> None:
+    first = queued(store)
+    live = running(store, "a", lease_s=60.0)
+    lapsing = running(store, "b", lease_s=LEASE_S)
+    done = running(store, "c")
+    store.finish(done.id, "c", JobStatus.SUCCEEDED, {})
+    last = queued(store)
+    time.sleep(LEASE_S + 0.1)
+    listed = store.lapsed()
+    assert listed == [first.id, lapsing.id, last.id]
+    assert live.id not in listed
+    assert store.lapsed(limit=2) == [first.id, lapsing.id]
+
+
+# -- expiry -------------------------------------------------------------------------
+
+
+def test_expired_jobs_are_absent_then_purged(open_store: OpenStore) -> None:
+    store = open_store(ttl_s=0.5)
+    job = queued(store)
+    assert store.get(job.id) is not None
+    time.sleep(max(0.0, job.expires_at - time.time()) + 0.1)
+    assert store.get(job.id) is None
+    assert store.claim(job.id, "a", 30.0, 3) is None
+    assert job.id not in store.lapsed()
+    assert store.cancel(job.id) is None
+    assert store.purge_expired() >= 1
+    assert store.purge_expired() == 0
+
+
+def test_purge_keeps_live_jobs(store: JobStore) -> None:
+    job = queued(store)
+    assert store.purge_expired() == 0
+    assert store.get(job.id) is not None
+
+
+# -- size and persistence ---------------------------------------------------------
+
+
+def test_large_input_and_output_round_trip(store: JobStore) -> None:
+    big_input = {"texts": ["a long sentence " * 40] * 800}  # ~520 KB serialized
+    job = queued(store, big_input)
+    claimed = store.claim(job.id, "a", 30.0, 3)
+    assert claimed is not None and claimed.input == big_input
+    output = {"embeddings": [[i / 7 for i in range(384)] for _ in range(40)]}  # > 400 KB
+    assert store.finish(job.id, "a", JobStatus.SUCCEEDED, output)
+    got = store.get(job.id)
+    assert got is not None and got.output == output and got.input == big_input
+
+
+def test_jobs_survive_reopening_the_store(open_store: OpenStore) -> None:
+    before = open_store()
+    job = running(before, "a")
+    waiting = queued(before)
+    before.close()
+    after = open_store()
+    got = after.get(job.id)
+    assert got is not None and got.status is JobStatus.RUNNING and got.owner == "a"
+    assert after.heartbeat(job.id, "a", 30.0)
+    assert after.finish(job.id, "a", JobStatus.SUCCEEDED, {"ok": True})
+    assert after.lapsed() == [waiting.id]
+    assert after.get(waiting.id) == waiting

@@ -1,0 +1,36 @@
+"""`python -m runtime` picks its mode from the environment."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.support import ServerProcess, free_port
+
+
+def test_without_a_runtime_api_it_serves_http(thaw_env: dict[str, str]) -> None:
+    port = free_port()
+    env = {**thaw_env, "PORT": str(port), "THAW_HANDLERS": "tests.handlers.echo"}
+    server = ServerProcess(env, port=port)
+    server.proc = subprocess.Popen(
+        [sys.executable, "-m", "runtime", "--insecure"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        server.wait_healthy()
+        with server.client() as client:
+            assert client.post("/invoke/echo", json={"a": 1}).json() == {"a": 1}
+    finally:
+        server.kill()
+
+
+def test_a_public_bind_without_keys_is_refused_in_one_line(thaw_env: dict[str, str]) -> None:
+    env = {**thaw_env, "PORT": str(free_port()), "THAW_HANDLERS": "tests.handlers.echo"}
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0
+    assert done.stderr.startswith("thaw: error:")

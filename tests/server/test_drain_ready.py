@@ -1,0 +1,109 @@
+"""Readiness, prewarm and drain against a real server process."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.support import ServerProcess, make_bundle
+
+
+def test_healthz_within_half_a_second_without_torch(
+    servers: list[ServerProcess], server_env: dict[str, str], bundles: Path
+) -> None:
+    make_bundle(bundles, "alpha")
+    server = ServerProcess(server_env)
+    servers.append(server)
+    server.start(wait=False)
+    healthy_after_s = server.wait_healthy()
+    assert healthy_after_s < 0.5, f"healthz took {healthy_after_s:.3f} s"
+    assert "libtorch" not in server.maps(), "torch was imported before any model was needed"
+    with server.client() as client:
+        assert client.get("/readyz").status_code == 200  # empty prewarm set
+        assert client.post("/invoke/alpha", json={}, headers={"Prefer": "wait=30"}).is_success
+    assert "libtorch" in server.maps()
+
+
+def test_readyz_waits_for_prewarm_while_healthz_answers_at_once(
+    servers: list[ServerProcess], server_env: dict[str, str], bundles: Path
+) -> None:
+    make_bundle(bundles, "alpha", config={"sleep_s": 1.5})
+    server = ServerProcess({**server_env, "THAW_PREWARM": "alpha"})
+    servers.append(server)
+    server.start(wait=False)
+    healthy_after_s = server.wait_healthy()
+    assert healthy_after_s < 0.5, f"healthz took {healthy_after_s:.3f} s"
+    with server.client() as client:
+        assert client.get("/readyz").status_code == 503
+        deadline = time.monotonic() + 30
+        while client.get("/readyz").status_code != 200:
+            assert time.monotonic() < deadline, "prewarm never became ready"
+            time.sleep(0.05)
+        alpha = next(m for m in client.get("/models").json()["models"] if m["name"] == "alpha")
+        assert alpha["state"] == "ready" and alpha["pinned"] is True
+        assert alpha["phase_ms"]["warmup"] >= 0 and alpha["phase_ms"]["init"] >= 1500
+
+
+def test_drain_finishes_in_flight_refuses_new_and_exits_zero(serve: Any, bundles: Path) -> None:
+    make_bundle(bundles, "alpha")
+    server: ServerProcess = serve(THAW_DRAIN_GRACE_S="10")
+    with server.client() as client:
+        assert client.post("/invoke/alpha", json={}).status_code == 200
+        job = client.post("/jobs/alpha", json={"sleep_s": 1.5}).json()
+
+    def long_call() -> httpx.Response:
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            return c.post("/invoke/alpha", json={"sleep_s": 1.5}, headers={"Prefer": "wait=20"})
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        in_flight = [pool.submit(long_call) for _ in range(3)]
+        time.sleep(0.4)
+        with server.client() as client:
+            assert client.post("/drain").status_code == 202
+            assert client.get("/readyz").status_code == 503
+            refused = client.post("/invoke/alpha", json={})
+            assert refused.status_code == 503
+            assert refused.json()["type"].endswith("/drained")
+        responses = [f.result() for f in in_flight]
+    assert [r.status_code for r in responses] == [200, 200, 200]
+    assert all(r.json()["bundle"] == "alpha" for r in responses)
+    assert server.proc is not None
+    assert server.proc.wait(20) == 0
+    # The job finished during the drain and its result was recorded.
+    restarted: ServerProcess = serve()
+    with restarted.client() as client:
+        assert client.get(f"/jobs/{job['id']}").json()["status"] == "succeeded"
+
+
+def test_drain_grace_aborts_the_rest_with_a_retryable_error(serve: Any, bundles: Path) -> None:
+    make_bundle(bundles, "alpha")
+    server: ServerProcess = serve(THAW_DRAIN_GRACE_S="0.5")
+    with server.client() as client:
+        job = client.post("/jobs/alpha", json={"sleep_s": 4}).json()
+        time.sleep(0.5)
+        client.post("/drain")
+    assert server.proc is not None and server.proc.wait(20) == 0
+    restarted: ServerProcess = serve()
+    with restarted.client() as client:
+        final = client.get(f"/jobs/{job['id']}").json()
+        assert final["status"] == "failed"
+        assert final["error"]["type"] == "drained" and final["error"]["retryable"] is True
+
+
+def test_sigterm_drains_and_exits_zero(serve: Any, bundles: Path) -> None:
+    make_bundle(bundles, "alpha")
+    server: ServerProcess = serve()
+
+    def long_call() -> httpx.Response:
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            return c.post("/invoke/alpha", json={"sleep_s": 1.0}, headers={"Prefer": "wait=20"})
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(long_call)
+        time.sleep(0.5)
+        assert server.terminate() == 0
+        assert future.result().status_code == 200

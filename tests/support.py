@@ -1,0 +1,138 @@
+"""Helpers shared by the tests: bundles on disk, free ports, a real server process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from runtime.bundles import Manifest, build_bundle
+
+
+def make_bundle(
+    root: Path,
+    name: str,
+    *,
+    shards: int = 1,
+    floats_per_shard: int = 256,
+    config: dict[str, Any] | None = None,
+    per_request_bytes: int = 0,
+    weights_bytes: int | None = None,
+    seed: int = 0,
+) -> Manifest:
+    """Write a real safetensors bundle `root/name` and return its manifest."""
+    import torch
+    from safetensors.torch import save_file
+
+    src = root / f".src-{name}"
+    src.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(seed)
+    for index in range(shards):
+        save_file(
+            {f"layer{index}.weight": torch.randn(floats_per_shard, generator=generator)},
+            src / f"model-{index:05d}.safetensors",
+        )
+    manifest = build_bundle(
+        src,
+        name,
+        out=root / name,
+        config=config or {},
+        per_request_bytes=per_request_bytes,
+        weights_bytes=weights_bytes,
+    )
+    for path in src.iterdir():
+        path.unlink()
+    src.rmdir()
+    return manifest
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class ServerProcess:
+    """A real `thaw serve` process on 127.0.0.1; always stopped by its user."""
+
+    def __init__(self, env: Mapping[str, str], *, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.env = dict(env)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+        self.log_path = Path(self.env.get("THAW_STATE_DIR", "/tmp")) / f"server-{self.port}.log"
+
+    def start(self, *, wait: bool = True) -> ServerProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.started_at = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "runtime.cli", "serve", "--port", str(self.port)],
+            env=self.env,
+            stdout=open(self.log_path, "ab"),  # noqa: SIM115 - closed with the process
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        if wait:
+            self.wait_healthy()
+        return self
+
+    def wait_healthy(self, timeout_s: float = 20.0) -> float:
+        """Seconds from process start to the first 200 from /healthz."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=0.5).status_code == 200:
+                    return time.monotonic() - self.started_at
+            except httpx.TransportError:
+                pass
+            time.sleep(0.01)
+        raise RuntimeError(f"server not healthy after {timeout_s} s:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-6000:]
+        except OSError:
+            return ""
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=kwargs.pop("timeout", 30.0), **kwargs)
+
+    def terminate(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM, wait, then SIGKILL the process group; returns the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def maps(self) -> str:
+        assert self.proc is not None
+        return Path(f"/proc/{self.proc.pid}/maps").read_text()
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()

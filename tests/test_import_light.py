@@ -1,0 +1,27 @@
+"""Starting the control interface must not import torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+SCRIPT = """
+import sys
+import runtime
+from runtime.app import create_app
+from runtime.registry import discover
+from runtime.settings import Settings
+registry = discover(())          # every shipped handler module
+app = create_app(Settings())
+print(sorted(registry.handlers))
+heavy = sorted(m for m in ("torch", "safetensors", "numpy", "boto3", "tokenizers") if m in sys.modules)
+print("HEAVY", heavy)
+"""
+
+
+def test_runtime_app_and_registry_do_not_import_torch() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "'echo'" in result.stdout and "'fahrenheit'" in result.stdout
+    assert "HEAVY []" in result.stdout, result.stdout
