@@ -138,7 +138,8 @@ class Dispatcher:
         wait = self.settings.wait_s if wait_s is None else wait_s
         deadline_at = received + wait
         ctx = Context(request_id=request_id, handler=name, deadline_at=deadline_at)
-        work = Work(handler=name)
+        cold = any(not self.cache.is_ready(b) for b in spec.uses)
+        work = Work(handler=name, phase="loading" if cold else "queued")
         estimate_s = await self._estimate_s(spec)
         budget_s = deadline_at - time.monotonic() - self.settings.deadline_margin_s
         if spec.uses and self.cache.device is None:

@@ -102,7 +102,21 @@ class Instance:
     def start_background(self) -> None:
         for name in self.settings.prewarm:
             self.spawn(self.prewarm(name))
-        self.spawn(self._sweep())
+        self.spawn(self._maintain())
+
+    async def _maintain(self) -> None:
+        """Recover lapsed jobs and purge expired ones, now and every lease period.
+
+        Polls recover a lapsed job at once; this loop makes sure one nobody
+        polls is still retried (or failed) instead of staying `running`.
+        """
+        while True:
+            await self._sweep()
+            try:
+                await asyncio.to_thread(self.store.purge_expired)
+            except Exception:
+                log.exception("purging expired jobs failed")
+            await asyncio.sleep(max(1.0, self.settings.job_lease_s))
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

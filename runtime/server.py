@@ -7,8 +7,8 @@ import logging
 import signal
 import socket
 import sys
-from types import FrameType
 from collections.abc import Callable
+from types import FrameType
 
 import uvicorn
 

@@ -47,7 +47,11 @@ def test_build_and_verify_roundtrip(tmp_path: Path) -> None:
     assert built.returncode == 0, built.stderr
     assert "toy@sha256:" in built.stdout
     manifest = json.loads((out / MANIFEST).read_text())
-    assert {f["path"] for f in manifest["files"]} == {"model.safetensors", "vocab.txt", "extra.json"}
+    assert {f["path"] for f in manifest["files"]} == {
+        "model.safetensors",
+        "vocab.txt",
+        "extra.json",
+    }
     assert manifest["version"] == "v2"
     verified = thaw("bundle", "verify", str(out))
     assert verified.returncode == 0, verified.stderr

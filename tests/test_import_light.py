@@ -14,7 +14,7 @@ from runtime.settings import Settings
 registry = discover(())          # every shipped handler module
 app = create_app(Settings())
 print(sorted(registry.handlers))
-heavy = sorted(m for m in ("torch", "safetensors", "numpy", "boto3", "tokenizers") if m in sys.modules)
+heavy = [m for m in ("torch", "safetensors", "numpy", "boto3", "tokenizers") if m in sys.modules]
 print("HEAVY", heavy)
 """
 

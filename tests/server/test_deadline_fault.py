@@ -39,8 +39,13 @@ def test_no_response_after_its_deadline(
         make_bundle(bundles, name, config={"sleep_s": seconds, "ledger": str(ledger)})
         # Even bundles claim to be 100x faster than they are, odd ones 100x slower.
         claimed = seconds / 100 if index % 2 == 0 else seconds * 100 + 5
-        history[name] = {"fetch_bytes_s": 1e12, "load_bytes_s": 1e12, "init_s": claimed,
-                         "warmup_s": 0.0, "loads": 3}
+        history[name] = {
+            "fetch_bytes_s": 1e12,
+            "load_bytes_s": 1e12,
+            "init_s": claimed,
+            "warmup_s": 0.0,
+            "loads": 3,
+        }
     runs = {f"fleet{i}": (0.001 if i % 3 else 2.0) for i in range(8)}
     (state / "estimates.json").write_text(
         json.dumps({"bundles": history, "runs": runs, "framework_s": 0.001})

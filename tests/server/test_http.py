@@ -22,9 +22,7 @@ def timing_phases(header: str) -> dict[str, float]:
     return phases
 
 
-def test_cold_load_past_deadline_gets_202_then_job_then_warm_200(
-    serve: Any, bundles: Path
-) -> None:
+def test_cold_load_past_deadline_gets_202_then_job_then_warm_200(serve: Any, bundles: Path) -> None:
     make_bundle(bundles, "alpha", config={"sleep_s": 2.0})
     server: ServerProcess = serve()
     with server.client() as client:
@@ -105,18 +103,20 @@ def test_bad_input_gets_problem_json_and_server_stays_healthy(serve: Any, bundle
         chunked = client.post("/invoke/echo", content=iter([b"[" + b"0," * 600, b"0]"]))
         assert chunked.status_code == 413
         # Queue full: two long runs fill the queue of 2; the third is throttled.
-        with httpx.Client(base_url=server.url, timeout=30) as other:
-            with concurrent.futures.ThreadPoolExecutor(2) as pool:
-                futures = [
-                    pool.submit(other.post, "/invoke/alpha", json={"sleep_s": 1.5})
-                    for _ in range(2)
-                ]
-                time.sleep(0.7)
-                throttled = client.post("/invoke/alpha", json={})
-                assert throttled.status_code == 429
-                assert throttled.headers["content-type"] == PROBLEM
-                assert int(throttled.headers["retry-after"]) >= 1
-                assert [f.result().status_code for f in futures] == [200, 200]
+        with (
+            httpx.Client(base_url=server.url, timeout=30) as other,
+            concurrent.futures.ThreadPoolExecutor(2) as pool,
+        ):
+            futures = [
+                pool.submit(other.post, "/invoke/alpha", json={"sleep_s": 1.5})
+                for _ in range(2)
+            ]
+            time.sleep(0.7)
+            throttled = client.post("/invoke/alpha", json={})
+            assert throttled.status_code == 429
+            assert throttled.headers["content-type"] == PROBLEM
+            assert int(throttled.headers["retry-after"]) >= 1
+            assert [f.result().status_code for f in futures] == [200, 200]
         assert client.get("/healthz").status_code == 200
         assert client.post("/invoke/alpha", json={}).status_code == 200
 

@@ -9,9 +9,7 @@ from typing import Any
 from tests.support import ServerProcess, make_bundle
 
 
-def test_finished_jobs_survive_restart_and_killed_job_is_retried(
-    serve: Any, bundles: Path
-) -> None:
+def test_finished_jobs_survive_restart_and_killed_job_is_retried(serve: Any, bundles: Path) -> None:
     make_bundle(bundles, "alpha")
     first: ServerProcess = serve(THAW_JOB_LEASE_S="1")
     with first.client() as client:

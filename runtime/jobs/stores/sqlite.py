@@ -159,8 +159,7 @@ class SQLiteJobStore:
             {
                 "type": LOST_ERROR,
                 "message": (
-                    "the instance running this job stopped; "
-                    f"gave up after {max_attempts} attempts"
+                    f"the instance running this job stopped; gave up after {max_attempts} attempts"
                 ),
             }
         )

@@ -1,0 +1,447 @@
+"""Jobs in one DynamoDB table (payloads too large for an item in S3).
+
+Same contract and semantics as the SQLite store; how they map here:
+
+- One item per job, hash key `id`. Every state change is one `UpdateItem`
+  whose `ConditionExpression` is the SQLite store's WHERE clause, so two
+  instances never both own a job: DynamoDB applies a single-item write
+  atomically, and a failed condition is SQLite's "0 rows updated".
+- `expires_at` is a Number of whole epoch seconds, the table's TTL attribute.
+  TTL deletion is lazy (up to days late), so `get()`, `claim()` and `lapsed()`
+  treat an item past `expires_at` as absent; `purge_expired()` deletes now.
+- `input`, `output`, `error` and `progress` are orjson bytes in Binary
+  attributes, or S3 objects when too large for an item (`payloads.py`).
+  Timestamps are Numbers written from `repr(float)`, so they read back equal.
+- `lapsed()` queries a *sparse* GSI, `active-created_at`: `active` exists only
+  while a job is queued or running, so the index holds just those, oldest
+  first, and the query never reads finished jobs (a Scan would read them all).
+  The index is eventually consistent, which is enough: it only nominates
+  candidates, and `claim()` decides. All active jobs share one index key,
+  which caps index writes near 1000/s, far above a function's job rate.
+- Service errors become `Unavailable`; a duplicate id in `create()` is `Conflict`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from decimal import Decimal
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import orjson
+from botocore.exceptions import ClientError
+
+from runtime.errors import ConfigError, Conflict
+from runtime.jobs import LOST_ERROR, Job, JobStatus
+from runtime.jobs.stores.payloads import FIELDS, Payloads, translated
+
+ACTIVE_INDEX = "active-created_at"
+TTL_ATTRIBUTE = "expires_at"
+_STATES = {":queued": "queued", ":running": "running"}
+_OWNED = "#owner = :owner AND #status = :running"
+# Queued, or running with a lapsed lease (the SQLite store's WHERE clauses).
+_PENDING = (
+    "#expires_at > :now AND (#status = :queued OR (#status = :running AND #lease_until < :now))"
+)
+_CLAIMABLE = f"#attempts < :max AND {_PENDING}"
+_LOST = "#status = :running AND #lease_until < :now AND #attempts >= :max"
+
+
+def table_spec(table_name: str) -> dict[str, Any]:
+    """`CreateTable` arguments; template.yaml declares the same schema."""
+    return {
+        "TableName": table_name,
+        "AttributeDefinitions": [
+            {"AttributeName": "id", "AttributeType": "S"},
+            {"AttributeName": "active", "AttributeType": "S"},
+            {"AttributeName": "created_at", "AttributeType": "N"},
+        ],
+        "KeySchema": [{"AttributeName": "id", "KeyType": "HASH"}],
+        "GlobalSecondaryIndexes": [
+            {
+                "IndexName": ACTIVE_INDEX,
+                "KeySchema": [
+                    {"AttributeName": "active", "KeyType": "HASH"},
+                    {"AttributeName": "created_at", "KeyType": "RANGE"},
+                ],
+                "Projection": {
+                    "ProjectionType": "INCLUDE",
+                    "NonKeyAttributes": ["status", "lease_until", "expires_at"],
+                },
+            }
+        ],
+        "BillingMode": "PAY_PER_REQUEST",
+    }
+
+
+def _attr(value: Any) -> dict[str, Any]:
+    """A Python value as a DynamoDB attribute value (numbers exact, via repr)."""
+    if isinstance(value, dict):
+        return value  # already an attribute value (a payload)
+    if isinstance(value, str):
+        return {"S": value}
+    if isinstance(value, bytes):
+        return {"B": value}
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {"N": str(value)}
+    return {"N": format(Decimal(repr(float(value))), "f")}
+
+
+def _names(*expressions: str) -> dict[str, str]:
+    return {f"#{w}": w for w in re.findall(r"#(\w+)", " ".join(expressions))}
+
+
+def _values(values: dict[str, Any], *expressions: str) -> dict[str, Any]:
+    """The placeholders the expressions use (DynamoDB refuses unused ones), as attributes."""
+    used = set(re.findall(r":\w+", " ".join(expressions)))
+    return {k: _attr(v) for k, v in values.items() if k in used}
+
+
+def _client(service: str) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    config = Config(retries={"mode": "standard", "max_attempts": 5}, read_timeout=20)
+    session: Any = boto3.session.Session()  # untyped boundary: the service name is a variable
+    return session.client(service, config=config)
+
+
+def _condition_failed(exc: ClientError) -> bool:
+    return exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException"
+
+
+class DynamoDBJobStore:
+    """The JobStore contract on DynamoDB (+ S3 for large payloads)."""
+
+    def __init__(
+        self,
+        table: str,
+        *,
+        ttl_s: float,
+        bucket: str | None = None,
+        prefix: str = "jobs/",
+        client: Any = None,
+        s3_client: Any = None,
+    ) -> None:
+        self.table = table
+        self.ttl_s = ttl_s
+        self._owned: list[Any] = []
+        if client is None:
+            client = _client("dynamodb")
+            self._owned.append(client)
+        if s3_client is None and bucket is not None:
+            s3_client = _client("s3")
+            self._owned.append(s3_client)
+        self.client = client
+        self.payloads = Payloads(s3_client, bucket, prefix)
+
+    @classmethod
+    def from_url(cls, url: str, *, ttl_s: float) -> DynamoDBJobStore:
+        """`dynamodb://table?bucket=name&prefix=jobs/`; the endpoint is AWS_ENDPOINT_URL's."""
+        parts = urlsplit(url)
+        query = parse_qs(parts.query)
+        if parts.scheme != "dynamodb" or not re.fullmatch(r"[A-Za-z0-9_.-]{3,255}", parts.netloc):
+            raise ConfigError(f"THAW_JOB_STORE={url!r}: expected dynamodb://table?bucket=name")
+        unknown = sorted(set(query) - {"bucket", "prefix"}) or ([parts.path] if parts.path else [])
+        if unknown:
+            raise ConfigError(f"THAW_JOB_STORE={url!r}: unknown part {unknown[0]!r}")
+        prefix = query.get("prefix", ["jobs"])[0].strip("/")
+        return cls(
+            parts.netloc,
+            ttl_s=ttl_s,
+            bucket=query.get("bucket", [None])[0],
+            prefix=f"{prefix}/" if prefix else "",
+        )
+
+    @classmethod
+    def create_table(cls, client: Any, table_name: str, *, wait: bool = True) -> None:
+        """Create the jobs table with TTL on (emulator, tests; template.yaml on AWS)."""
+        client.create_table(**table_spec(table_name))
+        if wait:
+            client.get_waiter("table_exists").wait(
+                TableName=table_name, WaiterConfig={"Delay": 1, "MaxAttempts": 60}
+            )
+        client.update_time_to_live(
+            TableName=table_name,
+            TimeToLiveSpecification={"Enabled": True, "AttributeName": TTL_ATTRIBUTE},
+        )
+
+    def _to_job(self, item: dict[str, Any]) -> Job:
+        def opt(name: str, kind: str) -> Any:
+            return item[name][kind] if name in item else None
+
+        lease = opt("lease_until", "N")
+        load = self.payloads.load
+        return Job(
+            id=item["id"]["S"],
+            handler=item["handler"]["S"],
+            status=JobStatus(item["status"]["S"]),
+            phase=item["phase"]["S"],
+            attempts=int(Decimal(item["attempts"]["N"])),
+            created_at=float(item["created_at"]["N"]),
+            updated_at=float(item["updated_at"]["N"]),
+            expires_at=float(item[TTL_ATTRIBUTE]["N"]),
+            input=load(item, "input"),
+            output=load(item, "output"),
+            error=load(item, "error"),
+            owner=opt("owner", "S"),
+            lease_until=None if lease is None else float(lease),
+            key_id=opt("key_id", "S"),
+            progress=load(item, "progress"),
+        )
+
+    def _update(
+        self,
+        job_id: str,
+        sets: dict[str, Any],
+        removes: list[str],
+        condition: str,
+        values: dict[str, Any],
+        *,
+        increment: str | None = None,
+        return_new: bool = False,
+    ) -> dict[str, Any] | None:
+        """One conditional UpdateItem; None when the condition did not hold."""
+        assignments = [f"#{k} = :set_{k}" for k in sets]
+        if increment:
+            assignments.append(f"#{increment} = #{increment} + :one")
+            values = {**values, ":one": 1}
+        expression = f"SET {', '.join(assignments)}"
+        if removes:
+            expression += f" REMOVE {', '.join(f'#{k}' for k in removes)}"
+        attribute_values = {f":set_{k}": v for k, v in sets.items()} | values
+        args: dict[str, Any] = {
+            "TableName": self.table,
+            "Key": {"id": {"S": job_id}},
+            "UpdateExpression": expression,
+            "ConditionExpression": condition,
+            "ExpressionAttributeNames": _names(expression, condition),
+            "ExpressionAttributeValues": _values(attribute_values, expression, condition),
+            "ReturnValues": "ALL_NEW" if return_new else "NONE",
+        }
+        with translated(f"updating job {job_id}"):
+            try:
+                attributes: dict[str, Any] = self.client.update_item(**args).get("Attributes", {})
+            except ClientError as exc:
+                if _condition_failed(exc):
+                    return None
+                raise
+        return attributes
+
+    def _owned_update(
+        self, job_id: str, owner: str, sets: dict[str, Any], removes: list[str]
+    ) -> bool:
+        """An update only the running job's owner may make; drops its S3 objects if refused."""
+        values = {":owner": owner} | _STATES
+        try:
+            done = self._update(job_id, sets, removes, _OWNED, values) is not None
+        except BaseException:
+            self.payloads.drop(sets)
+            raise
+        if not done:
+            self.payloads.drop(sets)
+        return done
+
+    def _set_payload(
+        self, job_id: str, sets: dict[str, Any], removes: list[str], field: str, value: Any
+    ) -> None:
+        stored = self.payloads.store(job_id, field, value)
+        if stored is not None:
+            sets[stored[0]] = stored[1]
+        removes.extend(a for a in (field, f"{field}_ref") if stored is None or a != stored[0])
+
+    def create(self, job: Job) -> None:
+        now = time.time()
+        job.created_at = job.updated_at = now
+        job.expires_at = float(math.ceil(now + self.ttl_s))
+        fields: dict[str, Any] = {
+            "id": job.id,
+            "handler": job.handler,
+            "status": str(job.status),
+            "phase": job.phase,
+            "attempts": job.attempts,
+            "created_at": now,
+            "updated_at": now,
+            TTL_ATTRIBUTE: job.expires_at,
+            "active": None if job.status.final else "1",
+            "owner": job.owner,
+            "key_id": job.key_id,
+            "lease_until": job.lease_until,
+        }
+        item = {k: _attr(v) for k, v in fields.items() if v is not None}
+        blobs: dict[str, Any] = {}
+        try:
+            for field in FIELDS:
+                stored = self.payloads.store(job.id, field, getattr(job, field))
+                if stored is not None:
+                    item[stored[0]] = blobs[stored[0]] = stored[1]
+            with translated(f"creating job {job.id}"):
+                try:
+                    self.client.put_item(
+                        TableName=self.table,
+                        Item=item,
+                        ConditionExpression="attribute_not_exists(#id)",
+                        ExpressionAttributeNames={"#id": "id"},
+                    )
+                except ClientError as exc:
+                    if _condition_failed(exc):
+                        raise Conflict(f"job id {job.id!r} already exists") from exc
+                    raise
+        except BaseException:
+            self.payloads.drop(blobs)
+            raise
+
+    def get(self, job_id: str) -> Job | None:
+        with translated(f"reading job {job_id}"):
+            response = self.client.get_item(
+                TableName=self.table, Key={"id": {"S": job_id}}, ConsistentRead=True
+            )
+        item = response.get("Item")
+        if item is None or float(item[TTL_ATTRIBUTE]["N"]) <= time.time():
+            return None
+        return self._to_job(item)
+
+    def claim(self, job_id: str, owner: str, lease_s: float, max_attempts: int) -> Job | None:
+        now = time.time()
+        values = {":max": max_attempts, ":now": now} | _STATES
+        claimed = self._update(
+            job_id,
+            {
+                "status": "running",
+                "owner": owner,
+                "lease_until": now + lease_s,
+                "phase": "claimed",
+                "updated_at": now,
+            },
+            ["error", "error_ref"],
+            _CLAIMABLE,
+            values,
+            increment="attempts",
+            return_new=True,
+        )
+        if claimed is not None:
+            return self._to_job(claimed)
+        error = {
+            "type": LOST_ERROR,
+            "message": "the instance running this job stopped;"
+            f" gave up after {max_attempts} attempts",
+        }
+        self._update(
+            job_id,
+            {
+                "status": "failed",
+                "phase": "failed",
+                "error": orjson.dumps(error),
+                "updated_at": now,
+            },
+            ["owner", "active", "error_ref"],
+            _LOST,
+            values,
+        )
+        return None
+
+    def heartbeat(self, job_id: str, owner: str, lease_s: float) -> bool:
+        return self._owned_update(job_id, owner, {"lease_until": time.time() + lease_s}, [])
+
+    def set_phase(
+        self, job_id: str, owner: str, phase: str, progress: dict[str, Any] | None = None
+    ) -> bool:
+        sets: dict[str, Any] = {"phase": phase, "updated_at": time.time()}
+        removes: list[str] = []
+        self._set_payload(job_id, sets, removes, "progress", progress)
+        return self._owned_update(job_id, owner, sets, removes)
+
+    def finish(
+        self,
+        job_id: str,
+        owner: str,
+        status: JobStatus,
+        output: Any = None,
+        error: dict[str, Any] | None = None,
+    ) -> bool:
+        if not status.final:
+            raise ValueError(f"finish() needs a final status, got {status}")
+        now = time.time()
+        sets: dict[str, Any] = {"status": str(status), "phase": str(status), "updated_at": now}
+        removes = ["lease_until", "progress", "progress_ref", "active"]
+        self._set_payload(job_id, sets, removes, "output", output)
+        try:
+            self._set_payload(job_id, sets, removes, "error", error)
+        except BaseException:
+            self.payloads.drop(sets)
+            raise
+        return self._owned_update(job_id, owner, sets, removes)
+
+    def cancel(self, job_id: str) -> Job | None:
+        error = {"type": "cancelled", "message": "cancelled by the client"}
+        self._update(
+            job_id,
+            {
+                "status": "cancelled",
+                "phase": "cancelled",
+                "error": orjson.dumps(error),
+                "updated_at": time.time(),
+            },
+            ["output", "output_ref", "error_ref", "active"],
+            "#status IN (:queued, :running)",
+            _STATES,
+        )
+        return self.get(job_id)
+
+    def lapsed(self, limit: int = 100) -> list[str]:
+        keys = "#active = :one"
+        only = _PENDING
+        values = {":one": "1", ":now": time.time()} | _STATES
+        ids: list[str] = []
+        with translated("listing lapsed jobs"):
+            pages = self.client.get_paginator("query").paginate(
+                TableName=self.table,
+                IndexName=ACTIVE_INDEX,
+                KeyConditionExpression=keys,
+                FilterExpression=only,
+                ExpressionAttributeNames=_names(keys, only),
+                ExpressionAttributeValues=_values(values, keys, only),
+                ScanIndexForward=True,
+            )
+            for page in pages:
+                ids.extend(item["id"]["S"] for item in page.get("Items", []))
+                if len(ids) >= limit:
+                    break
+        return ids[:limit]
+
+    def purge_expired(self) -> int:
+        """Delete expired items now (TTL does, much later) and their S3 payloads. A Scan."""
+        expired = "#expires_at <= :now"
+        names, values = _names(expired, "#id"), {":now": _attr(time.time())}
+        purged = 0
+        with translated("purging expired jobs"):
+            pages = self.client.get_paginator("scan").paginate(
+                TableName=self.table,
+                FilterExpression=expired,
+                ProjectionExpression="#id",
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
+            )
+            for item in (item for page in pages for item in page.get("Items", [])):
+                try:
+                    self.client.delete_item(
+                        TableName=self.table,
+                        Key={"id": item["id"]},
+                        ConditionExpression=expired,
+                        ExpressionAttributeNames=_names(expired),
+                        ExpressionAttributeValues=values,
+                    )
+                except ClientError as exc:
+                    if not _condition_failed(exc):
+                        raise
+                    continue
+                purged += 1
+                self.payloads.drop_job(item["id"]["S"])
+        return purged
+
+    def close(self) -> None:
+        for client in self._owned:
+            client.close()
+        self._owned.clear()
