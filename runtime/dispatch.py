@@ -19,7 +19,7 @@ import time
 import traceback
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime import weights as weights_mod
 from runtime.cache import Lease, ModelCache
@@ -33,7 +33,12 @@ from runtime.metrics import Metrics
 from runtime.registry import HandlerSpec, Registry
 from runtime.settings import Settings
 
+if TYPE_CHECKING:
+    from prometheus_client import Counter, Gauge, Histogram
+
 log = logging.getLogger("thaw.dispatch")
+# Looked up once: `logging.getLogger` takes the logging module's lock on every call.
+HANDLER_LOG = logging.getLogger("thaw.handler")
 
 # The first `import torch` of a process holds the GIL for a few hundred ms
 # (torch._C's module init), freezing the event loop and every deadline timer
@@ -52,6 +57,61 @@ class Completed:
 class Accepted:
     job: Job
     retry_after_s: float
+
+
+@dataclass(frozen=True)
+class HandlerMetrics:
+    """The labelled metric children of one handler.
+
+    Looked up once per handler: `labels()` takes a lock and hashes its label
+    values on every call, which the warm path would otherwise pay four times.
+    """
+
+    sync: Counter
+    async_: Counter
+    error: Counter
+    throttled: Counter
+    queue_depth: Gauge
+    run_seconds: Histogram
+
+    @classmethod
+    def of(cls, metrics: Metrics, handler: str) -> HandlerMetrics:
+        outcome = metrics.invocations
+        return cls(
+            sync=outcome.labels(handler, "sync"),
+            async_=outcome.labels(handler, "async"),
+            error=outcome.labels(handler, "error"),
+            throttled=outcome.labels(handler, "throttled"),
+            queue_depth=metrics.queue_depth.labels(handler),
+            run_seconds=metrics.run_seconds.labels(handler),
+        )
+
+
+async def finished_within(task: asyncio.Task[Any], timeout_s: float) -> bool:
+    """Wait up to `timeout_s` for `task`; True when it is done.
+
+    `asyncio.wait({task}, timeout=...)` with one task, minus its set building
+    and bookkeeping for many futures: the same future, timer and callback, in
+    the same order (the timer is armed after the task was scheduled, so even a
+    zero timeout lets the task take its first step).
+    """
+    if task.done():
+        return True
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    timer = loop.call_later(max(0.0, timeout_s), wake)
+    task.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        task.remove_done_callback(wake)
+    return task.done()
 
 
 @dataclass
@@ -110,7 +170,15 @@ class Dispatcher:
         self.draining = False
         self.pending: dict[str, int] = defaultdict(int)
         self.tasks: set[asyncio.Task[Any]] = set()
+        self._metrics_of = {name: HandlerMetrics.of(metrics, name) for name in registry.handlers}
         jobs.execute = self._execute_job
+        jobs.can_run = lambda handler: handler in registry.handlers
+
+    def handler_metrics(self, name: str) -> HandlerMetrics:
+        found = self._metrics_of.get(name)
+        if found is None:  # a handler registered after start
+            found = self._metrics_of[name] = HandlerMetrics.of(self.metrics, name)
+        return found
 
     # ---- the deadline rule ------------------------------------------------------
 
@@ -128,8 +196,9 @@ class Dispatcher:
         spec = self.registry.handler(name)
         if self.draining:
             raise Draining("this instance is draining and takes no new work")
+        metrics = self.handler_metrics(name)
         if self.pending[name] >= self.settings.max_queue:
-            self.metrics.invocations.labels(name, "throttled").inc()
+            metrics.throttled.inc()
             raise QueueFull(
                 f"handler {name!r} has {self.pending[name]} requests queued "
                 f"(limit {self.settings.max_queue})",
@@ -137,11 +206,17 @@ class Dispatcher:
             )
         wait = self.settings.wait_s if wait_s is None else wait_s
         deadline_at = received + wait
-        ctx = Context(request_id=request_id, handler=name, deadline_at=deadline_at)
+        ctx = Context(
+            request_id=request_id, handler=name, deadline_at=deadline_at, logger=HANDLER_LOG
+        )
         cold = any(not self.cache.is_ready(b) for b in spec.uses)
         work = Work(handler=name, phase="loading" if cold else "queued")
-        estimate_s = await self._estimate_s(spec)
-        budget_s = deadline_at - time.monotonic() - self.settings.deadline_margin_s
+        # Warm: nothing to load, so the estimate is the run time (no cache lookups).
+        estimate_s = await self._estimate_s(spec) if cold else self.estimator.run_s(name)
+        # The margin never eats more than a quarter of a short deadline, so a
+        # warm request with `wait=0.1` still runs instead of becoming a job.
+        margin_s = min(self.settings.deadline_margin_s, wait * 0.25)
+        budget_s = deadline_at - time.monotonic() - margin_s
         if spec.uses and self.cache.device is None:
             budget_s -= FRAMEWORK_STALL_S
         if respond_async or estimate_s > budget_s:
@@ -151,10 +226,9 @@ class Dispatcher:
             self._follow(spec, job, self._start(spec, event, ctx, work), work)
             return Accepted(job, retry_after_s=max(1.0, estimate_s))
         task = self._start(spec, event, ctx, work)
-        await asyncio.wait({task}, timeout=max(0.0, budget_s))
-        if task.done():
+        if await finished_within(task, budget_s):
             output = task.result()
-            self.metrics.invocations.labels(name, "sync").inc()
+            metrics.sync.inc()
             return Completed(output, work.timings_ms)
         # The estimate was wrong: answer 202 now; the same task goes on.
         job = await self._record(spec, event, work, key_id)
@@ -163,7 +237,7 @@ class Dispatcher:
 
     async def _record(self, spec: HandlerSpec, event: Any, work: Work, key_id: str | None) -> Job:
         job = await self.jobs.record(spec.name, event, phase=work.phase, key_id=key_id)
-        self.metrics.invocations.labels(spec.name, "async").inc()
+        self.handler_metrics(spec.name).async_.inc()
         return job
 
     def _follow(self, spec: HandlerSpec, job: Job, task: asyncio.Task[Any], work: Work) -> None:
@@ -190,17 +264,18 @@ class Dispatcher:
     # ---- executing work ---------------------------------------------------------
 
     def _start(self, spec: HandlerSpec, event: Any, ctx: Context, work: Work) -> asyncio.Task[Any]:
+        metrics = self.handler_metrics(spec.name)
         self.pending[spec.name] += 1
-        self.metrics.queue_depth.labels(spec.name).set(self.pending[spec.name])
+        metrics.queue_depth.set(self.pending[spec.name])
         task = asyncio.get_running_loop().create_task(self._execute(spec, event, ctx, work))
         self.tasks.add(task)
 
         def done(t: asyncio.Task[Any]) -> None:
             self.tasks.discard(t)
             self.pending[spec.name] -= 1
-            self.metrics.queue_depth.labels(spec.name).set(self.pending[spec.name])
+            metrics.queue_depth.set(self.pending[spec.name])
             if not t.cancelled() and t.exception() is not None:
-                self.metrics.invocations.labels(spec.name, "error").inc()
+                metrics.error.inc()
 
         task.add_done_callback(done)
         return task
@@ -213,13 +288,17 @@ class Dispatcher:
             if spec.uses:
                 work.phase = "loading"
                 cold = [n for n in spec.uses if not self.cache.is_ready(n)]
-                results = await asyncio.gather(
-                    *(self.cache.acquire(n) for n in spec.uses), return_exceptions=True
-                )
-                leases = [r for r in results if isinstance(r, Lease)]
-                for r in results:
-                    if isinstance(r, BaseException):
-                        raise r
+                if len(spec.uses) == 1:
+                    # One bundle needs no gather (which wraps each awaitable in a task).
+                    leases.append(await self.cache.acquire(spec.uses[0]))
+                else:
+                    results = await asyncio.gather(
+                        *(self.cache.acquire(n) for n in spec.uses), return_exceptions=True
+                    )
+                    leases = [r for r in results if isinstance(r, Lease)]
+                    for r in results:
+                        if isinstance(r, BaseException):
+                            raise r
                 for name in cold:
                     phases = self.cache.entries[name].lifecycle.phase_ms
                     for phase in LOAD_PHASES:
@@ -234,7 +313,7 @@ class Dispatcher:
             run_s = time.monotonic() - run_started
             work.timings_ms["run"] = run_s * 1000
             self.estimator.record_run(spec.name, run_s)
-            self.metrics.run_seconds.labels(spec.name).observe(run_s)
+            self.handler_metrics(spec.name).run_seconds.observe(run_s)
             return output
         finally:
             for lease in leases:
@@ -243,7 +322,7 @@ class Dispatcher:
     def _execute_job(self, job: Job) -> asyncio.Task[Any]:
         """Run a recovered job's stored input on this instance."""
         spec = self.registry.handler(job.handler)
-        ctx = Context(request_id=job.id, handler=job.handler)
+        ctx = Context(request_id=job.id, handler=job.handler, logger=HANDLER_LOG)
         return self._start(spec, job.input, ctx, Work(handler=job.handler))
 
     # ---- drain ------------------------------------------------------------------

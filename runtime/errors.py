@@ -5,7 +5,8 @@
     ├── BadRequest                 400 bad-request
     │   ├── InvalidJSON            400 invalid-json
     │   ├── InvalidInput           400 invalid-input   (a handler rejects its event)
-    │   └── InvalidPrefer          400 invalid-prefer
+    │   ├── InvalidPrefer          400 invalid-prefer
+    │   └── InvalidEvent           400 invalid-event   (a Lambda event of no known shape)
     ├── Unauthorized               401 unauthorized
     ├── NotFound                   404 not-found
     │   ├── UnknownHandler         404 unknown-handler
@@ -103,6 +104,13 @@ class InvalidPrefer(BadRequest):
 
     slug = "invalid-prefer"
     title = "Invalid Prefer header"
+
+
+class InvalidEvent(BadRequest):
+    """A Lambda event (or a function's proxy result) has no shape Thaw knows."""
+
+    slug = "invalid-event"
+    title = "Invalid event"
 
 
 class Unauthorized(ThawError):

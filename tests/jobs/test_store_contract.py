@@ -314,7 +314,7 @@ def test_lapsed_lists_queued_and_lease_lapsed_jobs_oldest_first(store: JobStore)
 
 
 def test_expired_jobs_are_absent_then_purged(open_store: OpenStore) -> None:
-    store = open_store(ttl_s=0.5)
+    store = open_store(ttl_s=1.0)
     job = queued(store)
     assert store.get(job.id) is not None
     time.sleep(max(0.0, job.expires_at - time.time()) + 0.1)
@@ -324,6 +324,22 @@ def test_expired_jobs_are_absent_then_purged(open_store: OpenStore) -> None:
     assert store.cancel(job.id) is None
     assert store.purge_expired() >= 1
     assert store.purge_expired() == 0
+
+
+def test_ttl_counts_from_the_end_and_heartbeats_keep_running_jobs(
+    open_store: OpenStore,
+) -> None:
+    store = open_store(ttl_s=1.0)
+    job = running(store)
+    time.sleep(0.6)
+    assert store.heartbeat(job.id, "a", 30.0)
+    time.sleep(0.8)
+    assert store.get(job.id) is not None, "a heartbeated job expired under its worker"
+    assert store.finish(job.id, "a", JobStatus.SUCCEEDED, output={"ok": True})
+    finished = store.get(job.id)
+    assert finished is not None and finished.expires_at >= time.time() + 0.5
+    time.sleep(max(0.0, finished.expires_at - time.time()) + 0.1)
+    assert store.get(job.id) is None
 
 
 def test_purge_keeps_live_jobs(store: JobStore) -> None:

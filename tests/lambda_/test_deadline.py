@@ -9,6 +9,11 @@ from runtime.lambda_loop import budget_s, prefer_with_wait
 from runtime.prefer import parse_prefer
 
 
+def test_no_deadline_header_means_no_lambda_limit() -> None:
+    assert budget_s(0, 1_700_000_000.0) == float("inf")
+    assert "wait=10.000" in prefer_with_wait(None, limit_s=float("inf"), default_s=10.0)
+
+
 @pytest.mark.parametrize(
     ("remaining_s", "expected_s"),
     [

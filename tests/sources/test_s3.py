@@ -23,7 +23,8 @@ from runtime.bundles import MANIFEST, Manifest, build_bundle, verify_bundle
 from runtime.errors import BundleError, ConfigError, IntegrityError, LoadFailed, UnknownBundle
 from runtime.settings import Settings
 from runtime.sources import open_source
-from runtime.sources.s3 import MARKER, S3Source, make_client, parse_url
+from runtime.sources.nodecache import MARKER
+from runtime.sources.s3 import S3Source, make_client, parse_url
 from tests import aws_fixtures
 from tests.aws_fixtures import CREDENTIALS, client, make_bucket
 from tests.sources.s3_proxy import misbehaving_proxy

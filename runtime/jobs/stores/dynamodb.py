@@ -343,7 +343,10 @@ class DynamoDBJobStore:
         return None
 
     def heartbeat(self, job_id: str, owner: str, lease_s: float) -> bool:
-        return self._owned_update(job_id, owner, {"lease_until": time.time() + lease_s}, [])
+        # A job that is still being worked on must not expire under its worker.
+        now = time.time()
+        sets = {"lease_until": now + lease_s, TTL_ATTRIBUTE: float(math.ceil(now + self.ttl_s))}
+        return self._owned_update(job_id, owner, sets, [])
 
     def set_phase(
         self, job_id: str, owner: str, phase: str, progress: dict[str, Any] | None = None
@@ -364,7 +367,13 @@ class DynamoDBJobStore:
         if not status.final:
             raise ValueError(f"finish() needs a final status, got {status}")
         now = time.time()
-        sets: dict[str, Any] = {"status": str(status), "phase": str(status), "updated_at": now}
+        sets: dict[str, Any] = {
+            "status": str(status),
+            "phase": str(status),
+            "updated_at": now,
+            # Results are kept for the TTL counted from when the job ended.
+            TTL_ATTRIBUTE: float(math.ceil(now + self.ttl_s)),
+        }
         removes = ["lease_until", "progress", "progress_ref", "active"]
         self._set_payload(job_id, sets, removes, "output", output)
         try:

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from runtime.errors import ConfigError
+from runtime.errors import ConfigError, Conflict
 from runtime.jobs import LOST_ERROR, Job, JobStatus
 
 _SCHEMA = """
@@ -112,6 +112,12 @@ class SQLiteJobStore:
         now = time.time()
         job.created_at = job.updated_at = now
         job.expires_at = now + self.ttl_s
+        try:
+            self._insert(job)
+        except sqlite3.IntegrityError as exc:
+            raise Conflict(f"job id {job.id!r} already exists") from exc
+
+    def _insert(self, job: Job) -> None:
         self._write(
             f"INSERT INTO jobs ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (

@@ -1,0 +1,180 @@
+"""`thaw emulate`: run the function locally as Lambda would.
+
+One Starlette app on uvicorn, 127.0.0.1 by default:
+
+    POST /2015-03-31/functions/{name}/invocations    the Invoke API (invoke_api)
+    /instances/{iid}/2018-06-01/runtime/...          each instance's Runtime API (runtime_api)
+    every other path                                 the HTTP contract via a Function URL event
+
+Instances are `python -m runtime` processes (instances), scheduled by the pool
+(pool), configured from template.yaml (template), reporting REPORT lines
+(report) on stdout; their own output goes to stderr, prefixed.
+
+An instance's environment, later entries winning:
+
+1. the emulator's environment (AWS_LAMBDA_* removed),
+2. the function's Environment.Variables from the template (unresolvable ones left out),
+3. local wiring: THAW_JOB_STORE, THAW_BUNDLE_SOURCE, THAW_CACHE_DIR and
+   THAW_STATE_DIR always take the emulator's local values (its environment,
+   else the laptop defaults: ./bundles, SQLite in .thaw/, made absolute), so
+   AWS wiring in the template (dynamodb://, s3://) never reaches a local
+   instance, and every instance shares one job store,
+4. any other THAW_* set in the emulator's environment (so `THAW_WAIT_S=1 thaw emulate` works),
+5. Lambda's platform variables (AWS_LAMBDA_RUNTIME_API, AWS_LAMBDA_FUNCTION_NAME, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+import uvicorn
+from starlette.applications import Starlette
+
+from runtime.emulator import function_url, invoke_api, runtime_api
+from runtime.emulator.invoke_api import EventQueue
+from runtime.emulator.pool import Pool
+from runtime.emulator.template import Template, load_template
+from runtime.errors import ConfigError
+from runtime.settings import Settings
+
+DEFAULT_MAX_INSTANCES = 4
+_PLATFORM_ONLY = ("AWS_LAMBDA_", "_HANDLER", "_X_AMZN_TRACE_ID")
+
+
+def _absolute_sqlite(url: str) -> str:
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and not url.startswith(prefix + "/"):
+        return prefix + str(Path(url[len(prefix) :]).resolve())
+    return url
+
+
+def local_environment(environ: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(base, local): the inherited environment, and what overrides the template."""
+    base = {k: v for k, v in environ.items() if not k.startswith(_PLATFORM_ONLY)}
+    settings = Settings.from_env(environ)
+    local = {k: v for k, v in environ.items() if k.startswith("THAW_")}
+    local.update(
+        {
+            "THAW_JOB_STORE": _absolute_sqlite(settings.job_store),
+            "THAW_BUNDLE_SOURCE": (
+                settings.bundle_source
+                if "://" in settings.bundle_source
+                else str(Path(settings.bundle_source).resolve())
+            ),
+            "THAW_CACHE_DIR": str(Path(settings.cache_dir).resolve()),
+            "THAW_STATE_DIR": str(Path(settings.state_dir).resolve()),
+        }
+    )
+    return base, local
+
+
+@dataclass(frozen=True)
+class EmulatorConfig:
+    template: Template
+    api_root: str
+    max_instances: int = DEFAULT_MAX_INSTANCES
+    idle_timeout_s: float = 300.0
+
+
+@asynccontextmanager
+async def _lifespan(app: Starlette) -> AsyncIterator[None]:
+    config: EmulatorConfig = app.state.config
+    base, local = local_environment(os.environ)
+    pool = Pool(
+        config.template,
+        max_instances=config.max_instances,
+        idle_timeout_s=config.idle_timeout_s,
+        base_env=base,
+        local_env=local,
+        api_root=config.api_root,
+        out=app.state.out,
+        echo=app.state.echo,
+    )
+    events = EventQueue(pool)
+    app.state.pool, app.state.template, app.state.events = pool, config.template, events
+    reaper = asyncio.create_task(pool.reap_idle())
+    try:
+        yield
+    finally:
+        reaper.cancel()
+        await events.aclose()
+        await pool.shutdown()
+
+
+def create_emulator_app(
+    config: EmulatorConfig, *, out: IO[str] = sys.stdout, echo: IO[str] = sys.stderr
+) -> Starlette:
+    routes = [*invoke_api.routes, *runtime_api.routes, *function_url.routes]
+    app = Starlette(routes=routes, lifespan=_lifespan)
+    app.state.config, app.state.out, app.state.echo = config, out, echo
+    return app
+
+
+class _Server(uvicorn.Server):
+    """Stops the instances first on SIGINT/SIGTERM: their long-polls would hold shutdown up."""
+
+    def __init__(self, config: uvicorn.Config, app: Starlette) -> None:
+        super().__init__(config)
+        self.app = app
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        pool: Pool | None = getattr(self.app.state, "pool", None)
+        if pool is not None:
+            asyncio.get_running_loop().call_soon_threadsafe(pool.begin_shutdown)
+        super().handle_exit(sig, frame)
+        if sig == signal.SIGTERM and sig in self._captured_signals:
+            # A requested stop that ends in exit 0; uvicorn would re-raise the signal.
+            self._captured_signals.remove(sig)
+
+
+def run_emulator(
+    port: int,
+    template: Path,
+    max_instances: int | None,
+    idle_timeout_s: float,
+    host: str = "127.0.0.1",
+) -> int:
+    """Serve until SIGINT/SIGTERM; every instance is stopped on the way out."""
+    loaded = load_template(template)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say
+    # so, and without it every response waits ~40 ms on a delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    bound = sock.getsockname()[1]
+    # Instances always dial the loopback address, whatever the bind.
+    api_root = f"127.0.0.1:{bound}" if family == socket.AF_INET else f"[::1]:{bound}"
+    config = EmulatorConfig(
+        loaded,
+        api_root=api_root,
+        max_instances=max_instances or DEFAULT_MAX_INSTANCES,
+        idle_timeout_s=idle_timeout_s,
+    )
+    app = create_emulator_app(config)
+    functions = ", ".join(f.logical_id for f in loaded.functions.values())
+    print(
+        f"thaw emulate: listening on http://{host}:{bound} ({functions}; "
+        f"max {config.max_instances} instances, idle timeout {idle_timeout_s:g} s)",
+        file=sys.stderr,
+        flush=True,
+    )
+    server = _Server(
+        uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5), app
+    )
+    server.run(sockets=[sock])
+    return 0
