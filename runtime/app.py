@@ -16,10 +16,13 @@ from typing import Any
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from runtime.auth import AuthMiddleware, KeyRing
 from runtime.dispatch import Accepted, Completed, Dispatcher
 from runtime.errors import (
     BadRequest,
@@ -41,6 +44,8 @@ PROBLEM = "application/problem+json"
 _TIMING_ORDER = ("queue", "fetch", "load", "init", "warmup", "run")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
+# Matches uvicorn's h11_max_incomplete_event_size in server.py.
+MAX_HEADER_BYTES = 64 * 1024
 
 
 class JSONResponse(Response):
@@ -80,6 +85,30 @@ async def render_error(request: Request, exc: Exception) -> Response:
     return problem_response(ThawError("internal error; see the server log"), request.url.path)
 
 
+class HeaderLimit:
+    """Refuse a request whose header block exceeds MAX_HEADER_BYTES (pure ASGI: cheap).
+
+    uvicorn's h11 limit (server.py) bounds only a header block still arriving
+    in pieces; one that arrives whole in a single read is parsed however large.
+    This bounds both, with a problem+json answer naming the limit.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            size = sum(len(name) + len(value) + 4 for name, value in scope["headers"])
+            if size > MAX_HEADER_BYTES:
+                exc = BadRequest(
+                    f"request headers of {size} bytes exceed the {MAX_HEADER_BYTES}-byte limit",
+                    limit_bytes=MAX_HEADER_BYTES,
+                )
+                await problem_response(exc, scope["path"])(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def _instance(request: Request) -> Instance:
     instance: Instance = request.app.state.instance
     return instance
@@ -99,8 +128,28 @@ def key_id_of(request: Request) -> str | None:
     return request.scope.get("thaw.key_id")
 
 
-async def read_json(request: Request, limit: int) -> Any:
-    """The body as JSON, refusing bodies over `limit` bytes before reading them whole."""
+def _too_deep(body: bytes, value: Any, max_depth: int) -> bool:
+    """True when `value` nests arrays/objects more than `max_depth` levels deep.
+
+    Iterative, so a deep document cannot exhaust the stack. A body with no more
+    brackets than the limit cannot be too deep: that C-speed count keeps the
+    walk off the warm path of ordinary (wide, shallow) events.
+    """
+    if body.count(b"[") + body.count(b"{") <= max_depth:
+        return False
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node
+        if depth > max_depth:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+async def read_json(request: Request, limit: int, max_depth: int = 64) -> Any:
+    """The body as JSON, refusing bodies over `limit` bytes before reading them whole,
+    and documents nested deeper than `max_depth`."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(
@@ -117,9 +166,14 @@ async def read_json(request: Request, limit: int) -> Any:
     if not body.strip():
         return {}
     try:
-        return orjson.loads(body)
+        value = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidJSON(f"body is not valid JSON: {exc}") from exc
+    if isinstance(value, dict | list) and _too_deep(body, value, max_depth):
+        raise BadRequest(
+            f"JSON nesting exceeds THAW_MAX_JSON_DEPTH={max_depth}", max_json_depth=max_depth
+        )
+    return value
 
 
 def server_timing(timings_ms: dict[str, float]) -> str:
@@ -139,7 +193,8 @@ def job_response(job: Job, status: int = 200, retry_after_s: float | None = None
 async def _invoke(request: Request, *, force_async: bool) -> Response:
     instance = _instance(request)
     prefs = parse_prefer(request.headers.getlist("prefer"))
-    event = await read_json(request, instance.settings.max_body_bytes)
+    settings = instance.settings
+    event = await read_json(request, settings.max_body_bytes, settings.max_json_depth)
     request_id = _request_id(request)
     outcome = await instance.dispatcher.invoke(
         request.path_params["handler"],
@@ -280,6 +335,18 @@ async def metrics(request: Request) -> Response:
     return Response(_instance(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
+async def openapi_document(request: Request) -> Response:
+    """The OpenAPI 3.1 description of this HTTP contract."""
+    document: bytes | None = getattr(request.app.state, "openapi", None)
+    if document is None:
+        from runtime.openapi import build_openapi
+
+        auth = getattr(request.app.state, "auth", False)
+        document = orjson.dumps(build_openapi(ROUTES, auth=auth))
+        request.app.state.openapi = document
+    return Response(document, media_type="application/json")
+
+
 ROUTES = [
     Route("/invoke/{handler}", invoke, methods=["POST"]),
     Route("/jobs/{handler}", submit_job, methods=["POST"]),
@@ -292,6 +359,7 @@ ROUTES = [
     Route("/readyz", readyz, methods=["GET"]),
     Route("/drain", drain, methods=["POST"]),
     Route("/metrics", metrics, methods=["GET"]),
+    Route("/openapi.json", openapi_document, methods=["GET"]),
 ]
 
 
@@ -319,8 +387,13 @@ def create_app(
         finally:
             await inst.stop()
 
+    keys = KeyRing.from_settings(settings)
+    middleware = [Middleware(HeaderLimit)]
+    if keys is not None:
+        middleware.append(Middleware(AuthMiddleware, keys, problem_response))
     app = Starlette(
         routes=ROUTES,
+        middleware=middleware,
         lifespan=lifespan,
         exception_handlers={
             ThawError: render_error,
@@ -329,4 +402,5 @@ def create_app(
         },
     )
     app.state.settings = settings
+    app.state.auth = keys is not None
     return app

@@ -6,6 +6,7 @@
     thaw serve [--host 127.0.0.1] [--port 8080] [--insecure]
     thaw emulate [--port 9000] [--template template.yaml] [--max-instances N] [--idle-timeout S]
     thaw coldstart HANDLER [--event JSON] [--runs N] [--json]
+    thaw keys hash < key            print a THAW_API_KEYS_FILE line for the key on stdin
 
 Every command exits non-zero with a one-line message on error. Heavy modules
 are imported inside the command that needs them.
@@ -120,6 +121,12 @@ def _cmd_coldstart(args: argparse.Namespace) -> int:
     return code
 
 
+def _cmd_keys_hash(args: argparse.Namespace) -> int:
+    from runtime.auth import print_hash_line
+
+    return print_hash_line()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="thaw", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -167,6 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
     cold.add_argument("--runs", type=int, default=20)
     cold.add_argument("--json", action="store_true")
     cold.set_defaults(func=_cmd_coldstart)
+
+    keys = sub.add_parser("keys", help="API key helpers").add_subparsers(required=True)
+    keys.add_parser("hash", help="read a key on stdin, print its key-file line").set_defaults(
+        func=_cmd_keys_hash
+    )
     return parser
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import signal
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from runtime.app import create_app
 from runtime.errors import ConfigError
@@ -25,6 +27,21 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+class _H11Protocol(H11Protocol):
+    """uvicorn's h11 protocol, also closing connections that never send a request.
+
+    uvicorn arms its keep-alive timer only after a first response, so a client
+    that connects and stays silent would hold a connection forever. Naming the
+    class also pins h11, whose header-size limit we rely on (httptools has none).
+    """
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.timeout_keep_alive, self.timeout_keep_alive_handler
+        )
 
 
 class _Server(uvicorn.Server):
@@ -65,6 +82,7 @@ def serve(host: str = "127.0.0.1", port: int = 8080, insecure: bool = False) -> 
         lifespan="on",
         log_config=None,
         timeout_graceful_shutdown=int(settings.drain_grace_s) + 1,
+        http=_H11Protocol,
         timeout_keep_alive=5,
         h11_max_incomplete_event_size=64 * 1024,
     )

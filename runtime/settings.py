@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,8 @@ class Settings:
     handlers: tuple[str, ...] = ()
     max_queue: int = 64
     max_body_bytes: int = 6 * 1024 * 1024
+    # Deepest nesting of arrays/objects accepted in a JSON body (orjson stops at 1024).
+    max_json_depth: int = 64
     drain_grace_s: float = 30.0
     device: str = ""
     # Back-off after a failed load before the next attempt, doubled per failure.
@@ -77,7 +79,8 @@ class Settings:
     fetch_stall_s: float = 30.0
     fetch_concurrency: int = 8
     min_residency_s: float = 30.0
-    api_keys: tuple[str, ...] = ()
+    # Secrets: kept out of the settings' repr so no log line can carry them.
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
     api_keys_file: str = ""
     log_level: str = "INFO"
 
@@ -122,6 +125,8 @@ class Settings:
             raise ConfigError("THAW_JOB_MAX_ATTEMPTS must be >= 1")
         if self.max_body_bytes < 1:
             raise ConfigError("THAW_MAX_BODY_BYTES must be >= 1")
+        if self.max_json_depth < 1:
+            raise ConfigError("THAW_MAX_JSON_DEPTH must be >= 1")
 
     @property
     def cache_path(self) -> Path:

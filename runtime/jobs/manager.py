@@ -140,7 +140,13 @@ class JobManager:
         recorded = await self._call(self.store.finish, job.id, self.owner, status, output, error)
         if recorded:
             self.metrics.jobs.labels(str(status)).inc()
-        log.info("job %s %s", job.id, status if recorded else "discarded (no longer owned)")
+        outcome = str(status) if recorded else "discarded (no longer owned)"
+        log.info(
+            "job %s %s",
+            job.id,
+            outcome,
+            extra={"job_id": job.id, "handler": job.handler, "status": outcome},
+        )
 
     # ---- client operations ----------------------------------------------------
 
