@@ -88,9 +88,7 @@ def test_bad_input_names_the_field(minilm: MiniLM, event: Any, field: str) -> No
     assert exc.value.status == 400
 
 
-def test_thaw_invoke_embed(
-    minilm: MiniLM, minilm_bundle: Path, thaw_env: dict[str, str]
-) -> None:
+def test_thaw_invoke_embed(minilm: MiniLM, minilm_bundle: Path, thaw_env: dict[str, str]) -> None:
     pytest.importorskip("runtime.invoke", reason="runtime/invoke.py (thaw invoke) not written yet")
     env = {
         **thaw_env,

@@ -1,0 +1,62 @@
+"""Sentence embeddings with all-MiniLM-L6-v2 (bundle `minilm`).
+
+    {"texts": ["A man is eating food.", ...]}
+    -> {"embeddings": [[384 floats], ...], "dim": 384}
+
+Vectors have unit length, so cosine similarity is their dot product. Texts
+longer than the model's 256 tokens are truncated.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from handlers.models.fields import check_event, get_str_list, require
+from runtime import Context, bundle, handler
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import torch
+
+    from handlers.models.minilm import MiniLM
+
+MAX_TEXTS = 32
+MAX_TEXT_CHARS = 8192
+# Activations of a full request (32 texts x 256 tokens, run 8 at a time): peak RSS
+# grew by 111 MB on CPU; rounded up.
+PER_REQUEST_BYTES = 160 * 1024 * 1024
+
+# ~400 tokens: truncated to the model's maximum, so warm-up runs the largest shapes.
+_LONG_TEXT = "Serverless inference keeps a model warm between requests, so callers wait less. " * 25
+
+
+@bundle("minilm")
+def build_minilm(
+    weights: Mapping[str, torch.Tensor],
+    config: Mapping[str, Any],
+    device: str,
+    files: Mapping[str, Path],
+) -> MiniLM:
+    from handlers.models.minilm import BertConfig, MiniLM
+
+    if "tokenizer.json" not in files:
+        raise ValueError("bundle minilm has no tokenizer.json")
+    return MiniLM(BertConfig.from_config(config), weights, files["tokenizer.json"], device)
+
+
+# Largest first: after a full batch frees its memory, the next request re-faults
+# it in; ending warm-up on the common small shape keeps that cost out of the first
+# real request (measured: up to 2x on a one-text request otherwise).
+@handler(
+    "embed",
+    uses=["minilm"],
+    warmup=[{"texts": [_LONG_TEXT] * MAX_TEXTS}, {"texts": ["hi"]}],
+)
+def embed(event: dict[str, Any], minilm: MiniLM, ctx: Context) -> dict[str, Any]:
+    """Embed up to 32 texts as 384-d unit vectors."""
+    fields = check_event(event, {"texts"})
+    texts = get_str_list(require(fields, "texts"), "texts", MAX_TEXTS, MAX_TEXT_CHARS)
+    vectors = minilm.encode(texts)
+    return {"embeddings": vectors.tolist(), "dim": minilm.dim}

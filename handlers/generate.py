@@ -1,0 +1,151 @@
+"""Text generation with SmolLM2-135M-Instruct (bundle `smollm2`).
+
+    {"prompt": "Once upon a time"}                         raw completion
+    {"messages": [{"role": "user", "content": "Hi"}]}      chat (ChatML template)
+      + "max_tokens" (default 128), "stop" (list of strings),
+        "temperature" (default 0 = greedy), "top_p", "top_k", "seed"
+    -> {"text", "finish_reason": "stop" | "length",
+        "usage": {"prompt_tokens", "completion_tokens", "total_tokens"}}
+
+A given seed gives the same sampled text every time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from handlers.models.fields import check_event, get_float, get_int, get_str, get_str_list
+from runtime import Context, InvalidInput, bundle, handler
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import torch
+
+    from handlers.models.chat import ChatLM
+
+DEFAULT_MAX_TOKENS = 128
+MAX_TOKENS = 512
+# Prompt plus completion; the bundle's KV-cache memory plan is sized for this.
+MAX_CONTEXT_TOKENS = 2048
+MAX_PROMPT_CHARS = 16_000
+MAX_MESSAGES = 32
+MAX_STOP_STRINGS = 4
+MAX_STOP_CHARS = 64
+MAX_TEMPERATURE = 2.0
+ROLES = frozenset({"system", "user", "assistant"})
+_FIELDS = frozenset(
+    {"prompt", "messages", "max_tokens", "stop", "temperature", "top_p", "top_k", "seed"}
+)
+
+# Over two prefill chunks (256 tokens each), so warm-up runs chunked prefill.
+_LONG_PROMPT = "Thaw loads a model once and keeps it warm for the requests that follow. " * 40
+# Largest first, the common short request last (see handlers/embed.py).
+_WARMUP: list[dict[str, Any]] = [
+    # Counting (top_k 1: sampled, yet deterministic) never stops early, so the KV cache
+    # grows for all 64 steps.
+    {"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 64, "temperature": 0.8, "top_k": 1},
+    {"messages": [{"role": "user", "content": _LONG_PROMPT + "Summarise."}], "max_tokens": 4},
+    {
+        "messages": [{"role": "user", "content": "Name three colours."}],
+        "max_tokens": 8,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 40,
+        "seed": 0,
+        "stop": ["\n\n"],
+    },
+    {"prompt": "The capital of France is", "max_tokens": 4},
+]
+
+
+@bundle("smollm2")
+def build_smollm2(
+    weights: Mapping[str, torch.Tensor],
+    config: Mapping[str, Any],
+    device: str,
+    files: Mapping[str, Path],
+) -> ChatLM:
+    from handlers.models.chat import ChatLM
+
+    if "tokenizer.json" not in files:
+        raise ValueError("bundle smollm2 has no tokenizer.json")
+    return ChatLM(config, weights, files["tokenizer.json"], device)
+
+
+def _messages(value: Any) -> list[tuple[str, str]]:
+    if not isinstance(value, list) or not value:
+        raise InvalidInput("messages", "must be a non-empty list of {role, content} objects")
+    if len(value) > MAX_MESSAGES:
+        raise InvalidInput("messages", f"has {len(value)} items; the limit is {MAX_MESSAGES}")
+    turns: list[tuple[str, str]] = []
+    for i, message in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict) or set(message) != {"role", "content"}:
+            raise InvalidInput(where, "must be an object with exactly 'role' and 'content'")
+        if message["role"] not in ROLES:
+            raise InvalidInput(f"{where}.role", f"must be one of {', '.join(sorted(ROLES))}")
+        content = get_str(message["content"], f"{where}.content", MAX_PROMPT_CHARS)
+        turns.append((message["role"], content))
+    if sum(len(content) for _, content in turns) > MAX_PROMPT_CHARS:
+        raise InvalidInput("messages", f"hold more than {MAX_PROMPT_CHARS} characters in all")
+    return turns
+
+
+def _stops(value: Any) -> list[str]:
+    if value == []:
+        return []
+    stop = get_str_list(value, "stop", MAX_STOP_STRINGS, MAX_STOP_CHARS)
+    if not all(stop):
+        raise InvalidInput("stop", "stop strings must not be empty")
+    return stop
+
+
+def _prompt_ids(fields: Mapping[str, Any], lm: ChatLM) -> tuple[str, list[int]]:
+    """The field the prompt came from, and its token ids."""
+    if ("prompt" in fields) == ("messages" in fields):
+        raise InvalidInput("prompt", "give exactly one of 'prompt' or 'messages'")
+    if "prompt" in fields:
+        return "prompt", lm.encode_prompt(get_str(fields["prompt"], "prompt", MAX_PROMPT_CHARS))
+    turns = _messages(fields["messages"])
+    try:
+        return "messages", lm.encode_chat(turns)
+    except ValueError as exc:
+        raise InvalidInput("messages", str(exc)) from None
+
+
+@handler("generate", uses=["smollm2"], warmup=_WARMUP)
+def generate(event: dict[str, Any], smollm2: ChatLM, ctx: Context) -> dict[str, Any]:
+    """Complete a prompt or a chat; greedy by default, seeded sampling on request."""
+    from handlers.models.llama import Sampling
+
+    fields = check_event(event, _FIELDS)
+    max_tokens = get_int(fields, "max_tokens", DEFAULT_MAX_TOKENS, 1, MAX_TOKENS)
+    stop = _stops(fields.get("stop", []))
+    opts = Sampling(
+        temperature=get_float(fields, "temperature", 0.0, 0.0, MAX_TEMPERATURE),
+        top_k=get_int(fields, "top_k", 0, 0, smollm2.vocab_size),
+        top_p=get_float(fields, "top_p", 1.0, 0.0, 1.0),
+        seed=get_int(fields, "seed", 0, 0, 2**63 - 1) if "seed" in fields else None,
+    )
+    if opts.top_p <= 0.0:
+        raise InvalidInput("top_p", "must be above 0")
+    source, prompt_ids = _prompt_ids(fields, smollm2)  # tokenizes: checked last
+    context = min(MAX_CONTEXT_TOKENS, smollm2.max_context_tokens)
+    if len(prompt_ids) + max_tokens > context:
+        raise InvalidInput(
+            source,
+            f"prompt is {len(prompt_ids)} tokens; with max_tokens {max_tokens} it exceeds "
+            f"the {context}-token context",
+        )
+    result = smollm2.complete(prompt_ids, max_tokens, opts, stop)
+    return {
+        "text": result.text,
+        "finish_reason": result.finish_reason,
+        "usage": {
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": result.completion_tokens,
+            "total_tokens": result.prompt_tokens + result.completion_tokens,
+        },
+    }

@@ -1,0 +1,258 @@
+"""A Llama decoder (SmolLM2) in plain torch, with a per-request KV cache.
+
+Weights use the Hugging Face Llama names (what `runtime.convert` writes from
+GGUF). The builder fuses q/k/v and gate/up into single matrices and picks the
+compute dtype once; requests then only run matmuls. The model object holds no
+per-request state, so concurrent requests each bring their own `KVCache`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_norm_eps: float
+    max_context_tokens: int
+    prefill_chunk_tokens: int
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> LlamaConfig:
+        return cls(
+            vocab_size=int(config["vocab_size"]),
+            hidden_size=int(config["hidden_size"]),
+            intermediate_size=int(config["intermediate_size"]),
+            num_layers=int(config["num_layers"]),
+            num_heads=int(config["num_heads"]),
+            num_kv_heads=int(config["num_kv_heads"]),
+            head_dim=int(config["head_dim"]),
+            rope_theta=float(config["rope_theta"]),
+            rms_norm_eps=float(config["rms_norm_eps"]),
+            max_context_tokens=int(config["max_context_tokens"]),
+            prefill_chunk_tokens=int(config.get("prefill_chunk_tokens", 256)),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+        )
+
+
+@dataclass(frozen=True)
+class _Layer:
+    attn_norm: torch.Tensor
+    qkv: torch.Tensor  # (q + k + v rows, hidden)
+    o: torch.Tensor
+    mlp_norm: torch.Tensor
+    gate_up: torch.Tensor  # (2 * intermediate, hidden)
+    down: torch.Tensor
+
+
+class KVCache:
+    """Keys and values of one sequence, preallocated for its whole length."""
+
+    def __init__(self, cfg: LlamaConfig, capacity_tokens: int, like: torch.Tensor) -> None:
+        shape = (cfg.num_layers, cfg.num_kv_heads, capacity_tokens, cfg.head_dim)
+        self.k = torch.empty(shape, dtype=like.dtype, device=like.device)
+        self.v = torch.empty(shape, dtype=like.dtype, device=like.device)
+        self.length = 0
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.k.shape[2]
+
+
+def compute_dtype(device: str) -> torch.dtype:
+    """float16 on accelerators; float32 on CPU, where half-precision prefill is slow."""
+    return torch.float32 if torch.device(device).type == "cpu" else torch.float16
+
+
+class Llama:
+    def __init__(self, cfg: LlamaConfig, weights: Mapping[str, torch.Tensor], device: str) -> None:
+        self.cfg = cfg
+        dtype = compute_dtype(device)
+
+        def w(name: str) -> torch.Tensor:
+            try:
+                return weights[name].to(device=device, dtype=dtype)
+            except KeyError:
+                raise ValueError(f"weights lack tensor {name!r}") from None
+
+        self.embed = w("model.embed_tokens.weight")
+        self.lm_head = self.embed if cfg.tie_word_embeddings else w("lm_head.weight")
+        self.norm = w("model.norm.weight")
+        self.layers: list[_Layer] = []
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            qkv = [w(p + f"self_attn.{n}_proj.weight") for n in ("q", "k", "v")]
+            gate_up = [w(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]
+            self.layers.append(
+                _Layer(
+                    attn_norm=w(p + "input_layernorm.weight"),
+                    qkv=torch.cat(qkv).contiguous(),
+                    o=w(p + "self_attn.o_proj.weight"),
+                    mlp_norm=w(p + "post_attention_layernorm.weight"),
+                    gate_up=torch.cat(gate_up).contiguous(),
+                    down=w(p + "mlp.down_proj.weight"),
+                )
+            )
+        # RoPE tables for every position the model may see, built once (HF rotate-half layout).
+        inv_freq = 1.0 / cfg.rope_theta ** (
+            torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim
+        )
+        angles = torch.outer(torch.arange(cfg.max_context_tokens, dtype=torch.float64), inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)
+        self.cos = angles.cos().to(device=device, dtype=dtype)
+        self.sin = angles.sin().to(device=device, dtype=dtype)
+
+    def new_cache(self, capacity_tokens: int) -> KVCache:
+        return KVCache(self.cfg, capacity_tokens, self.embed)
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps)
+        return x32.to(x.dtype) * weight
+
+    @staticmethod
+    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    def forward(self, ids: torch.Tensor, start: int, cache: KVCache | None) -> torch.Tensor:
+        """Logits of the last of `ids` (positions start..start+len-1).
+
+        With a cache, keys/values are appended to it and attention reads the
+        whole cached prefix; without one, `ids` must be the whole sequence.
+        """
+        cfg = self.cfg
+        n = ids.shape[0]
+        end = start + n
+        if cache is None and start != 0:
+            raise ValueError("without a KV cache the whole sequence must be passed")
+        groups = cfg.num_heads // cfg.num_kv_heads
+        cos, sin = self.cos[start:end], self.sin[start:end]
+        q_rows, kv_rows = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        mask = None
+        if n > 1:
+            # Query row g*n + j (group g, position start+j) may see keys 0..start+j.
+            allowed = torch.arange(end, device=ids.device)[None, :] <= (
+                start + torch.arange(n, device=ids.device)[:, None]
+            )
+            mask = allowed.repeat(groups, 1)
+        x = self.embed[ids]
+        for i, layer in enumerate(self.layers):
+            h = self._rms_norm(x, layer.attn_norm)
+            q, k, v = torch.split(F.linear(h, layer.qkv), [q_rows, kv_rows, kv_rows], dim=-1)
+            q = self._rope(q.view(n, cfg.num_heads, cfg.head_dim).transpose(0, 1), cos, sin)
+            k = self._rope(k.view(n, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1), cos, sin)
+            v = v.view(n, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1)
+            if cache is not None:
+                cache.k[i, :, start:end] = k
+                cache.v[i, :, start:end] = v
+                k, v = cache.k[i, :, :end], cache.v[i, :, :end]
+            # Grouped-query attention without copying K/V per query head: the query
+            # heads sharing a KV head are stacked along the sequence axis. 4-D
+            # inputs let CPU torch pick its flash kernel (3-D falls back to ~5x slower math).
+            qg = q.reshape(1, cfg.num_kv_heads, groups * n, cfg.head_dim)
+            out = F.scaled_dot_product_attention(qg, k[None], v[None], attn_mask=mask)
+            out = out.view(cfg.num_heads, n, cfg.head_dim).transpose(0, 1).reshape(n, q_rows)
+            x = x + F.linear(out, layer.o)
+            h = self._rms_norm(x, layer.mlp_norm)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        if cache is not None:
+            cache.length = end
+        return F.linear(self._rms_norm(x[-1], self.norm), self.lm_head)
+
+    def prefill(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Run the prompt through the cache in chunks; logits of its last token."""
+        chunk = self.cfg.prefill_chunk_tokens
+        logits = torch.empty(0)
+        for start in range(0, ids.shape[0], chunk):
+            logits = self.forward(ids[start : start + chunk], start, cache)
+        return logits
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """temperature 0 means greedy; top_k 0 and top_p 1 disable those filters."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+def sample(logits: torch.Tensor, opts: Sampling, generator: torch.Generator | None) -> int:
+    if opts.temperature <= 0:
+        return int(torch.argmax(logits))
+    # Sampling runs on CPU in float32 so a seed gives the same tokens on every device.
+    scores = logits.detach().float().cpu() / opts.temperature
+    if 0 < opts.top_k < scores.shape[0]:
+        values, indices = torch.topk(scores, opts.top_k)
+    else:
+        values, indices = torch.sort(scores, descending=True)
+    probs = torch.softmax(values, dim=-1)
+    if opts.top_p < 1.0:
+        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
+        before = torch.cumsum(probs, dim=-1) - probs
+        probs = probs.masked_fill(before >= opts.top_p, 0.0)
+    choice = torch.multinomial(probs, 1, generator=generator)
+    return int(indices[choice])
+
+
+def generate(
+    model: Llama,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    opts: Sampling,
+    stop_ids: frozenset[int],
+    should_stop: Callable[[list[int]], bool] = lambda _ids: False,
+    use_cache: bool = True,
+) -> tuple[list[int], bool]:
+    """Sampled token ids, and whether a stop token or `should_stop` ended them.
+
+    The stop token itself is not returned. `use_cache=False` recomputes the
+    whole sequence every step: slow, kept to check the cache against.
+    """
+    generator = None
+    if opts.temperature > 0:
+        generator = torch.Generator(device="cpu")
+        generator.manual_seed(opts.seed if opts.seed is not None else torch.seed())
+    device = model.embed.device
+    ids = torch.tensor(list(prompt_ids), dtype=torch.long, device=device)
+    out: list[int] = []
+    with torch.inference_mode():
+        if use_cache:
+            cache = model.new_cache(len(prompt_ids) + max_new_tokens)
+            logits = model.prefill(ids, cache)
+        else:
+            logits = model.forward(ids, 0, None)
+        for _ in range(max_new_tokens):
+            token = sample(logits, opts, generator)
+            if token in stop_ids:
+                return out, True
+            out.append(token)
+            if should_stop(out):
+                return out, True
+            if len(out) == max_new_tokens:
+                break
+            step = torch.tensor([token], dtype=torch.long, device=device)
+            if use_cache:
+                logits = model.forward(step, cache.length, cache)
+            else:
+                ids = torch.cat([ids, step])
+                logits = model.forward(ids, 0, None)
+    return out, False

@@ -1,0 +1,156 @@
+"""all-MiniLM-L6-v2 (a 6-layer BERT) in plain torch: sentence embeddings.
+
+Embedding = masked mean pooling of the last hidden states, L2-normalised, as
+sentence-transformers computes it. The builder fuses q/k/v into one matrix;
+requests tokenize, run one padded batch and pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+
+# Texts per forward pass: attention memory grows with batch x heads x tokens^2.
+MAX_BATCH_TEXTS = 8
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    layer_norm_eps: float
+    max_seq_tokens: int
+    pad_token_id: int
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> BertConfig:
+        return cls(
+            hidden_size=int(config["hidden_size"]),
+            num_layers=int(config["num_hidden_layers"]),
+            num_heads=int(config["num_attention_heads"]),
+            layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)),
+            max_seq_tokens=int(config.get("max_seq_tokens", 256)),
+            pad_token_id=int(config.get("pad_token_id", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class _Layer:
+    qkv_w: torch.Tensor
+    qkv_b: torch.Tensor
+    out_w: torch.Tensor
+    out_b: torch.Tensor
+    attn_norm: tuple[torch.Tensor, torch.Tensor]
+    ffn_in_w: torch.Tensor
+    ffn_in_b: torch.Tensor
+    ffn_out_w: torch.Tensor
+    ffn_out_b: torch.Tensor
+    ffn_norm: tuple[torch.Tensor, torch.Tensor]
+
+
+class MiniLM:
+    def __init__(
+        self,
+        cfg: BertConfig,
+        weights: Mapping[str, torch.Tensor],
+        tokenizer_path: Path,
+        device: str,
+    ) -> None:
+        self.cfg = cfg
+        self.device = torch.device(device)
+
+        def w(name: str) -> torch.Tensor:
+            try:
+                return weights[name].to(device=device, dtype=torch.float32)
+            except KeyError:
+                raise ValueError(f"weights lack tensor {name!r}") from None
+
+        def norm(prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
+            return w(f"{prefix}.weight"), w(f"{prefix}.bias")
+
+        self.word = w("embeddings.word_embeddings.weight")
+        self.position = w("embeddings.position_embeddings.weight")
+        self.token_type = w("embeddings.token_type_embeddings.weight")[0]
+        self.embed_norm = norm("embeddings.LayerNorm")
+        self.layers: list[_Layer] = []
+        for i in range(cfg.num_layers):
+            p = f"encoder.layer.{i}."
+            att = p + "attention.self."
+            self.layers.append(
+                _Layer(
+                    qkv_w=torch.cat([w(f"{att}{n}.weight") for n in ("query", "key", "value")]),
+                    qkv_b=torch.cat([w(f"{att}{n}.bias") for n in ("query", "key", "value")]),
+                    out_w=w(p + "attention.output.dense.weight"),
+                    out_b=w(p + "attention.output.dense.bias"),
+                    attn_norm=norm(p + "attention.output.LayerNorm"),
+                    ffn_in_w=w(p + "intermediate.dense.weight"),
+                    ffn_in_b=w(p + "intermediate.dense.bias"),
+                    ffn_out_w=w(p + "output.dense.weight"),
+                    ffn_out_b=w(p + "output.dense.bias"),
+                    ffn_norm=norm(p + "output.LayerNorm"),
+                )
+            )
+        self.max_tokens = min(cfg.max_seq_tokens, self.position.shape[0])
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        # The shipped tokenizer.json truncates and pads every text to 128 tokens; the
+        # model takes 256, and encode() pads each sub-batch itself.
+        self.tokenizer.enable_truncation(max_length=self.max_tokens)
+        self.tokenizer.no_padding()
+
+    @property
+    def dim(self) -> int:
+        return self.cfg.hidden_size
+
+    def _layer_norm(
+        self, x: torch.Tensor, params: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        return F.layer_norm(x, (self.cfg.hidden_size,), *params, eps=self.cfg.layer_norm_eps)
+
+    def _encode_tokens(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        batch, seq = ids.shape
+        heads, head_dim = cfg.num_heads, cfg.hidden_size // cfg.num_heads
+        x = self.word[ids] + self.position[:seq] + self.token_type
+        x = self._layer_norm(x, self.embed_norm)
+        key_mask = mask.bool()[:, None, None, :]
+        for layer in self.layers:
+            qkv = F.linear(x, layer.qkv_w, layer.qkv_b).view(batch, seq, 3, heads, head_dim)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+            att = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
+            att = att.transpose(1, 2).reshape(batch, seq, cfg.hidden_size)
+            x = self._layer_norm(x + F.linear(att, layer.out_w, layer.out_b), layer.attn_norm)
+            h = F.gelu(F.linear(x, layer.ffn_in_w, layer.ffn_in_b))
+            x = self._layer_norm(x + F.linear(h, layer.ffn_out_w, layer.ffn_out_b), layer.ffn_norm)
+        return x
+
+    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+        """(len(texts), dim) unit vectors.
+
+        Texts run in length-sorted sub-batches, each padded to its own longest:
+        less padding, and attention memory bounded by MAX_BATCH_TEXTS.
+        """
+        encodings = self.tokenizer.encode_batch(list(texts))
+        order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
+        out = torch.empty(len(encodings), self.dim, device=self.device)
+        with torch.inference_mode():
+            for first in range(0, len(order), MAX_BATCH_TEXTS):
+                rows = order[first : first + MAX_BATCH_TEXTS]
+                seq = max(len(encodings[i].ids) for i in rows)
+                ids = torch.full((len(rows), seq), self.cfg.pad_token_id, dtype=torch.long)
+                mask = torch.zeros(len(rows), seq)
+                for row, i in enumerate(rows):
+                    n = len(encodings[i].ids)
+                    ids[row, :n] = torch.tensor(encodings[i].ids)
+                    mask[row, :n] = 1.0
+                ids, mask = ids.to(self.device), mask.to(self.device)
+                hidden = self._encode_tokens(ids, mask)
+                pooled = (hidden * mask[:, :, None]).sum(dim=1) / mask.sum(dim=1, keepdim=True)
+                out[torch.tensor(rows, device=self.device)] = F.normalize(pooled, p=2, dim=-1)
+        return out

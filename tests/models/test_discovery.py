@@ -1,0 +1,35 @@
+"""The model handlers are discovered without importing any heavy library."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+SCRIPT = """
+import json, sys
+from runtime.registry import discover
+registry = discover(["handlers.embed", "handlers.generate", "handlers.classify"])
+heavy = ("torch", "numpy", "PIL", "tokenizers", "safetensors", "gguf")
+print(json.dumps({
+    "handlers": {h.name: list(h.uses) for h in registry.handlers.values()},
+    "builders": sorted(registry.builders),
+    "warmups": {h.name: len(h.warmup) for h in registry.handlers.values()},
+    "heavy": sorted(m for m in heavy if m in sys.modules),
+}))
+"""
+
+
+def test_model_handlers_discover_light() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60, check=True
+    )
+    found = json.loads(result.stdout)
+    assert found["heavy"] == []
+    assert found["handlers"] == {
+        "embed": ["minilm"],
+        "generate": ["smollm2"],
+        "classify": ["efficientnet"],
+    }
+    assert found["builders"] == ["efficientnet", "minilm", "smollm2"]
+    assert all(n >= 2 for n in found["warmups"].values())
