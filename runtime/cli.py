@@ -62,6 +62,7 @@ def _cmd_bundle_build(args: argparse.Namespace) -> int:
             out=out,
             config=config,
             per_request_bytes=per_request or 0,
+            weights_bytes=converted.weights_bytes,
         )
     else:
         out = Path(args.out) if args.out else None
