@@ -8,8 +8,13 @@ reading tensors, building, warm-up) run in worker threads.
 
 Memory: the budget counts each resident or loading bundle's weights plus its
 per-request bytes for every admitted request (at least one). Loads make room
-by evicting idle, unpinned bundles in the policy's order; a request beyond
-what fits waits for a slot. A bundle that can never fit fails at once.
+by evicting idle, unpinned bundles in the policy's order (runtime/eviction.py;
+cost-aware by default), and the policy hears of every load, hit and
+eviction; a request beyond what fits waits for a slot. A bundle that can
+never fit fails at once.
+
+Time for last use, reload cost and back-off comes from `clock` (a seam: the
+eviction simulator passes a simulated clock).
 
 All entry state is changed on the event loop thread only.
 """
@@ -35,7 +40,7 @@ from runtime.errors import (
     UnknownBundle,
 )
 from runtime.estimate import Estimator
-from runtime.eviction import Candidate, EvictionPolicy, LRUPolicy
+from runtime.eviction import Candidate, EvictionPolicy, GDSFPolicy
 from runtime.lifecycle import LOAD_PHASES, Lifecycle, State
 from runtime.metrics import Metrics
 from runtime.registry import HandlerSpec, Registry
@@ -56,6 +61,11 @@ class Entry:
     task: asyncio.Task[None] | None = None
     built: asyncio.Event = field(default_factory=asyncio.Event)
     inflight: int = 0
+    # Requests waiting for this entry's load. Once it is READY they acquire it
+    # as soon as they run; until then it counts as in use, or a load waiting
+    # for room could evict it under them, and their reload evict that load's
+    # bundle in turn, forever.
+    waiting: int = 0
     reserved: bool = False
     pinned: bool = False
     loads: int = 0
@@ -65,6 +75,8 @@ class Entry:
     last_used_at: float = 0.0  # monotonic
     last_used_wall: float | None = None
     last_load_s: float = 0.0
+    # last_load_s minus waits a reload would not repeat: the eviction policy's cost.
+    reload_s: float = 0.0
     progress_bytes: int = 0
     estimated_load_s: float | None = None
 
@@ -80,6 +92,16 @@ class Entry:
         if not self.reserved:
             return 0
         return self.weights_bytes + max(1, self.inflight) * self.per_request_bytes
+
+    def candidate(self) -> Candidate:
+        """This entry as the eviction policy sees it: what evicting it would free when idle."""
+        return Candidate(
+            name=self.name,
+            size_bytes=self.weights_bytes + self.per_request_bytes,
+            reload_s=self.reload_s,
+            last_used_at=self.last_used_at,
+            hits=self.hits,
+        )
 
 
 class Lease:
@@ -111,6 +133,7 @@ class ModelCache:
         retry_backoff_s: float = 1.0,
         policy: EvictionPolicy | None = None,
         pinned: tuple[str, ...] = (),
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.source = source
         self.registry = registry
@@ -123,10 +146,15 @@ class ModelCache:
         self.configured_budget = memory_budget
         self.budget: int | None = memory_budget or None
         self.retry_backoff_s = retry_backoff_s
-        self.policy: EvictionPolicy = policy or LRUPolicy()
+        self.policy: EvictionPolicy = policy if policy is not None else GDSFPolicy()
+        self.clock = clock
         self.entries: dict[str, Entry] = {}
         self._changed = asyncio.Condition()
+        # Coroutines parked in `_changed.wait()`: a release notifies only when
+        # someone waits, so the warm path does not start a task per request.
+        self._waiting = 0
         self._pinned = set(pinned)
+        self._hit_counters: dict[str, Any] = {}
 
     # ---- lookup -------------------------------------------------------------
 
@@ -150,6 +178,20 @@ class ModelCache:
         async with self._changed:
             self._changed.notify_all()
         self.metrics.resident_bytes.set(self.reserved_bytes())
+
+    async def _wait_changed(self) -> None:
+        """`_changed.wait()` (the caller holds the condition), counted for `_release`."""
+        self._waiting += 1
+        try:
+            await self._changed.wait()
+        finally:
+            self._waiting -= 1
+
+    def _hit_counter(self, name: str) -> Any:
+        counter = self._hit_counters.get(name)
+        if counter is None:  # labels() locks and hashes per call; look it up once
+            counter = self._hit_counters[name] = self.metrics.cache_events.labels(name, "hit")
+        return counter
 
     # ---- estimates ----------------------------------------------------------
 
@@ -181,41 +223,56 @@ class ModelCache:
         while True:
             state = entry.lifecycle.state
             if state is State.READY:
-                if await self._admit(entry):
+                # The common case (room for one more request) needs no await.
+                if self._fits_now(entry) or await self._admit(entry):
                     entry.inflight += 1
                     entry.hits += 1
-                    entry.last_used_at = time.monotonic()
+                    entry.last_used_at = self.clock()
                     entry.last_used_wall = time.time()
-                    self.metrics.cache_events.labels(name, "hit").inc()
+                    self._hit_counter(name).inc()
+                    self.policy.on_hit(entry.candidate(), entry.last_used_at)
                     return Lease(self, entry)
                 continue
             await self.ensure_loading(entry)
             task = entry.task
             if task is not None:
-                # Shield: a caller giving up (deadline) must not cancel the shared load.
-                await asyncio.shield(task)
+                entry.waiting += 1
+                try:
+                    # Shield: a caller giving up (deadline) must not cancel the shared load.
+                    await asyncio.shield(task)
+                finally:
+                    entry.waiting -= 1
             elif entry.lifecycle.state is State.DRAINING:
                 async with self._changed:
-                    await self._changed.wait()
+                    await self._wait_changed()
+
+    def _fits_now(self, entry: Entry) -> bool:
+        """One more request of `entry` is covered by what it already holds."""
+        return entry.inflight == 0 or entry.per_request_bytes == 0 or self.budget is None
 
     async def _admit(self, entry: Entry) -> bool:
         """True when one more request of `entry` fits; waits for room otherwise."""
-        if entry.inflight == 0 or entry.per_request_bytes == 0 or self.budget is None:
+        if self._fits_now(entry):
             return True
+        assert self.budget is not None
         async with self._changed:
             while entry.lifecycle.state is State.READY:
                 if self.reserved_bytes() + entry.per_request_bytes <= self.budget:
                     return True
                 if await self._evict_for(entry.per_request_bytes, exclude=entry.name):
                     continue
-                await self._changed.wait()
+                await self._wait_changed()
         return False
 
     def _release(self, entry: Entry) -> None:
         entry.inflight -= 1
-        entry.last_used_at = time.monotonic()
+        entry.last_used_at = self.clock()
         entry.last_used_wall = time.time()
-        asyncio.get_running_loop().create_task(self._notify())
+        if self._waiting:
+            asyncio.get_running_loop().create_task(self._notify())
+        elif entry.per_request_bytes:
+            # Nobody to wake, but the admitted request's bytes left the budget.
+            self.metrics.resident_bytes.set(self.reserved_bytes())
 
     async def ensure_loading(self, entry: Entry) -> None:
         """Start the single-flight load of `entry` unless it is loading or loaded."""
@@ -223,7 +280,7 @@ class ModelCache:
         if entry.task is not None or state in (State.READY, State.DRAINING):
             return
         if state is State.FAILED:
-            wait_s = entry.retry_at - time.monotonic()
+            wait_s = entry.retry_at - self.clock()
             if wait_s > 0:
                 cause = entry.lifecycle.error or {}
                 raise LoadFailed(
@@ -286,7 +343,10 @@ class ModelCache:
         lc.restart_clock()
         weights: dict[str, Any] | None = None
         available: dict[str, Any] = {}
-        started = time.monotonic()
+        started = self.clock()
+        # Waits a reload would not repeat (the framework import) or that are not
+        # the bundle's own (memory held by others); left out of its reload cost.
+        waited_s = 0.0
         try:
             manifest = await asyncio.to_thread(self.source.manifest, entry.name)
             entry.manifest = manifest
@@ -302,8 +362,10 @@ class ModelCache:
             device_task.add_done_callback(lambda t: t.cancelled() or t.exception())
             bundle_dir: Path = await asyncio.to_thread(self.source.fetch, manifest, progress)
             lc.advance(State.FETCHED)
+            waited_from = self.clock()
             device = await device_task
             await self._make_room(entry)
+            waited_s = self.clock() - waited_from
             weights = await asyncio.to_thread(
                 weights_mod.load_weights, bundle_dir, manifest, device
             )
@@ -337,9 +399,14 @@ class ModelCache:
             lc.advance(State.READY)
             entry.loads += 1
             entry.failures = 0
-            entry.last_load_s = time.monotonic() - started
-            entry.last_used_at = time.monotonic()
-            self.estimator.record_load(manifest, lc.phase_ms)
+            now = self.clock()
+            entry.last_load_s = now - started
+            entry.reload_s = max(0.0, entry.last_load_s - waited_s)
+            entry.last_used_at = now
+            self.policy.on_load(entry.candidate(), now)
+            self.estimator.record_load(manifest, lc.phase_ms, persist=False)
+            # The file write goes to a thread: waiters wake when this task ends.
+            asyncio.get_running_loop().run_in_executor(None, self.estimator.persist)
             for phase in LOAD_PHASES:
                 if phase in lc.phase_ms:
                     self.metrics.load_phase_seconds.labels(entry.name, phase).observe(
@@ -372,7 +439,7 @@ class ModelCache:
             if lc.state is not State.FAILED:
                 lc.advance(State.FAILED, error=error)
             entry.failures += 1
-            entry.retry_at = time.monotonic() + self.retry_backoff_s * 2 ** (entry.failures - 1)
+            entry.retry_at = self.clock() + self.retry_backoff_s * 2 ** (entry.failures - 1)
             log.warning("load of %s failed: %s", entry.name, error["message"])
             raise
         finally:
@@ -415,33 +482,33 @@ class ModelCache:
                 if await self._evict_for(need, exclude=entry.name):
                     continue
                 # Everything resident is busy or pinned: wait for a release.
-                await self._changed.wait()
+                await self._wait_changed()
             entry.reserved = True
         self.metrics.resident_bytes.set(self.reserved_bytes())
 
     async def _evict_for(self, need: int, *, exclude: str) -> bool:
         """Evict idle bundles until `need` more bytes fit; True if anything was evicted."""
         assert self.budget is not None
-        now = time.monotonic()
+        now = self.clock()
         candidates = [
-            Candidate(
-                name=e.name,
-                size_bytes=e.charge(),
-                reload_s=e.last_load_s,
-                last_used_at=e.last_used_at,
-                hits=e.hits,
-            )
+            e.candidate()
             for e in self.entries.values()
             if e.name != exclude
             and e.lifecycle.state is State.READY
             and e.inflight == 0
+            and e.waiting == 0
             and not e.pinned
         ]
+        if self.reserved_bytes() + need - sum(c.size_bytes for c in candidates) > self.budget:
+            # Evicting every idle bundle would still not make room: evict none
+            # (each would only have to be loaded again) and wait for releases.
+            return False
         evicted = False
         for candidate in self.policy.order(candidates, now):
             if self.reserved_bytes() + need <= self.budget:
                 break
             self._unload_now(self.entries[candidate.name], reason="evicted")
+            self.policy.on_evict(candidate, now)
             evicted = True
         return evicted
 
@@ -471,7 +538,7 @@ class ModelCache:
         entry.lifecycle.advance(State.DRAINING)
         async with self._changed:
             while entry.inflight > 0:
-                await self._changed.wait()
+                await self._wait_changed()
         entry.model = None
         entry.built.clear()
         entry.reserved = False

@@ -146,7 +146,13 @@ async def run_handler(spec: HandlerSpec, event: Any, models: list[Any], ctx: Con
     except Exception as exc:
         frames = traceback.extract_tb(exc.__traceback__)
         where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-        log.warning("handler %s raised %s%s", spec.name, type(exc).__name__, where)
+        log.warning(
+            "handler %s raised %s%s",
+            spec.name,
+            type(exc).__name__,
+            where,
+            extra={"request_id": ctx.request_id, "handler": spec.name},
+        )
         raise HandlerError(f"{type(exc).__name__}: {exc}", handler=spec.name) from exc
 
 

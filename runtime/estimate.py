@@ -87,7 +87,12 @@ class Estimator:
             # Estimates are an optimisation; a read-only state dir must not fail a load.
             pass
 
-    def record_load(self, manifest: Manifest, phase_ms: dict[str, float]) -> None:
+    def record_load(
+        self, manifest: Manifest, phase_ms: dict[str, float], *, persist: bool = True
+    ) -> None:
+        """Fold one load's phase times into the history; `persist=False` leaves the
+        file write to a later `persist()` (the cache calls it off the event loop, so
+        the requests waiting for this load are not answered after a file write)."""
         size = max(1, manifest.total_bytes)
         with self._lock:
             h = self._bundles.setdefault(manifest.name, BundleHistory())
@@ -100,6 +105,12 @@ class Estimator:
             if "warmup" in phase_ms:
                 h.warmup_s = _ewma(h.warmup_s, phase_ms["warmup"] / 1000)
             h.loads += 1
+            if persist:
+                self._write()
+
+    def persist(self) -> None:
+        """Write the estimates file now."""
+        with self._lock:
             self._write()
 
     def record_framework(self, seconds: float) -> None:

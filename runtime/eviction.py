@@ -1,8 +1,29 @@
 """Which idle bundle leaves memory first when a new one needs room.
 
 The cache hands a policy the idle, unpinned resident bundles; the policy
-returns them in eviction order. Bundles in use and pinned (prewarm) bundles
-are never offered.
+returns them in eviction order and the cache evicts from the front until the
+newcomer fits. Bundles in use and pinned (prewarm) bundles are never offered.
+The cache also tells the policy when a bundle became READY, was used, and was
+evicted, so a policy can keep state between decisions.
+
+The default, `GDSFPolicy`, is GreedyDual-Size-Frequency (Cherkasova, 1998):
+
+    priority(b) = clock + frequency(b) * reload_cost(b) / size(b)
+
+set whenever b is loaded or used; the lowest priority leaves first, and the
+clock rises to the priority of each evicted bundle, so a bundle nobody uses
+falls behind the ones that keep being refreshed (ageing without timers).
+
+The keep-versus-evict rule behind it: evicting b costs its reload seconds R
+on each of its next misses, i.e. R/T reload-seconds per second for a bundle
+requested every T seconds, and keeping it costs its S bytes of the budget.
+Holding the budget fixed, the reload time saved per byte is (R/T)/S, and a
+bundle is worth keeping while that density is higher than the competing
+bundle's: frequency (requests seen, ~1/T) times R over S is an estimate of it.
+
+Hysteresis: a bundle used within `min_residency_s` goes to the back of the
+order, so it is evicted only when the older ones do not free enough; a burst
+of loads cannot flush what was just used (and reload it right after).
 """
 
 from __future__ import annotations
@@ -11,25 +32,101 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+_GIB = float(1 << 30)
+
 
 @dataclass(frozen=True)
 class Candidate:
     name: str
     size_bytes: int
-    # Measured seconds the last load took (fetch through warm-up).
+    # Measured seconds the last load took (fetch through warm-up), excluding the
+    # process's one-time framework import, which a reload does not pay again.
     reload_s: float
-    last_used_at: float  # time.monotonic()
+    last_used_at: float  # the cache's clock (time.monotonic() unless injected)
     hits: int
 
 
 class EvictionPolicy(Protocol):
+    def on_load(self, candidate: Candidate, now: float) -> None:
+        """`candidate` became READY (the request that waited for it follows with on_hit)."""
+        ...
+
+    def on_hit(self, candidate: Candidate, now: float) -> None:
+        """A request acquired `candidate` while it was READY."""
+        ...
+
+    def on_evict(self, candidate: Candidate, now: float) -> None:
+        """The cache evicted `candidate` (it was first in `order`)."""
+        ...
+
     def order(self, candidates: Sequence[Candidate], now: float) -> list[Candidate]:
         """Candidates in the order they should be evicted."""
         ...
 
 
 class LRUPolicy:
-    """Least recently used first."""
+    """Least recently used first; no state of its own."""
+
+    def on_load(self, candidate: Candidate, now: float) -> None:
+        pass
+
+    def on_hit(self, candidate: Candidate, now: float) -> None:
+        pass
+
+    def on_evict(self, candidate: Candidate, now: float) -> None:
+        pass
 
     def order(self, candidates: Sequence[Candidate], now: float) -> list[Candidate]:
         return sorted(candidates, key=lambda c: c.last_used_at)
+
+
+class GDSFPolicy:
+    """GreedyDual-Size-Frequency over measured reload seconds, with a residency floor."""
+
+    def __init__(self, *, min_residency_s: float = 30.0, min_cost_s: float = 0.25) -> None:
+        self.min_residency_s = min_residency_s
+        # Reload costs below this count as this: a miss costs the caller at least
+        # a trip through the cold path, and differences between loads of a few
+        # milliseconds are measurement noise, not a reason to keep one bundle.
+        self.min_cost_s = min_cost_s
+        self.clock = 0.0
+        self._frequency: dict[str, int] = {}
+        self._priority: dict[str, float] = {}
+
+    def value(self, candidate: Candidate, frequency: int) -> float:
+        """frequency * reload seconds per GiB held: the reload time keeping it saves per byte."""
+        cost_s = max(candidate.reload_s, self.min_cost_s)
+        return frequency * cost_s / max(candidate.size_bytes / _GIB, 1e-9)
+
+    def priority(self, candidate: Candidate) -> float:
+        found = self._priority.get(candidate.name)
+        if found is None:  # offered before any hook saw it: as if just loaded
+            return self.clock + self.value(candidate, 1)
+        return found
+
+    def _refresh(self, candidate: Candidate) -> None:
+        frequency = self._frequency.get(candidate.name, 0)
+        self._priority[candidate.name] = self.clock + self.value(candidate, max(1, frequency))
+
+    def on_load(self, candidate: Candidate, now: float) -> None:
+        # Frequency counts requests since this bundle (re)entered memory, as in
+        # GDSF: a count carried over from an old life would pin a bundle that
+        # was popular once and keep it above the rising clock for a long time.
+        self._frequency[candidate.name] = 0
+        self._refresh(candidate)
+
+    def on_hit(self, candidate: Candidate, now: float) -> None:
+        self._frequency[candidate.name] = self._frequency.get(candidate.name, 0) + 1
+        self._refresh(candidate)
+
+    def on_evict(self, candidate: Candidate, now: float) -> None:
+        self.clock = max(self.clock, self.priority(candidate))
+        self._priority.pop(candidate.name, None)
+        self._frequency.pop(candidate.name, None)
+
+    def order(self, candidates: Sequence[Candidate], now: float) -> list[Candidate]:
+        def key(c: Candidate) -> tuple[bool, float, float]:
+            recent = now - c.last_used_at < self.min_residency_s
+            return (recent, self.priority(c), c.last_used_at)
+
+        return sorted(candidates, key=key)

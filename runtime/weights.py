@@ -6,7 +6,7 @@ Everything here imports torch lazily, so importing `runtime` (and serving
 
 from __future__ import annotations
 
-import ctypes
+import functools
 import gc
 import importlib.util
 import os
@@ -20,6 +20,8 @@ from runtime.bundles import Manifest
 from runtime.errors import BundleError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
 
 # A safetensors header is JSON; real ones are kilobytes. A header length claim
@@ -27,6 +29,9 @@ if TYPE_CHECKING:
 MAX_HEADER_BYTES = 64 * 1024 * 1024
 _RTLD_NOW = 0x2
 _RTLD_GLOBAL = 0x100
+_MADV_WILLNEED = 3
+_MADV_POPULATE_READ = 22  # Linux 5.14+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 _DTYPES = {
     "float32": "float32",
@@ -52,6 +57,8 @@ def preload_framework() -> None:
     if sys.platform != "linux" or "torch" in sys.modules:
         return
     try:
+        import ctypes  # here, not at module level: the control interface never needs it
+
         spec = importlib.util.find_spec("torch")
         if spec is None or spec.origin is None:
             return
@@ -68,13 +75,40 @@ def preload_framework() -> None:
 
 
 def resolve_device(requested: str) -> str:
-    """`THAW_DEVICE` if set, else `cuda` when available, else `cpu`."""
+    """`THAW_DEVICE` if set, else `cuda` when available, else `cpu`.
+
+    Imports the framework either way (the cache runs this alongside the first
+    fetch, so the import overlaps it instead of following it), then freezes
+    what the import made; see `_freeze_framework`.
+    """
     preload_framework()
-    if requested:
-        return requested
+    import safetensors.torch  # noqa: F401  (its first import is part of the same cost)
     import torch
 
+    _freeze_framework()
+    if requested:
+        return requested
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+_frozen = False
+
+
+def _freeze_framework() -> None:
+    """Move every object alive now (torch's modules, the runtime) out of the GC's view.
+
+    `release()` runs a full collection at each unload and eviction, and with
+    torch imported one walks some 10^5 objects holding the GIL: ~0.1 s during
+    which the event loop, and every request on it, stands still. These
+    objects live as long as the process, so the collector gains nothing by
+    walking them (gc.freeze, as CPython documents it). Garbage is collected
+    first, so none is frozen; models loaded later are collected as before.
+    """
+    global _frozen
+    if not _frozen:
+        _frozen = True
+        gc.collect()
+        gc.freeze()
 
 
 def check_header(path: Path) -> None:
@@ -93,6 +127,59 @@ def check_header(path: Path) -> None:
         raise BundleError(f"{path.name}: safetensors header runs past the end of the file")
 
 
+@functools.cache
+def _madvise() -> Callable[[int, int, int], int] | None:
+    """libc's madvise, or None off Linux. Foreign calls release the GIL."""
+    if sys.platform != "linux":
+        return None
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _spans(tensors: dict[str, torch.Tensor]) -> list[tuple[int, int]]:
+    """Page-aligned [start, end) address ranges of the tensors' storages, merged."""
+    raw = sorted(
+        (s.data_ptr(), s.data_ptr() + s.nbytes())
+        for s in {id(t.untyped_storage()): t.untyped_storage() for t in tensors.values()}.values()
+        if s.nbytes() > 0
+    )
+    merged: list[tuple[int, int]] = []
+    for start, end in raw:
+        start -= start % _PAGE_BYTES
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def populate(tensors: dict[str, torch.Tensor]) -> None:
+    """Map every page of these (mmap-backed, CPU) tensors now, in the load phase.
+
+    safetensors maps the file and hands out tensors that view the mapping, so
+    loading takes milliseconds and each page is faulted in later, 4-64 KiB at a
+    time, by whatever reads it first: the warm-up or a request, in the middle of
+    a forward pass, from disk if the page cache dropped the file. One
+    MADV_POPULATE_READ per contiguous range has the kernel map (and read, in
+    order) all of it in one pass, about twice as fast as the faults, so LOADED
+    means resident. Best effort: older kernels refuse it (EINVAL) and get
+    MADV_WILLNEED (read-ahead only); other platforms get nothing.
+    """
+    madvise = _madvise()
+    if madvise is None:
+        return
+    for start, end in _spans(tensors):
+        if madvise(start, end - start, _MADV_POPULATE_READ) != 0:
+            madvise(start, end - start, _MADV_WILLNEED)
+
+
 def _load_shard(path: Path, device: str, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
@@ -101,6 +188,8 @@ def _load_shard(path: Path, device: str, dtype: torch.dtype | None) -> dict[str,
         tensors = load_file(str(path), device=device)
     except Exception as exc:  # safetensors raises its own SafetensorError and OSError
         raise BundleError(f"{path.name}: not a readable safetensors file ({exc})") from exc
+    if device.startswith("cpu"):
+        populate(tensors)
     if dtype is not None:
         tensors = {
             k: (v.to(dtype) if v.is_floating_point() and v.dtype != dtype else v)

@@ -1,0 +1,1 @@
+"""Benchmarks against physical limits; run all with `.venv/bin/python bench/run.py`."""

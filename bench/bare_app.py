@@ -1,0 +1,107 @@
+"""The baseline server: a bare Starlette app on uvicorn, the same uvicorn
+settings as `thaw serve` (runtime/server.py), serving the same `echo` function.
+
+    python bench/bare_app.py PORT
+
+Routes:
+    GET  /healthz          200, like the runtime's
+    POST /invoke/echo      the event back, calling handlers.echo.echo inline
+    POST /thread/echo      the same through asyncio.to_thread, as Thaw runs a
+                           sync handler (the thread hand-off, priced alone)
+    POST /fanout           waits on one shared asyncio.Event; the first request
+                           arms a timer that sets it after `?after=S` seconds.
+                           Answers {"set_at": time.time() of the set}: the
+                           fan-out of many waiters with no runtime in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+# `python bench/bare_app.py` puts bench/ on sys.path, not the repository root.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from handlers.echo import echo as echo_fn
+
+_fanout: dict[str, Any] = {}
+
+
+def _json(content: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(content), status_code=status, media_type="application/json")
+
+
+async def healthz(request: Request) -> Response:
+    return _json({"status": "ok"})
+
+
+async def invoke_echo(request: Request) -> Response:
+    body = await request.body()
+    event = orjson.loads(body) if body.strip() else {}
+    return _json(echo_fn(event, None))  # type: ignore[arg-type]  # the function ignores ctx
+
+
+async def thread_echo(request: Request) -> Response:
+    body = await request.body()
+    event = orjson.loads(body) if body.strip() else {}
+    return _json(await asyncio.to_thread(echo_fn, event, None))  # type: ignore[arg-type]
+
+
+async def fanout(request: Request) -> Response:
+    if "event" not in _fanout:
+        event = asyncio.Event()
+        _fanout["event"] = event
+        after_s = float(request.query_params.get("after", "0.5"))
+
+        def fire() -> None:
+            _fanout["set_at"] = time.time()
+            event.set()
+
+        asyncio.get_running_loop().call_later(after_s, fire)
+    await _fanout["event"].wait()
+    return _json({"set_at": _fanout["set_at"]})
+
+
+async def fanout_reset(request: Request) -> Response:
+    _fanout.clear()
+    return _json({"status": "reset"})
+
+
+app = Starlette(
+    routes=[
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/invoke/echo", invoke_echo, methods=["POST"]),
+        Route("/thread/echo", thread_echo, methods=["POST"]),
+        Route("/fanout", fanout, methods=["POST"]),
+        Route("/fanout", fanout_reset, methods=["DELETE"]),
+    ]
+)
+
+
+def main() -> None:
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=int(sys.argv[1]),
+        log_level="info",
+        access_log=False,
+        lifespan="on",
+        log_config=None,
+        timeout_keep_alive=5,
+        h11_max_incomplete_event_size=64 * 1024,
+    )
+    uvicorn.Server(config).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""Single flight and the 202 path, against a real `thaw serve` process.
+
+Single flight: 64 connections send their first request to a cold bundle at
+once (bench/fixtures.py: the builder sleeps 0.5 s and stamps its end). The
+load's end is READY: the builder's end plus the warm-up and ready phase times
+from /models; loads are counted by /models too. Each waiter's added latency is
+its answer's arrival minus that end, and, split out, its handler's start
+minus that end (the runtime's own wake-up, before any HTTP). The baseline is
+the same fan-out with no runtime in between: a bare Starlette app whose 64
+requests wait on one asyncio.Event set after 0.5 s — what answering 64
+requests at once costs on this machine at all.
+
+202: 64 requests at once with `Prefer: wait=0.1` to a cold bundle whose load
+takes seconds; each must be answered 202 at once (a job, estimate too long).
+The baseline is 64 concurrent `echo` requests to the bare app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.common import (
+    Conn,
+    Proc,
+    Reply,
+    Row,
+    bare_argv,
+    fmt_s,
+    fmt_x,
+    free_port,
+    median,
+    percentile,
+    request,
+    runtime_env,
+    stopping,
+    thaw_serve_argv,
+    verdict,
+)
+
+WAITERS = 64
+LOAD_SLEEP_S = 0.5
+ADDED_P99_TARGET_S = 0.005
+ACCEPTED_P99_TARGET_S = 0.050
+
+
+async def burst(
+    port: int, path: str, headers: dict[str, str] | None = None, body: bytes = b"{}"
+) -> tuple[float, list[Reply]]:
+    """Open WAITERS connections, then send one request on each back to back.
+
+    Returns time.time() just before the first send, and every reply (in order
+    of arrival per connection).
+    """
+    conns = [await Conn(port).open() for _ in range(WAITERS)]
+    try:
+        sent_wall = time.time()
+        started = time.monotonic()
+        for conn in conns:
+            conn.send("POST", path, body, headers)
+        replies = await asyncio.gather(*(c.receive() for c in conns))
+        for reply in replies:
+            reply.started_at = started
+        return sent_wall, replies
+    finally:
+        for conn in conns:
+            await conn.close()
+
+
+async def _model(port: int, name: str) -> dict[str, Any]:
+    models = orjson.loads((await request(port, "GET", "/models")).body)
+    found: dict[str, Any] = next(m for m in models["models"] if m["name"] == name)
+    return found
+
+
+async def _thaw_round(port: int) -> tuple[list[float], list[float], int]:
+    """Per waiter: READY -> answer and READY -> handler start; and how many loads ran."""
+    loads_before = (await _model(port, "flight"))["loads"]
+    _, replies = await burst(port, "/invoke/flight", {"Prefer": "wait=30"})
+    bad = [r for r in replies if r.status != 200]
+    if bad:
+        raise RuntimeError(f"single flight: {bad[0].status} {bad[0].body[:300]!r}")
+    model = await _model(port, "flight")
+    outputs = [orjson.loads(r.body) for r in replies]
+    phases = model["phase_ms"]
+    ready_at = outputs[0]["built_at"] + (phases.get("warmup", 0) + phases.get("ready", 0)) / 1000
+    answered = [r.done_wall - ready_at for r in replies]
+    started = [o["ran_at"] - ready_at for o in outputs]
+    # Cold again for the next round (an explicit unload, not an eviction).
+    await request(port, "DELETE", "/models/flight")
+    return answered, started, model["loads"] - loads_before
+
+
+async def _bare_round(port: int) -> list[float]:
+    await request(port, "DELETE", "/fanout")
+    _, replies = await burst(port, f"/fanout?after={LOAD_SLEEP_S}")
+    set_at = orjson.loads(replies[0].body)["set_at"]
+    return [r.done_wall - set_at for r in replies]
+
+
+async def _accepted(thaw_port: int, bare_port: int, rounds: int) -> tuple[list[float], list[float]]:
+    """Seconds to each 202 (Thaw) and to each 200 of 64 concurrent echo calls (bare)."""
+    thaw: list[float] = []
+    bare: list[float] = []
+    for index in range(rounds):
+        for name in ("thaw", "bare") if index % 2 == 0 else ("bare", "thaw"):
+            if name == "thaw":
+                _, replies = await burst(thaw_port, "/invoke/slow", {"Prefer": "wait=0.1"})
+                if any(r.status != 202 for r in replies):
+                    statuses = sorted({r.status for r in replies})
+                    raise RuntimeError(f"202 path: statuses {statuses}")
+                thaw += [r.wall_s for r in replies]
+                await asyncio.sleep(0.2)
+            else:
+                _, replies = await burst(bare_port, "/invoke/echo")
+                bare += [r.wall_s for r in replies]
+    return thaw, bare
+
+
+async def _run(thaw_port: int, bare_port: int, rounds: int) -> list[Row]:
+    added_all: list[float] = []
+    started_all: list[float] = []
+    bare_all: list[float] = []
+    loads: list[int] = []
+    p99_ratios: list[float] = []
+    for index in range(rounds):
+        for name in ("thaw", "bare") if index % 2 == 0 else ("bare", "thaw"):
+            if name == "thaw":
+                added, started, n = await _thaw_round(thaw_port)
+                added_all += added
+                started_all += started
+                loads.append(n)
+            else:
+                bare_all += await _bare_round(bare_port)
+        p99_ratios.append(
+            percentile(added_all[-WAITERS:], 99) / percentile(bare_all[-WAITERS:], 99)
+        )
+    accepted, bare_200 = await _accepted(thaw_port, bare_port, rounds)
+    added_p99 = percentile(added_all, 99)
+    accepted_p99 = percentile(accepted, 99)
+    return [
+        Row(
+            f"single flight: {WAITERS} concurrent first requests -> loads (per round)",
+            ", ".join(str(n) for n in loads),
+            target="1",
+            verdict=verdict(all(n == 1 for n in loads)),
+        ),
+        Row(
+            f"single flight: waiters' added latency after READY, p50 ({rounds} x {WAITERS})",
+            fmt_s(median(added_all)),
+            f"{fmt_s(median(bare_all))} bare fan-out",
+            fmt_x(median(added_all) / median(bare_all)),
+        ),
+        Row(
+            f"single flight: waiters' added latency after READY, p99 ({rounds} x {WAITERS})",
+            fmt_s(added_p99),
+            f"{fmt_s(percentile(bare_all, 99))} bare fan-out",
+            fmt_x(median(p99_ratios)),
+            f"<= {fmt_s(ADDED_P99_TARGET_S)}",
+            verdict(added_p99 <= ADDED_P99_TARGET_S),
+        ),
+        Row(
+            "single flight: READY -> waiter's handler running (before HTTP), p50 / p99",
+            f"{fmt_s(median(started_all))} / {fmt_s(percentile(started_all, 99))}",
+        ),
+        Row(
+            f"202 with `Prefer: wait=0.1`, {WAITERS} concurrent, cold bundle: p99 time to answer",
+            fmt_s(accepted_p99),
+            f"{fmt_s(percentile(bare_200, 99))} bare, {WAITERS} concurrent echo",
+            fmt_x(accepted_p99 / percentile(bare_200, 99)),
+            f"<= {fmt_s(ACCEPTED_P99_TARGET_S)}",
+            verdict(accepted_p99 <= ACCEPTED_P99_TARGET_S),
+        ),
+        Row(
+            f"202 with `Prefer: wait=0.1`, {WAITERS} concurrent: p50 time to answer",
+            fmt_s(median(accepted)),
+            f"{fmt_s(median(bare_200))} bare",
+            fmt_x(median(accepted) / median(bare_200)),
+        ),
+    ]
+
+
+def run(*, quick: bool = False) -> list[Row]:
+    from tests.support import make_bundle
+
+    rounds = 2 if quick else 4
+    with tempfile.TemporaryDirectory(prefix="thaw-bench-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        bundles = tmp / "bundles"
+        make_bundle(bundles, "flight", config={"sleep_s": LOAD_SLEEP_S})
+        make_bundle(bundles, "slow", config={"sleep_s": 6.0})
+        env = runtime_env(
+            tmp,
+            handlers="bench.fixtures",
+            bundle_source=str(bundles),
+            drain_grace_s="1",
+            # Every round's 64 jobs stay queued behind beta's load; none may be refused.
+            max_queue="1024",
+        )
+        thaw_port, bare_port = free_port(), free_port()
+        with stopping([]) as procs:
+            procs.append(Proc(thaw_serve_argv(thaw_port), env, thaw_port, tmp / "thaw.log").start())
+            procs.append(Proc(bare_argv(bare_port), env, bare_port, tmp / "bare.log").start())
+            for proc in procs:
+                proc.wait_healthy()
+            return asyncio.run(_run(thaw_port, bare_port, rounds))
+
+
+if __name__ == "__main__":
+    from bench.common import render
+
+    print(render(run(quick=True)))
