@@ -6,7 +6,7 @@ built), a fresh process with an empty state directory (no load history):
 1. process start -> first /healthz 200, against the same for a bare
    Starlette+uvicorn process started right after it (the floor: Python, the
    web stack, the socket);
-2. the first invocation (its first warm-up example as the event), split by
+2. the first invocation (its smallest warm-up example as the event), split by
    its Server-Timing header into fetch, load, init, warm-up and run; the
    runtime's own overhead is the client-measured wall time minus those five
    (so it holds the HTTP exchange, queueing, thread hand-offs and bookkeeping).

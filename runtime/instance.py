@@ -19,6 +19,7 @@ from typing import Any
 from runtime.cache import ModelCache
 from runtime.dispatch import Dispatcher, run_handler
 from runtime.estimate import Estimator
+from runtime.eviction import GDSFPolicy
 from runtime.jobs import JobStore, open_store
 from runtime.jobs.manager import JobManager
 from runtime.lifecycle import State
@@ -65,6 +66,7 @@ class Instance:
             device=settings.device,
             memory_budget=settings.memory_budget,
             retry_backoff_s=settings.retry_backoff_s,
+            policy=GDSFPolicy(min_residency_s=settings.min_residency_s),
             pinned=settings.prewarm,
         )
         store = open_store(settings.job_store, ttl_s=settings.job_ttl_s)
