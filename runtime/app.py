@@ -11,6 +11,7 @@ import math
 import re
 import uuid
 from collections.abc import AsyncIterator
+from http import HTTPStatus
 from typing import Any
 
 import orjson
@@ -74,12 +75,13 @@ async def render_error(request: Request, exc: Exception) -> Response:
     if isinstance(exc, ThawError):
         return problem_response(exc, request.url.path)
     if isinstance(exc, HTTPException):
-        thaw_exc = ThawError(exc.detail or "error")
-        thaw_exc.status = exc.status_code  # type: ignore[misc]
+        # Starlette's own routing errors (404 no route, 405 wrong method).
         if exc.status_code == 404:
-            thaw_exc = NotFound(f"no route for {request.method} {request.url.path}")
-        body = thaw_exc.to_problem(request.url.path)
-        body["status"] = exc.status_code
+            return problem_response(
+                NotFound(f"no route for {request.method} {request.url.path}"), request.url.path
+            )
+        body = ThawError(exc.detail or "error").to_problem(request.url.path)
+        body.update(status=exc.status_code, title=HTTPStatus(exc.status_code).phrase)
         return Response(orjson.dumps(body), status_code=exc.status_code, media_type=PROBLEM)
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return problem_response(ThawError("internal error; see the server log"), request.url.path)
