@@ -40,6 +40,9 @@ RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin thaw
 
 COPY runtime/ runtime/
 COPY handlers/ handlers/
+# PYTHONDONTWRITEBYTECODE and a read-only image would otherwise make every cold
+# start compile Thaw from source (30-80 ms before /healthz).
+RUN python -m compileall -q runtime handlers
 # Bundles last: the largest and most often replaced layer.
 COPY bundles/ bundles/
 

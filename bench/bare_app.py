@@ -5,9 +5,11 @@ settings as `thaw serve` (runtime/server.py), serving the same `echo` function.
 
 Routes:
     GET  /healthz          200, like the runtime's
-    POST /invoke/echo      the event back, calling handlers.echo.echo inline
-    POST /thread/echo      the same through asyncio.to_thread, as Thaw runs a
-                           sync handler (the thread hand-off, priced alone)
+    POST /invoke/echo      the event back, awaiting handlers.echo.echo (async)
+                           inline, as Thaw runs an async handler
+    POST /thread/echo      the event back, calling bench.fixtures.echo_sync (a
+                           plain def) through asyncio.to_thread, as Thaw runs a
+                           sync handler
     POST /fanout           waits on one shared asyncio.Event; the first request
                            arms a timer that sets it after `?after=S` seconds.
                            Answers {"set_at": time.time() of the set}: the
@@ -32,6 +34,7 @@ from starlette.routing import Route
 # `python bench/bare_app.py` puts bench/ on sys.path, not the repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.fixtures import echo_sync
 from handlers.echo import echo as echo_fn
 
 _fanout: dict[str, Any] = {}
@@ -48,13 +51,13 @@ async def healthz(request: Request) -> Response:
 async def invoke_echo(request: Request) -> Response:
     body = await request.body()
     event = orjson.loads(body) if body.strip() else {}
-    return _json(echo_fn(event, None))  # type: ignore[arg-type]  # the function ignores ctx
+    return _json(await echo_fn(event, None))  # type: ignore[arg-type]  # the function ignores ctx
 
 
 async def thread_echo(request: Request) -> Response:
     body = await request.body()
     event = orjson.loads(body) if body.strip() else {}
-    return _json(await asyncio.to_thread(echo_fn, event, None))  # type: ignore[arg-type]
+    return _json(await asyncio.to_thread(echo_sync, event, None))  # type: ignore[arg-type]
 
 
 async def fanout(request: Request) -> Response:

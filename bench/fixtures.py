@@ -1,5 +1,8 @@
 """Handlers the benchmarks load into a real `thaw serve` (THAW_HANDLERS=bench.fixtures).
 
+`echo_sync` is `handlers.echo` as a plain `def`: the warm-overhead benchmark
+prices the worker-thread hand-off of sync handlers with it.
+
 Bundles `flight` and `slow` share one builder: it sleeps `config["sleep_s"]`
 (standing in for fetch-to-init work) and stamps when it finished. Handlers of
 the same names answer when they started running and when their model was
@@ -44,6 +47,16 @@ def flight(event: Any, model: Stamp, ctx: Context) -> dict[str, float]:
     return _run(model)
 
 
+@handler("flight_async", uses=["flight"])
+async def flight_async(event: Any, model: Stamp, ctx: Context) -> dict[str, float]:
+    return _run(model)
+
+
 @handler("slow", uses=["slow"])
 def slow(event: Any, model: Stamp, ctx: Context) -> dict[str, float]:
     return _run(model)
+
+
+@handler("echo_sync")
+def echo_sync(event: Any, ctx: Context) -> Any:
+    return event

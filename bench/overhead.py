@@ -1,7 +1,15 @@
-"""Warm invocation overhead: `echo` over HTTP, Thaw vs a bare Starlette+uvicorn app.
+"""Warm invocation overhead: a no-op handler over HTTP, Thaw vs a bare Starlette+uvicorn app.
 
-Both are real processes on 127.0.0.1 with the same uvicorn settings; the bare
-app calls the same function inline. The load generator runs in this process
+Both are real processes on 127.0.0.1 with the same uvicorn settings, serving
+the same function the same way, in two pairs:
+
+- `echo` (`async def`): Thaw runs it on the event loop; the bare app awaits
+  it inline;
+- `echo_sync` (plain `def`): Thaw runs it in a worker thread so that it cannot
+  stall the loop; the bare app calls it through `asyncio.to_thread`, as
+  Starlette itself runs a sync endpoint.
+
+The load generator runs in this process
 (lean keep-alive connections), 1 and 8 concurrent clients, each client sending
 its next request when the previous answer arrived. Variants are measured in
 alternating slots (Thaw, bare, bare, Thaw, ...) and every ratio is taken
@@ -76,11 +84,24 @@ def _ratio(a: list[Slot], b: list[Slot], field: str) -> float:
     return median([getattr(x, field) / getattr(y, field) for x, y in zip(a, b, strict=True)])
 
 
-async def _run(thaw_port: int, bare_port: int, rounds: int, duration_s: float) -> list[Row]:
+# name -> (server, path); each pair is (Thaw, its bare counterpart).
+PAIRS = (
+    ("`echo` (async def, on the loop)", "thaw", "/invoke/echo", "bare", "/invoke/echo"),
+    (
+        "`echo_sync` (def, worker thread)",
+        "thaw",
+        "/invoke/echo_sync",
+        "bare",
+        "/thread/echo",
+    ),
+)
+
+
+async def _run(ports: dict[str, int], rounds: int, duration_s: float) -> list[Row]:
     variants = {
-        "thaw": (thaw_port, "/invoke/echo"),
-        "bare": (bare_port, "/invoke/echo"),
-        "thread": (bare_port, "/thread/echo"),
+        f"{server}{path}": (ports[server], path)
+        for _, *pair in PAIRS
+        for server, path in (pair[:2], pair[2:])
     }
     for port, path in variants.values():  # warm every path: first calls, thread pools
         await measure(port, path, 8, 0.5)
@@ -93,47 +114,35 @@ async def _run(thaw_port: int, bare_port: int, rounds: int, duration_s: float) -
             for name in order:
                 port, path = variants[name]
                 slots[name].append(await measure(port, path, clients, duration_s))
-        thaw, bare, thread = slots["thaw"], slots["bare"], slots["thread"]
-        p50_ratio = _ratio(thaw, bare, "p50_s")
-        rps_ratio = _ratio(bare, thaw, "rps")  # inverted below: thaw/bare
-        rps_ratio = 1 / rps_ratio
-        label = f"warm `echo`, {clients} client{'s' if clients > 1 else ''}"
-        rows += [
-            Row(
-                f"{label}: p50 latency",
-                fmt_s(median([s.p50_s for s in thaw])),
-                fmt_s(median([s.p50_s for s in bare])),
-                fmt_x(p50_ratio),
-                f"<= {P50_TARGET}x bare",
-                verdict(p50_ratio <= P50_TARGET),
-            ),
-            Row(
-                f"{label}: p99 latency",
-                fmt_s(median([s.p99_s for s in thaw])),
-                fmt_s(median([s.p99_s for s in bare])),
-                fmt_x(_ratio(thaw, bare, "p99_s")),
-            ),
-            Row(
-                f"{label}: requests/s",
-                f"{median([s.rps for s in thaw]):.0f}",
-                f"{median([s.rps for s in bare]):.0f}",
-                fmt_x(rps_ratio),
-                f">= {RPS_TARGET}x bare",
-                verdict(rps_ratio >= RPS_TARGET),
-            ),
-            Row(
-                f"{label}: p50 vs bare + `asyncio.to_thread` (the sync-handler hand-off alone)",
-                fmt_s(median([s.p50_s for s in thaw])),
-                fmt_s(median([s.p50_s for s in thread])),
-                fmt_x(_ratio(thaw, thread, "p50_s")),
-            ),
-            Row(
-                f"{label}: requests/s vs bare + `asyncio.to_thread`",
-                f"{median([s.rps for s in thaw]):.0f}",
-                f"{median([s.rps for s in thread]):.0f}",
-                fmt_x(1 / _ratio(thread, thaw, "rps")),
-            ),
-        ]
+        for label, thaw_server, thaw_path, bare_server, bare_path in PAIRS:
+            thaw, bare = slots[thaw_server + thaw_path], slots[bare_server + bare_path]
+            p50_ratio = _ratio(thaw, bare, "p50_s")
+            rps_ratio = 1 / _ratio(bare, thaw, "rps")
+            prefix = f"warm {label}, {clients} client{'s' if clients > 1 else ''}"
+            rows += [
+                Row(
+                    f"{prefix}: p50 latency",
+                    fmt_s(median([s.p50_s for s in thaw])),
+                    fmt_s(median([s.p50_s for s in bare])),
+                    fmt_x(p50_ratio),
+                    f"<= {P50_TARGET}x bare",
+                    verdict(p50_ratio <= P50_TARGET),
+                ),
+                Row(
+                    f"{prefix}: p99 latency",
+                    fmt_s(median([s.p99_s for s in thaw])),
+                    fmt_s(median([s.p99_s for s in bare])),
+                    fmt_x(_ratio(thaw, bare, "p99_s")),
+                ),
+                Row(
+                    f"{prefix}: requests/s",
+                    f"{median([s.rps for s in thaw]):.0f}",
+                    f"{median([s.rps for s in bare]):.0f}",
+                    fmt_x(rps_ratio),
+                    f">= {RPS_TARGET}x bare",
+                    verdict(rps_ratio >= RPS_TARGET),
+                ),
+            ]
     return rows
 
 
@@ -141,14 +150,18 @@ def run(*, quick: bool = False) -> list[Row]:
     rounds, duration_s = (4, 0.6) if quick else (8, 1.0)
     with tempfile.TemporaryDirectory(prefix="thaw-bench-") as tmp_dir:
         tmp = Path(tmp_dir)
-        env = runtime_env(tmp, handlers="handlers.echo")
-        thaw_port, bare_port = free_port(), free_port()
+        env = runtime_env(tmp, handlers="handlers.echo,bench.fixtures")
+        ports = {"thaw": free_port(), "bare": free_port()}
         with stopping([]) as procs:
-            procs.append(Proc(thaw_serve_argv(thaw_port), env, thaw_port, tmp / "thaw.log").start())
-            procs.append(Proc(bare_argv(bare_port), env, bare_port, tmp / "bare.log").start())
+            procs.append(
+                Proc(thaw_serve_argv(ports["thaw"]), env, ports["thaw"], tmp / "thaw.log").start()
+            )
+            procs.append(
+                Proc(bare_argv(ports["bare"]), env, ports["bare"], tmp / "bare.log").start()
+            )
             for proc in procs:
                 proc.wait_healthy()
-            return asyncio.run(_run(thaw_port, bare_port, rounds, duration_s))
+            return asyncio.run(_run(ports, rounds, duration_s))
 
 
 if __name__ == "__main__":

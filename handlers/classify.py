@@ -64,13 +64,20 @@ _SMALL_JPEG = (
     "AAAAAP/aAAwDAQACEQMRAD8AhEIEIU6ECEAmEIEIU6ECEAmEIEIU6ECEAqEIEIU6MCMAmEIEIU6MCMAmEIEIU6MC"
     "MA//2Q=="
 )
-# Largest first, the common small request last (see handlers/embed.py).
-_WARMUP: list[dict[str, Any]] = [
-    {"image": _png_base64(1280, 960, 2, b"\xc8\x78\x28"), "top_k": 1},  # large RGB
-    {"image": _png_base64(64, 48, 6, b"\x0a\xc8\x28\x80"), "top_k": 10},  # RGBA
-    {"image": _png_base64(40, 30, 0, b"\x80")},  # grayscale
-    {"image": _SMALL_JPEG},
-]
+
+
+def _warmup() -> list[dict[str, Any]]:
+    """Largest first, the common small request last (see handlers/embed.py).
+
+    Made on first use, not at import: compressing the large image takes
+    milliseconds that discovery (before the server listens) need not spend.
+    """
+    return [
+        {"image": _png_base64(1280, 960, 2, b"\xc8\x78\x28"), "top_k": 1},  # large RGB
+        {"image": _png_base64(64, 48, 6, b"\x0a\xc8\x28\x80"), "top_k": 10},  # RGBA
+        {"image": _png_base64(40, 30, 0, b"\x80")},  # grayscale
+        {"image": _SMALL_JPEG},
+    ]
 
 
 @bundle("efficientnet")
@@ -136,7 +143,7 @@ def _to_rgb(image: Image) -> Image:
     return image.convert("RGB")
 
 
-@handler("classify", uses=["efficientnet"], warmup=_WARMUP)
+@handler("classify", uses=["efficientnet"], warmup=_warmup)
 def classify(event: dict[str, Any], efficientnet: ImageClassifier, ctx: Context) -> dict[str, Any]:
     """Top-k ImageNet classes of a base64-encoded image."""
     fields = check_event(event, {"image", "top_k"})

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 import re
-import uuid
+import secrets
 from collections.abc import AsyncIterator
 from http import HTTPStatus
 from typing import Any
@@ -120,9 +121,17 @@ def _dispatcher(request: Request) -> Dispatcher:
     return _instance(request).dispatcher
 
 
+# A random prefix per process and a counter: unique ids without drawing random
+# bytes on every request (request ids label logs; they are not secrets).
+_ID_PREFIX = secrets.token_hex(6)
+_ID_COUNTER = itertools.count(1)
+
+
 def _request_id(request: Request) -> str:
-    given = request.headers.get("x-request-id", "")
-    return given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+    given = request.headers.get("x-request-id")
+    if given is not None and _REQUEST_ID.match(given):
+        return given
+    return f"{_ID_PREFIX}-{next(_ID_COUNTER):x}"
 
 
 def key_id_of(request: Request) -> str | None:
@@ -145,7 +154,7 @@ def _too_deep(body: bytes, value: Any, max_depth: int) -> bool:
         children = node.values() if isinstance(node, dict) else node
         if depth > max_depth:
             return True
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
     return False
 
 
@@ -171,7 +180,7 @@ async def read_json(request: Request, limit: int, max_depth: int = 64) -> Any:
         value = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidJSON(f"body is not valid JSON: {exc}") from exc
-    if isinstance(value, dict | list) and _too_deep(body, value, max_depth):
+    if isinstance(value, (dict, list)) and _too_deep(body, value, max_depth):
         raise BadRequest(
             f"JSON nesting exceeds THAW_MAX_JSON_DEPTH={max_depth}", max_json_depth=max_depth
         )
@@ -180,7 +189,7 @@ async def read_json(request: Request, limit: int, max_depth: int = 64) -> Any:
 
 def server_timing(timings_ms: dict[str, float]) -> str:
     return ", ".join(
-        f"{name};dur={timings_ms[name]:.3f}" for name in _TIMING_ORDER if name in timings_ms
+        [f"{name};dur={timings_ms[name]:.3f}" for name in _TIMING_ORDER if name in timings_ms]
     )
 
 

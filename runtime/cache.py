@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +41,7 @@ from runtime.errors import (
     UnknownBundle,
 )
 from runtime.estimate import Estimator
-from runtime.eviction import Candidate, EvictionPolicy, GDSFPolicy
+from runtime.eviction import Candidate, DensityPolicy, EvictionPolicy
 from runtime.lifecycle import LOAD_PHASES, Lifecycle, State
 from runtime.metrics import Metrics
 from runtime.registry import HandlerSpec, Registry
@@ -146,7 +147,7 @@ class ModelCache:
         self.configured_budget = memory_budget
         self.budget: int | None = memory_budget or None
         self.retry_backoff_s = retry_backoff_s
-        self.policy: EvictionPolicy = policy if policy is not None else GDSFPolicy()
+        self.policy: EvictionPolicy = policy if policy is not None else DensityPolicy()
         self.clock = clock
         self.entries: dict[str, Entry] = {}
         self._changed = asyncio.Condition()
@@ -387,6 +388,10 @@ class ModelCache:
             except ThawError:
                 raise
             except Exception as exc:
+                # The builder's frames hold the weights; the traceback would keep
+                # them alive for as long as anyone holds the error (and forever
+                # when a frame of this load was frozen with the framework).
+                traceback.clear_frames(exc.__traceback__)
                 raise HandlerError(
                     f"builder for {entry.name!r} raised {type(exc).__name__}: {exc}"
                 ) from exc

@@ -21,6 +21,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from runtime import eager
 from runtime import weights as weights_mod
 from runtime.cache import Lease, ModelCache
 from runtime.context import Context
@@ -87,31 +88,28 @@ class HandlerMetrics:
         )
 
 
-async def finished_within(task: asyncio.Task[Any], timeout_s: float) -> bool:
-    """Wait up to `timeout_s` for `task`; True when it is done.
+async def settled_within(work: Work, task: asyncio.Future[Any], timeout_s: float) -> bool:
+    """Wait up to `timeout_s` for the work to settle; True when `task` is done.
 
-    `asyncio.wait({task}, timeout=...)` with one task, minus its set building
-    and bookkeeping for many futures: the same future, timer and callback, in
-    the same order (the timer is armed after the task was scheduled, so even a
-    zero timeout lets the task take its first step).
+    The work settles `work.settled` itself as its last step, so the waiting
+    request resumes in the next turn of the loop rather than two turns later
+    (task done -> its callbacks -> a waiter's callbacks). The task's done
+    callback settles it too, for a task cancelled before it ever ran.
     """
-    if task.done():
-        return True
-    loop = asyncio.get_running_loop()
-    waiter: asyncio.Future[None] = loop.create_future()
-
-    def wake(_: object = None) -> None:
-        if not waiter.done():
-            waiter.set_result(None)
-
-    timer = loop.call_later(max(0.0, timeout_s), wake)
-    task.add_done_callback(wake)
-    try:
-        await waiter
-    finally:
-        timer.cancel()
-        task.remove_done_callback(wake)
+    if not task.done():
+        loop = asyncio.get_running_loop()
+        settled = work.settled = loop.create_future()
+        timer = loop.call_later(max(0.0, timeout_s), _settle, settled)
+        try:
+            await settled
+        finally:
+            timer.cancel()
     return task.done()
+
+
+def _settle(settled: asyncio.Future[None]) -> None:
+    if not settled.done():
+        settled.set_result(None)
 
 
 @dataclass
@@ -122,6 +120,9 @@ class Work:
     phase: str = "queued"
     timings_ms: dict[str, float] = field(default_factory=dict)
     running: bool = False
+    # Made by whoever waits for the work; set when the work ends (or, if it
+    # never ran, when its task was cancelled).
+    settled: asyncio.Future[None] | None = None
 
 
 async def run_handler(spec: HandlerSpec, event: Any, models: list[Any], ctx: Context) -> Any:
@@ -175,15 +176,19 @@ class Dispatcher:
         self.metrics = metrics
         self.draining = False
         self.pending: dict[str, int] = defaultdict(int)
-        self.tasks: set[asyncio.Task[Any]] = set()
-        self._metrics_of = {name: HandlerMetrics.of(metrics, name) for name in registry.handlers}
+        self.tasks: set[asyncio.Future[Any]] = set()
+        self._metrics_of: dict[str, HandlerMetrics] = {}
+        for name in registry.handlers:
+            self.handler_metrics(name)
         jobs.execute = self._execute_job
         jobs.can_run = lambda handler: handler in registry.handlers
 
     def handler_metrics(self, name: str) -> HandlerMetrics:
         found = self._metrics_of.get(name)
-        if found is None:  # a handler registered after start
+        if found is None:
             found = self._metrics_of[name] = HandlerMetrics.of(self.metrics, name)
+            # Read at scrape time, so the warm path does not take the gauge's lock twice.
+            found.queue_depth.set_function(lambda: self.pending[name])
         return found
 
     # ---- the deadline rule ------------------------------------------------------
@@ -232,7 +237,7 @@ class Dispatcher:
             self._follow(spec, job, self._start(spec, event, ctx, work), work)
             return Accepted(job, retry_after_s=max(1.0, estimate_s))
         task = self._start(spec, event, ctx, work)
-        if await finished_within(task, budget_s):
+        if await settled_within(work, task, budget_s):
             output = task.result()
             metrics.sync.inc()
             return Completed(output, work.timings_ms)
@@ -246,7 +251,7 @@ class Dispatcher:
         self.handler_metrics(spec.name).async_.inc()
         return job
 
-    def _follow(self, spec: HandlerSpec, job: Job, task: asyncio.Task[Any], work: Work) -> None:
+    def _follow(self, spec: HandlerSpec, job: Job, task: asyncio.Future[Any], work: Work) -> None:
         self.jobs.follow(job, task, lambda: (work.phase, self._progress(spec)))
 
     async def _estimate_s(self, spec: HandlerSpec) -> float:
@@ -269,21 +274,27 @@ class Dispatcher:
 
     # ---- executing work ---------------------------------------------------------
 
-    def _start(self, spec: HandlerSpec, event: Any, ctx: Context, work: Work) -> asyncio.Task[Any]:
+    def _start(
+        self, spec: HandlerSpec, event: Any, ctx: Context, work: Work
+    ) -> asyncio.Future[Any]:
+        """Start the work now; a task carries it on only if it has to wait."""
         metrics = self.handler_metrics(spec.name)
         self.pending[spec.name] += 1
-        metrics.queue_depth.set(self.pending[spec.name])
-        task = asyncio.get_running_loop().create_task(self._execute(spec, event, ctx, work))
-        self.tasks.add(task)
+        task = eager.start(self._execute(spec, event, ctx, work))
 
-        def done(t: asyncio.Task[Any]) -> None:
+        def done(t: asyncio.Future[Any]) -> None:
             self.tasks.discard(t)
             self.pending[spec.name] -= 1
-            metrics.queue_depth.set(self.pending[spec.name])
+            if work.settled is not None:
+                _settle(work.settled)
             if not t.cancelled() and t.exception() is not None:
                 metrics.error.inc()
 
-        task.add_done_callback(done)
+        if task.done():
+            done(task)
+        else:
+            self.tasks.add(task)
+            task.add_done_callback(done)
         return task
 
     async def _execute(self, spec: HandlerSpec, event: Any, ctx: Context, work: Work) -> Any:
@@ -324,8 +335,10 @@ class Dispatcher:
         finally:
             for lease in leases:
                 lease.release()
+            if work.settled is not None:
+                _settle(work.settled)
 
-    def _execute_job(self, job: Job) -> asyncio.Task[Any]:
+    def _execute_job(self, job: Job) -> asyncio.Future[Any]:
         """Run a recovered job's stored input on this instance."""
         spec = self.registry.handler(job.handler)
         ctx = Context(request_id=job.id, handler=job.handler, logger=HANDLER_LOG)

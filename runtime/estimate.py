@@ -51,6 +51,7 @@ class Estimator:
         # Importing torch and resolving the device, paid by the first load of a process.
         self._framework_s: float | None = None
         self._lock = threading.Lock()
+        self._file_lock = threading.Lock()
         self._read()
 
     def _read(self) -> None:
@@ -72,16 +73,21 @@ class Estimator:
         if isinstance(runs, dict):
             self._run_s = {k: float(v) for k, v in runs.items() if isinstance(v, int | float)}
 
-    def _write(self) -> None:
-        data = {
-            "bundles": {k: asdict(v) for k, v in self._bundles.items()},
-            "runs": self._run_s,
-            "framework_s": self._framework_s,
-        }
+    def _snapshot(self) -> bytes:
+        """The estimates as the file stores them; call with `_lock` held."""
+        return orjson.dumps(
+            {
+                "bundles": {k: asdict(v) for k, v in self._bundles.items()},
+                "runs": self._run_s,
+                "framework_s": self._framework_s,
+            }
+        )
+
+    def _write_file(self, data: bytes) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_bytes(orjson.dumps(data))
+            tmp.write_bytes(data)
             os.replace(tmp, self.path)
         except OSError:
             # Estimates are an optimisation; a read-only state dir must not fail a load.
@@ -105,13 +111,20 @@ class Estimator:
             if "warmup" in phase_ms:
                 h.warmup_s = _ewma(h.warmup_s, phase_ms["warmup"] / 1000)
             h.loads += 1
-            if persist:
-                self._write()
+        if persist:
+            self.persist()
 
     def persist(self) -> None:
-        """Write the estimates file now."""
-        with self._lock:
-            self._write()
+        """Write the estimates file now.
+
+        Only the snapshot holds `_lock`, which the event loop takes on every
+        request (record_run): a slow disk must not stall it. Writers queue on
+        their own lock, so an older snapshot never overwrites a newer one.
+        """
+        with self._file_lock:
+            with self._lock:
+                data = self._snapshot()
+            self._write_file(data)
 
     def record_framework(self, seconds: float) -> None:
         with self._lock:

@@ -3,6 +3,10 @@
 Every entry point (HTTP app, Lambda loop, `thaw invoke`) builds one
 `Instance` from the settings, starts it, and stops it; nothing else
 constructs the cache, the job store or the dispatcher.
+
+Creating an instance does no I/O beyond handler discovery: the job store is
+opened by `prepare()`, which `start()` runs at once and a server runs in a
+worker thread once it listens, so that /healthz does not wait for it.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import asyncio
 import logging
 import secrets
 import socket
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,8 +23,8 @@ from typing import Any
 from runtime.cache import ModelCache
 from runtime.dispatch import Dispatcher, run_handler
 from runtime.estimate import Estimator
-from runtime.eviction import GDSFPolicy
-from runtime.jobs import JobStore, open_store
+from runtime.eviction import DensityPolicy
+from runtime.jobs import DeferredStore
 from runtime.jobs.manager import JobManager
 from runtime.lifecycle import State
 from runtime.metrics import Metrics
@@ -42,7 +46,7 @@ class Instance:
     metrics: Metrics
     estimator: Estimator
     cache: ModelCache
-    store: JobStore
+    store: DeferredStore
     jobs: JobManager
     dispatcher: Dispatcher
     id: str
@@ -66,10 +70,10 @@ class Instance:
             device=settings.device,
             memory_budget=settings.memory_budget,
             retry_backoff_s=settings.retry_backoff_s,
-            policy=GDSFPolicy(min_residency_s=settings.min_residency_s),
+            policy=DensityPolicy(min_residency_s=settings.min_residency_s),
             pinned=settings.prewarm,
         )
-        store = open_store(settings.job_store, ttl_s=settings.job_ttl_s)
+        store = DeferredStore(settings.job_store, ttl_s=settings.job_ttl_s)
         instance_id = f"{socket.gethostname()}-{secrets.token_hex(4)}"
         jobs = JobManager(
             store,
@@ -91,20 +95,43 @@ class Instance:
         )
 
     async def start(self, *, background: bool = True) -> None:
-        """Prepare the instance; with `background`, begin prewarm and recovery at once.
+        """Start the instance; with `background`, prepare it and begin prewarm and
+        recovery at once (a failure to open the job store raises here).
 
         A server passes background=False and calls `start_background()` once it
         listens: prewarm imports torch, whose first import holds the GIL for a
-        few hundred ms, and must not delay the control interface.
+        few hundred ms, and must not delay the control interface; nor need
+        opening the job store.
         """
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(_THREADS, "thaw"))
         if background:
+            await asyncio.to_thread(self.prepare)
             self.start_background()
 
-    def start_background(self) -> None:
+    def prepare(self) -> None:
+        """Open the job store (blocking; idempotent).
+
+        Nothing has to wait for it: a store call arriving first opens the
+        store itself, or waits for the open in progress.
+        """
+        self.store.open()
+
+    def start_background(self, on_error: Callable[[Exception], None] | None = None) -> None:
+        """Begin prewarm at once, and job recovery once `prepare()` ran in a worker
+        thread; if that fails, `on_error` gets the exception (a server exits)."""
         for name in self.settings.prewarm:
             self.spawn(self.prewarm(name))
-        self.spawn(self._maintain())
+        self.spawn(self._prepare_then_maintain(on_error))
+
+    async def _prepare_then_maintain(self, on_error: Callable[[Exception], None] | None) -> None:
+        try:
+            await asyncio.to_thread(self.prepare)
+        except Exception as exc:
+            log.critical("start-up failed: %s: %s", type(exc).__name__, exc)
+            if on_error is not None:
+                on_error(exc)
+            return
+        await self._maintain()
 
     async def _maintain(self) -> None:
         """Recover lapsed jobs and purge expired ones, now and every lease period.

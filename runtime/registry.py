@@ -10,6 +10,10 @@
     def predict(event, mlp, ctx):                  # models positional, in `uses` order
         ...
 
+`warmup` may also be a function returning the examples, called on first use:
+for examples that take a while to build (discovery runs before the server
+listens).
+
 The decorators only attach a spec to the function; `discover()` imports the
 handler modules and collects the specs into a `Registry`. Handler modules must
 not import torch at module level (do it inside builders), so discovery stays
@@ -18,10 +22,11 @@ cheap and the control interface starts without torch.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import pkgutil
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -44,12 +49,29 @@ class BuilderSpec:
         return self.fn(**{name: available[name] for name in self.params})
 
 
+class LazyExamples(Sequence[dict[str, Any]]):
+    """Warm-up examples made by `make()` on first use."""
+
+    def __init__(self, make: Callable[[], Iterable[dict[str, Any]]]) -> None:
+        self._make = make
+
+    @functools.cached_property
+    def _examples(self) -> tuple[dict[str, Any], ...]:
+        return tuple(dict(w) for w in self._make())
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._examples[index]
+
+    def __len__(self) -> int:
+        return len(self._examples)
+
+
 @dataclass(frozen=True)
 class HandlerSpec:
     name: str
     fn: Callable[..., Any]
     uses: tuple[str, ...] = ()
-    warmup: tuple[dict[str, Any], ...] = ()
+    warmup: Sequence[dict[str, Any]] = ()
     is_async: bool = False
     description: str = ""
 
@@ -75,7 +97,7 @@ def handler(
     name: str,
     *,
     uses: Iterable[str] = (),
-    warmup: Iterable[dict[str, Any]] = (),
+    warmup: Iterable[dict[str, Any]] | Callable[[], Iterable[dict[str, Any]]] = (),
 ) -> Callable[[F], F]:
     """Declare `fn(event, *models, ctx)` as handler `name`."""
 
@@ -91,7 +113,7 @@ def handler(
             name=name,
             fn=fn,
             uses=uses_t,
-            warmup=tuple(dict(w) for w in warmup),
+            warmup=LazyExamples(warmup) if callable(warmup) else tuple(dict(w) for w in warmup),
             is_async=inspect.iscoroutinefunction(fn),
             description=(inspect.getdoc(fn) or "").split("\n")[0],
         )

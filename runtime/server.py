@@ -86,15 +86,24 @@ def serve(host: str = "127.0.0.1", port: int = 8080, insecure: bool = False) -> 
         timeout_keep_alive=5,
         h11_max_incomplete_event_size=64 * 1024,
     )
-    server = _Server(config, on_listening=lambda: app.state.instance.start_background())
+    failed: list[Exception] = []
 
     def request_exit() -> None:
         server.should_exit = True
 
+    def start_failed(exc: Exception) -> None:
+        # The job store could not be opened: exit non-zero, as if it had failed
+        # before listening (it is opened after, so /healthz does not wait on it).
+        failed.append(exc)
+        request_exit()
+
+    server = _Server(
+        config, on_listening=lambda: app.state.instance.start_background(on_error=start_failed)
+    )
     app.state.request_exit = request_exit
     server.run()
     logging.getLogger("thaw.server").info("stopped")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""Eviction: the GDSF order on hand-made candidates, hysteresis and pinning through
-the real cache (on an injected clock), and a Hypothesis state machine driving the
-real ModelCache with fake bundles.
+"""Eviction: the GDSF order on hand-made candidates, hysteresis (GDSF and
+DensityPolicy) and pinning through the real cache (on an injected clock), and a
+Hypothesis state machine driving the real ModelCache with fake bundles.
+DensityPolicy's own order is tested in test_eviction_density.py.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from runtime.bundles import BundleFile, Manifest
 from runtime.cache import Lease, ModelCache
 from runtime.errors import InsufficientMemory, UnknownBundle
 from runtime.estimate import Estimator
-from runtime.eviction import Candidate, EvictionPolicy, GDSFPolicy, LRUPolicy
+from runtime.eviction import Candidate, DensityPolicy, EvictionPolicy, GDSFPolicy, LRUPolicy
 from runtime.lifecycle import State
 from runtime.metrics import Metrics
 from runtime.registry import BuilderSpec, Registry
@@ -228,13 +229,16 @@ def states(cache: ModelCache) -> dict[str, State]:
     return {n: e.lifecycle.state for n, e in cache.entries.items()}
 
 
-def test_default_policy_is_gdsf(tmp_path: Path) -> None:
+def test_default_policy_is_density(tmp_path: Path) -> None:
     cache, _ = make_cache({"a": 1}, tmp_path, budget=10)
-    assert isinstance(cache.policy, GDSFPolicy)
+    assert isinstance(cache.policy, DensityPolicy)
 
 
+@pytest.mark.parametrize("policy_class", [GDSFPolicy, DensityPolicy])
 @pytest.mark.parametrize("min_residency_s", [30.0, 0.0])
-def test_hysteresis_through_the_cache(tmp_path: Path, min_residency_s: float) -> None:
+def test_hysteresis_through_the_cache(
+    tmp_path: Path, min_residency_s: float, policy_class: type[GDSFPolicy | DensityPolicy]
+) -> None:
     """`costly` (old) goes before `cheap` (used 10 s ago) only while hysteresis is on."""
     clock = FakeClock()
     cache, _ = make_cache(
@@ -243,7 +247,7 @@ def test_hysteresis_through_the_cache(tmp_path: Path, min_residency_s: float) ->
         budget=100,
         cost_s={"costly": 10.0, "cheap": 1.0, "new": 1.0},
         clock=clock,
-        policy=GDSFPolicy(min_residency_s=min_residency_s),
+        policy=policy_class(min_residency_s=min_residency_s),
     )
 
     async def scenario() -> None:
@@ -257,8 +261,14 @@ def test_hysteresis_through_the_cache(tmp_path: Path, min_residency_s: float) ->
     assert cache.entries["costly"].reload_s == pytest.approx(10.0)
 
 
-def test_pinned_bundle_is_never_evicted(tmp_path: Path) -> None:
-    cache, _ = make_cache({"pin": 50, "a": 50, "b": 50}, tmp_path, budget=100, pinned=("pin",))
+@pytest.mark.parametrize("policy_class", [None, DensityPolicy, LRUPolicy])
+def test_pinned_bundle_is_never_evicted(
+    tmp_path: Path, policy_class: type[DensityPolicy | LRUPolicy] | None
+) -> None:
+    policy = None if policy_class is None else policy_class()
+    cache, _ = make_cache(
+        {"pin": 50, "a": 50, "b": 50}, tmp_path, budget=100, pinned=("pin",), policy=policy
+    )
 
     async def scenario() -> None:
         await use(cache, None, "pin", 0)

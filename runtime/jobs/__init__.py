@@ -14,13 +14,15 @@ thread. `open_store` picks one from `THAW_JOB_STORE`.
 from __future__ import annotations
 
 import secrets
+import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Protocol
 
-from runtime.errors import ConfigError
+from runtime.errors import ConfigError, Conflict
 
 
 class JobStatus(StrEnum):
@@ -97,6 +99,10 @@ class JobStore(Protocol):
         """Insert a new job; its id must be unused."""
         ...
 
+    def create_many(self, jobs: Sequence[Job]) -> list[Conflict | None]:
+        """Insert new jobs in one write where the store can; per job, None or its Conflict."""
+        ...
+
     def get(self, job_id: str) -> Job | None:
         """The job, or None if unknown or expired."""
         ...
@@ -143,13 +149,94 @@ class JobStore(Protocol):
     def close(self) -> None: ...
 
 
+def _check_scheme(url: str) -> None:
+    if not url.startswith(("sqlite://", "dynamodb://")):
+        raise ConfigError(f"THAW_JOB_STORE={url!r}: expected sqlite:///path or dynamodb://table")
+
+
 def open_store(url: str, *, ttl_s: float) -> JobStore:
+    _check_scheme(url)
     if url.startswith("sqlite://"):
         from runtime.jobs.stores.sqlite import SQLiteJobStore
 
         return SQLiteJobStore.from_url(url, ttl_s=ttl_s)
-    if url.startswith("dynamodb://"):
-        from runtime.jobs.stores.dynamodb import DynamoDBJobStore
+    from runtime.jobs.stores.dynamodb import DynamoDBJobStore
 
-        return DynamoDBJobStore.from_url(url, ttl_s=ttl_s)
-    raise ConfigError(f"THAW_JOB_STORE={url!r}: expected sqlite:///path or dynamodb://table")
+    return DynamoDBJobStore.from_url(url, ttl_s=ttl_s)
+
+
+class DeferredStore:
+    """The store of `url`, opened by `open()` or by the first call that needs it.
+
+    Opening is I/O (SQLite's schema, boto3's import and client) that /healthz
+    does not need, so a server opens it in a worker thread once it listens.
+    A call arriving before that finished waits for it (in its own worker
+    thread: every store call runs in one). The URL's scheme is checked at once.
+    """
+
+    def __init__(self, url: str, *, ttl_s: float) -> None:
+        _check_scheme(url)
+        self.url = url
+        self.ttl_s = ttl_s
+        self._store: JobStore | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def opened(self) -> bool:
+        return self._store is not None
+
+    def open(self) -> JobStore:
+        """The store, opened on the first call (once, however many threads ask)."""
+        store = self._store
+        if store is None:
+            with self._lock:
+                if self._store is None:
+                    self._store = open_store(self.url, ttl_s=self.ttl_s)
+                store = self._store
+        return store
+
+    def create(self, job: Job) -> None:
+        self.open().create(job)
+
+    def create_many(self, jobs: Sequence[Job]) -> list[Conflict | None]:
+        return self.open().create_many(jobs)
+
+    def get(self, job_id: str) -> Job | None:
+        return self.open().get(job_id)
+
+    def claim(self, job_id: str, owner: str, lease_s: float, max_attempts: int) -> Job | None:
+        return self.open().claim(job_id, owner, lease_s, max_attempts)
+
+    def heartbeat(self, job_id: str, owner: str, lease_s: float) -> bool:
+        return self.open().heartbeat(job_id, owner, lease_s)
+
+    def set_phase(
+        self, job_id: str, owner: str, phase: str, progress: dict[str, Any] | None = None
+    ) -> bool:
+        return self.open().set_phase(job_id, owner, phase, progress)
+
+    def finish(
+        self,
+        job_id: str,
+        owner: str,
+        status: JobStatus,
+        output: Any = None,
+        error: dict[str, Any] | None = None,
+    ) -> bool:
+        return self.open().finish(job_id, owner, status, output, error)
+
+    def cancel(self, job_id: str) -> Job | None:
+        return self.open().cancel(job_id)
+
+    def lapsed(self, limit: int = 100) -> list[str]:
+        return self.open().lapsed(limit)
+
+    def purge_expired(self) -> int:
+        return self.open().purge_expired()
+
+    def close(self) -> None:
+        """Close the store if it was opened (never opens one just to close it)."""
+        with self._lock:
+            store = self._store
+        if store is not None:
+            store.close()

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from runtime.errors import ThawError, UnknownJob
 from runtime.jobs import Job, JobStatus, JobStore, new_job_id
+from runtime.jobs.batch import CreateBatcher
 from runtime.metrics import Metrics
 
 log = logging.getLogger("thaw.jobs")
@@ -33,7 +34,7 @@ DRAINED_ERROR = {
 }
 
 # Re-runs a stored job's input on this instance (provided by the dispatcher).
-Execute = Callable[[Job], "asyncio.Task[Any]"]
+Execute = Callable[[Job], "asyncio.Future[Any]"]
 # What the job is doing right now: (phase, progress or None).
 Probe = Callable[[], tuple[str, dict[str, Any] | None]]
 
@@ -41,7 +42,7 @@ Probe = Callable[[], tuple[str, dict[str, Any] | None]]
 @dataclass
 class LocalJob:
     job: Job
-    work: asyncio.Task[Any]
+    work: asyncio.Future[Any]
     done: asyncio.Event = field(default_factory=asyncio.Event)
     follower: asyncio.Task[None] | None = None
 
@@ -68,6 +69,7 @@ class JobManager:
         self.can_run: Callable[[str], bool] = lambda handler: True
         self._idle = asyncio.Event()
         self._idle.set()
+        self._creates = CreateBatcher(store.create_many)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.to_thread(fn, *args)
@@ -86,15 +88,15 @@ class JobManager:
             lease_until=now + self.lease_s,
             key_id=key_id,
         )
-        await self._call(self.store.create, job)
+        await self._creates.create(job)
         self.metrics.jobs.labels("running").inc()
         return job
 
-    def follow(self, job: Job, work: asyncio.Task[Any], probe: Probe) -> None:
+    def follow(self, job: Job, work: asyncio.Future[Any], probe: Probe) -> None:
         """Renew `job`'s lease while `work` runs, then record its outcome."""
         self._follow(job, work, probe)
 
-    def _follow(self, job: Job, work: asyncio.Task[Any], probe: Probe) -> None:
+    def _follow(self, job: Job, work: asyncio.Future[Any], probe: Probe) -> None:
         local = LocalJob(job, work)
         self.local[job.id] = local
         self._idle.clear()
@@ -125,7 +127,7 @@ class JobManager:
             if not self.local:
                 self._idle.set()
 
-    async def _finish(self, job: Job, work: asyncio.Task[Any]) -> None:
+    async def _finish(self, job: Job, work: asyncio.Future[Any]) -> None:
         status, output = JobStatus.SUCCEEDED, None
         error: dict[str, Any] | None = None
         try:

@@ -106,6 +106,19 @@ def test_create_refuses_a_used_id(store: JobStore) -> None:
     assert got is not None and got.handler == "echo"
 
 
+def test_create_many_stores_all_and_refuses_only_a_used_id(store: JobStore) -> None:
+    used = queued(store)
+    fresh = [Job(id=new_job_id(), handler="echo", input={"i": i}) for i in range(3)]
+    batch = [fresh[0], Job(id=used.id, handler="other", input={}), *fresh[1:]]
+    outcomes = store.create_many(batch)
+    assert [type(o) for o in outcomes] == [type(None), Conflict, type(None), type(None)]
+    for job in fresh:
+        got = store.get(job.id)
+        assert got is not None and got.input == job.input
+    kept = store.get(used.id)
+    assert kept is not None and kept.handler == "echo"
+
+
 # -- claim ------------------------------------------------------------------------
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -251,6 +252,18 @@ class DynamoDBJobStore:
         if stored is not None:
             sets[stored[0]] = stored[1]
         removes.extend(a for a in (field, f"{field}_ref") if stored is None or a != stored[0])
+
+    def create_many(self, jobs: Sequence[Job]) -> list[Conflict | None]:
+        """One conditional put per job: DynamoDB batches take no conditions."""
+        outcomes: list[Conflict | None] = []
+        for job in jobs:
+            try:
+                self.create(job)
+            except Conflict as conflict:
+                outcomes.append(conflict)
+            else:
+                outcomes.append(None)
+        return outcomes
 
     def create(self, job: Job) -> None:
         now = time.time()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,29 @@ _COLUMNS = (
     "id, handler, status, phase, attempts, created_at, updated_at, expires_at, "
     "input, output, error, owner, lease_until, key_id, progress"
 )
+
+
+_INSERT = f"INSERT INTO jobs ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+
+
+def _row(job: Job) -> tuple[Any, ...]:
+    return (
+        job.id,
+        job.handler,
+        str(job.status),
+        job.phase,
+        job.attempts,
+        job.created_at,
+        job.updated_at,
+        job.expires_at,
+        _dump(job.input),
+        _dump(job.output),
+        _dump(job.error),
+        job.owner,
+        job.lease_until,
+        job.key_id,
+        _dump(job.progress),
+    )
 
 
 def _dump(value: Any) -> bytes | None:
@@ -109,35 +133,32 @@ class SQLiteJobStore:
         )
 
     def create(self, job: Job) -> None:
-        now = time.time()
-        job.created_at = job.updated_at = now
-        job.expires_at = now + self.ttl_s
-        try:
-            self._insert(job)
-        except sqlite3.IntegrityError as exc:
-            raise Conflict(f"job id {job.id!r} already exists") from exc
+        conflict = self.create_many([job])[0]
+        if conflict is not None:
+            raise conflict
 
-    def _insert(self, job: Job) -> None:
-        self._write(
-            f"INSERT INTO jobs ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                job.id,
-                job.handler,
-                str(job.status),
-                job.phase,
-                job.attempts,
-                job.created_at,
-                job.updated_at,
-                job.expires_at,
-                _dump(job.input),
-                _dump(job.output),
-                _dump(job.error),
-                job.owner,
-                job.lease_until,
-                job.key_id,
-                _dump(job.progress),
-            ),
-        )
+    def create_many(self, jobs: Sequence[Job]) -> list[Conflict | None]:
+        """One transaction for all; a used id fails only its own insert."""
+        now = time.time()
+        outcomes: list[Conflict | None] = []
+        with self._write_lock:
+            conn = self._conn()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for job in jobs:
+                    job.created_at = job.updated_at = now
+                    job.expires_at = now + self.ttl_s
+                    try:
+                        conn.execute(_INSERT, _row(job))
+                    except sqlite3.IntegrityError:
+                        outcomes.append(Conflict(f"job id {job.id!r} already exists"))
+                    else:
+                        outcomes.append(None)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        return outcomes
 
     def get(self, job_id: str) -> Job | None:
         row = (
