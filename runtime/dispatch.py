@@ -7,8 +7,9 @@
     estimate wrong   -> just before the deadline, turn the waiting request into
                         a job and answer 202; the work goes on
 
-The work of every invocation is one asyncio task started at admission; a
-request that becomes a job keeps that same task, so nothing runs twice.
+The work of every invocation is started once, at admission, eagerly (see
+runtime/eager.py: a task only if it has to wait); a request that becomes a
+job keeps that same work, so nothing runs twice.
 """
 
 from __future__ import annotations
