@@ -147,7 +147,7 @@ async def _run(ports: dict[str, int], rounds: int, duration_s: float) -> list[Ro
 
 
 def run(*, quick: bool = False) -> list[Row]:
-    rounds, duration_s = (4, 0.6) if quick else (8, 1.0)
+    rounds, duration_s = (4, 0.6) if quick else (12, 1.0)
     with tempfile.TemporaryDirectory(prefix="thaw-bench-") as tmp_dir:
         tmp = Path(tmp_dir)
         env = runtime_env(tmp, handlers="handlers.echo,bench.fixtures")
