@@ -25,7 +25,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.auth import AuthMiddleware, KeyRing
-from runtime.dispatch import Accepted, Completed, Dispatcher
+from runtime.dispatch import Accepted, Completed
 from runtime.errors import (
     BadRequest,
     Draining,
@@ -115,10 +115,6 @@ class HeaderLimit:
 def _instance(request: Request) -> Instance:
     instance: Instance = request.app.state.instance
     return instance
-
-
-def _dispatcher(request: Request) -> Dispatcher:
-    return _instance(request).dispatcher
 
 
 # A random prefix per process and a counter: unique ids without drawing random
