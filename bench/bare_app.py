@@ -14,6 +14,9 @@ Routes:
                            arms a timer that sets it after `?after=S` seconds.
                            Answers {"set_at": time.time() of the set}: the
                            fan-out of many waiters with no runtime in between.
+                           and "ran_at": when the waiter ran, stamped as it
+                           wakes, or with `?thread=1` in a worker thread (a
+                           pool as large as Thaw's): the fan-out to threads.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,9 @@ from bench.fixtures import echo_sync
 from handlers.echo import echo as echo_fn
 
 _fanout: dict[str, Any] = {}
+# As many threads as Thaw's default executor (runtime/instance.py), so the
+# fan-out to threads is the same hand-off.
+_POOL = ThreadPoolExecutor(64, "bare")
 
 
 def _json(content: Any, status: int = 200) -> Response:
@@ -57,7 +64,8 @@ async def invoke_echo(request: Request) -> Response:
 async def thread_echo(request: Request) -> Response:
     body = await request.body()
     event = orjson.loads(body) if body.strip() else {}
-    return _json(await asyncio.to_thread(echo_sync, event, None))  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    return _json(await loop.run_in_executor(_POOL, echo_sync, event, None))  # type: ignore[arg-type]
 
 
 async def fanout(request: Request) -> Response:
@@ -72,7 +80,11 @@ async def fanout(request: Request) -> Response:
 
         asyncio.get_running_loop().call_later(after_s, fire)
     await _fanout["event"].wait()
-    return _json({"set_at": _fanout["set_at"]})
+    if request.query_params.get("thread"):
+        ran_at = await asyncio.get_running_loop().run_in_executor(_POOL, time.time)
+    else:
+        ran_at = time.time()
+    return _json({"set_at": _fanout["set_at"], "ran_at": ran_at})
 
 
 async def fanout_reset(request: Request) -> Response:

@@ -43,7 +43,6 @@ from runtime.settings import Settings
 log = logging.getLogger("thaw.app")
 
 PROBLEM = "application/problem+json"
-_TIMING_ORDER = ("queue", "fetch", "load", "init", "warmup", "run")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
 # Matches uvicorn's h11_max_incomplete_event_size in server.py.
@@ -124,9 +123,10 @@ _ID_COUNTER = itertools.count(1)
 
 
 def _request_id(request: Request) -> str:
-    given = request.headers.get("x-request-id")
-    if given is not None and _REQUEST_ID.match(given):
-        return given
+    # getlist, not get: Headers.get of a missing header raises and catches a KeyError.
+    given = request.headers.getlist("x-request-id")
+    if given and _REQUEST_ID.match(given[0]):
+        return given[0]
     return f"{_ID_PREFIX}-{next(_ID_COUNTER):x}"
 
 
@@ -184,9 +184,8 @@ async def read_json(request: Request, limit: int, max_depth: int = 64) -> Any:
 
 
 def server_timing(timings_ms: dict[str, float]) -> str:
-    return ", ".join(
-        [f"{name};dur={timings_ms[name]:.3f}" for name in _TIMING_ORDER if name in timings_ms]
-    )
+    """The Server-Timing value; the dispatcher fills `timings_ms` in phase order."""
+    return ", ".join([f"{name};dur={ms:.3f}" for name, ms in timings_ms.items()])
 
 
 def job_response(job: Job, status: int = 200, retry_after_s: float | None = None) -> Response:

@@ -7,7 +7,9 @@ import time
 from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True)
+# Slotted, not frozen: one is built per request, and a frozen dataclass's
+# __init__ sets each field through object.__setattr__.
+@dataclass(slots=True)
 class Context:
     """Request id, deadline and a logger for one invocation."""
 

@@ -19,24 +19,24 @@ import logging
 import time
 import traceback
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 from runtime import eager
 from runtime import weights as weights_mod
 from runtime.cache import Lease, ModelCache
 from runtime.context import Context
+from runtime.deadlines import Deadlines
 from runtime.errors import Draining, HandlerError, QueueFull, ThawError
 from runtime.estimate import Estimator
 from runtime.jobs import Job
 from runtime.jobs.manager import JobManager
 from runtime.lifecycle import LOAD_PHASES
-from runtime.metrics import Metrics
+from runtime.metrics import HandlerStats, Metrics
 from runtime.registry import HandlerSpec, Registry
 from runtime.settings import Settings
-
-if TYPE_CHECKING:
-    from prometheus_client import Counter, Gauge, Histogram
 
 log = logging.getLogger("thaw.dispatch")
 # Looked up once: `logging.getLogger` takes the logging module's lock on every call.
@@ -61,101 +61,72 @@ class Accepted:
     retry_after_s: float
 
 
-@dataclass(frozen=True)
-class HandlerMetrics:
-    """The labelled metric children of one handler.
-
-    Looked up once per handler: `labels()` takes a lock and hashes its label
-    values on every call, which the warm path would otherwise pay four times.
-    """
-
-    sync: Counter
-    async_: Counter
-    error: Counter
-    throttled: Counter
-    queue_depth: Gauge
-    run_seconds: Histogram
-
-    @classmethod
-    def of(cls, metrics: Metrics, handler: str) -> HandlerMetrics:
-        outcome = metrics.invocations
-        return cls(
-            sync=outcome.labels(handler, "sync"),
-            async_=outcome.labels(handler, "async"),
-            error=outcome.labels(handler, "error"),
-            throttled=outcome.labels(handler, "throttled"),
-            queue_depth=metrics.queue_depth.labels(handler),
-            run_seconds=metrics.run_seconds.labels(handler),
-        )
-
-
-async def settled_within(work: Work, task: asyncio.Future[Any], timeout_s: float) -> bool:
-    """Wait up to `timeout_s` for the work to settle; True when `task` is done.
-
-    The work settles `work.settled` itself as its last step, so the waiting
-    request resumes in the next turn of the loop rather than two turns later
-    (task done -> its callbacks -> a waiter's callbacks). The task's done
-    callback settles it too, for a task cancelled before it ever ran.
-    """
-    if not task.done():
-        loop = asyncio.get_running_loop()
-        settled = work.settled = loop.create_future()
-        timer = loop.call_later(max(0.0, timeout_s), _settle, settled)
-        try:
-            await settled
-        finally:
-            timer.cancel()
-    return task.done()
-
-
 def _settle(settled: asyncio.Future[None]) -> None:
     if not settled.done():
         settled.set_result(None)
 
 
-@dataclass
 class Work:
-    """What one invocation is doing, for Server-Timing and the job's phase."""
+    """What one invocation is doing, for Server-Timing and the job's phase.
 
-    handler: str
-    phase: str = "queued"
-    timings_ms: dict[str, float] = field(default_factory=dict)
-    running: bool = False
-    # Made by whoever waits for the work; set when the work ends (or, if it
-    # never ran, when its task was cancelled).
-    settled: asyncio.Future[None] | None = None
+    A plain slotted class: one is made per request, and a dataclass with a
+    default factory costs several times as much to build.
+    """
+
+    __slots__ = ("handler", "phase", "running", "settled", "timings_ms")
+
+    def __init__(self, handler: str, phase: str = "queued") -> None:
+        self.handler = handler
+        self.phase = phase
+        # In phase order (queue, fetch, load, init, warmup, run), as Server-Timing lists them.
+        self.timings_ms: dict[str, float] = {}
+        self.running = False
+        # Made by whoever waits for the work; set when the work ends (or, if it
+        # never ran, when its task was cancelled).
+        self.settled: asyncio.Future[None] | None = None
 
 
-async def run_handler(spec: HandlerSpec, event: Any, models: list[Any], ctx: Context) -> Any:
-    """Call user code: async handlers on the loop, sync ones in a worker thread.
+def call_handler(spec: HandlerSpec, event: Any, models: list[Any], ctx: Context) -> Awaitable[Any]:
+    """User code as an awaitable: async handlers on the loop, sync ones in a worker thread.
 
     Handlers that use models run under torch.inference_mode (entered in the
     thread, as it is thread-local); model-less ones never touch torch.
     """
+    if spec.is_async:
+        result: Awaitable[Any] = spec.fn(event, *models, ctx)
+        return result
+    if spec.uses:
+
+        def call() -> Any:
+            with weights_mod.inference_mode():
+                return spec.fn(event, *models, ctx)
+
+        return asyncio.to_thread(call)
+    return asyncio.to_thread(spec.fn, event, *models, ctx)
+
+
+def handler_error(spec: HandlerSpec, ctx: Context, exc: Exception) -> HandlerError:
+    """Log where user code raised; the error its caller gets (the cause chained by the caller)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    log.warning(
+        "handler %s raised %s%s",
+        spec.name,
+        type(exc).__name__,
+        where,
+        extra={"request_id": ctx.request_id, "handler": spec.name},
+    )
+    return HandlerError(f"{type(exc).__name__}: {exc}", handler=spec.name)
+
+
+async def run_handler(spec: HandlerSpec, event: Any, models: list[Any], ctx: Context) -> Any:
+    """Run user code (see call_handler); what it raises becomes a HandlerError."""
     try:
-        if spec.is_async:
-            return await spec.fn(event, *models, ctx)
-        if spec.uses:
-
-            def call() -> Any:
-                with weights_mod.inference_mode():
-                    return spec.fn(event, *models, ctx)
-
-            return await asyncio.to_thread(call)
-        return await asyncio.to_thread(spec.fn, event, *models, ctx)
+        return await call_handler(spec, event, models, ctx)
     except ThawError:
         raise
     except Exception as exc:
-        frames = traceback.extract_tb(exc.__traceback__)
-        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-        log.warning(
-            "handler %s raised %s%s",
-            spec.name,
-            type(exc).__name__,
-            where,
-            extra={"request_id": ctx.request_id, "handler": spec.name},
-        )
-        raise HandlerError(f"{type(exc).__name__}: {exc}", handler=spec.name) from exc
+        raise handler_error(spec, ctx, exc) from exc
 
 
 class Dispatcher:
@@ -178,18 +149,18 @@ class Dispatcher:
         self.draining = False
         self.pending: dict[str, int] = defaultdict(int)
         self.tasks: set[asyncio.Future[Any]] = set()
-        self._metrics_of: dict[str, HandlerMetrics] = {}
+        self.deadlines = Deadlines()
         for name in registry.handlers:
-            self.handler_metrics(name)
+            self.handler_stats(name)
         jobs.execute = self._execute_job
         jobs.can_run = lambda handler: handler in registry.handlers
 
-    def handler_metrics(self, name: str) -> HandlerMetrics:
-        found = self._metrics_of.get(name)
+    def handler_stats(self, name: str) -> HandlerStats:
+        found = self.metrics.handlers.get(name)
         if found is None:
-            found = self._metrics_of[name] = HandlerMetrics.of(self.metrics, name)
+            found = self.metrics.handler(name)
             # Read at scrape time, so the warm path does not take the gauge's lock twice.
-            found.queue_depth.set_function(lambda: self.pending[name])
+            self.metrics.queue_depth.labels(name).set_function(lambda: self.pending[name])
         return found
 
     # ---- the deadline rule ------------------------------------------------------
@@ -208,9 +179,9 @@ class Dispatcher:
         spec = self.registry.handler(name)
         if self.draining:
             raise Draining("this instance is draining and takes no new work")
-        metrics = self.handler_metrics(name)
+        stats = self.handler_stats(name)
         if self.pending[name] >= self.settings.max_queue:
-            metrics.throttled.inc()
+            stats.count("throttled")
             raise QueueFull(
                 f"handler {name!r} has {self.pending[name]} requests queued "
                 f"(limit {self.settings.max_queue})",
@@ -218,38 +189,47 @@ class Dispatcher:
             )
         wait = self.settings.wait_s if wait_s is None else wait_s
         deadline_at = received + wait
-        ctx = Context(
-            request_id=request_id, handler=name, deadline_at=deadline_at, logger=HANDLER_LOG
-        )
-        cold = any(not self.cache.is_ready(b) for b in spec.uses)
-        work = Work(handler=name, phase="loading" if cold else "queued")
+        ctx = Context(request_id, name, deadline_at, HANDLER_LOG)
+        cold = bool(spec.uses) and not all(map(self.cache.is_ready, spec.uses))
+        work = Work(name, "loading" if cold else "queued")
         # Warm: nothing to load, so the estimate is the run time (no cache lookups).
         estimate_s = await self._estimate_s(spec) if cold else self.estimator.run_s(name)
         # The margin never eats more than a quarter of a short deadline, so a
         # warm request with `wait=0.1` still runs instead of becoming a job.
-        margin_s = min(self.settings.deadline_margin_s, wait * 0.25)
-        budget_s = deadline_at - time.monotonic() - margin_s
+        answer_by = deadline_at - min(self.settings.deadline_margin_s, wait * 0.25)
         if spec.uses and self.cache.device is None:
-            budget_s -= FRAMEWORK_STALL_S
-        if respond_async or estimate_s > budget_s:
+            answer_by -= FRAMEWORK_STALL_S
+        if respond_async or estimate_s > answer_by - time.monotonic():
             # Record the job before starting the work, so the answer is not
             # delayed by what the work does first (a cold load imports torch).
             job = await self._record(spec, event, work, key_id)
             self._follow(spec, job, self._start(spec, event, ctx, work), work)
             return Accepted(job, retry_after_s=max(1.0, estimate_s))
         task = self._start(spec, event, ctx, work)
-        if await settled_within(work, task, budget_s):
+        if task.done() or await self._settled_by(work, task, answer_by):
             output = task.result()
-            metrics.sync.inc()
+            stats.count("sync")
             return Completed(output, work.timings_ms)
         # The estimate was wrong: answer 202 now; the same task goes on.
         job = await self._record(spec, event, work, key_id)
         self._follow(spec, job, task, work)
         return Accepted(job, retry_after_s=max(1.0, await self._estimate_s(spec)))
 
+    async def _settled_by(self, work: Work, task: asyncio.Future[Any], answer_by: float) -> bool:
+        """Wait until `answer_by` at the latest for the work to settle; True when `task` is done.
+
+        The work settles `work.settled` itself as its last step, so the waiting
+        request resumes in the next turn of the loop rather than two turns later
+        (task done -> its callbacks -> a waiter's callbacks). The task's done
+        callback settles it too, for a task cancelled before it ever ran.
+        """
+        work.settled = asyncio.get_running_loop().create_future()
+        await self.deadlines.wait(work.settled, answer_by)
+        return task.done()
+
     async def _record(self, spec: HandlerSpec, event: Any, work: Work, key_id: str | None) -> Job:
         job = await self.jobs.record(spec.name, event, phase=work.phase, key_id=key_id)
-        self.handler_metrics(spec.name).async_.inc()
+        self.handler_stats(spec.name).count("async")
         return job
 
     def _follow(self, spec: HandlerSpec, job: Job, task: asyncio.Future[Any], work: Work) -> None:
@@ -279,26 +259,29 @@ class Dispatcher:
         self, spec: HandlerSpec, event: Any, ctx: Context, work: Work
     ) -> asyncio.Future[Any]:
         """Start the work now; a task carries it on only if it has to wait."""
-        metrics = self.handler_metrics(spec.name)
+        stats = self.handler_stats(spec.name)
         self.pending[spec.name] += 1
-        task = eager.start(self._execute(spec, event, ctx, work))
-
-        def done(t: asyncio.Future[Any]) -> None:
-            self.tasks.discard(t)
-            self.pending[spec.name] -= 1
-            if work.settled is not None:
-                _settle(work.settled)
-            if not t.cancelled() and t.exception() is not None:
-                metrics.error.inc()
-
+        task = eager.start(self._execute(spec, event, ctx, work, stats))
         if task.done():
-            done(task)
+            self._finished(spec.name, work, stats, task)
         else:
             self.tasks.add(task)
-            task.add_done_callback(done)
+            task.add_done_callback(partial(self._finished, spec.name, work, stats))
         return task
 
-    async def _execute(self, spec: HandlerSpec, event: Any, ctx: Context, work: Work) -> Any:
+    def _finished(
+        self, name: str, work: Work, stats: HandlerStats, task: asyncio.Future[Any]
+    ) -> None:
+        self.tasks.discard(task)
+        self.pending[name] -= 1
+        if work.settled is not None:
+            _settle(work.settled)
+        if not task.cancelled() and task.exception() is not None:
+            stats.count("error")
+
+    async def _execute(
+        self, spec: HandlerSpec, event: Any, ctx: Context, work: Work, stats: HandlerStats
+    ) -> Any:
         started = time.monotonic()
         load_ms: dict[str, float] = {}
         leases: list[Lease] = []
@@ -321,17 +304,23 @@ class Dispatcher:
                     phases = self.cache.entries[name].lifecycle.phase_ms
                     for phase in LOAD_PHASES:
                         load_ms[phase] = load_ms.get(phase, 0.0) + phases.get(phase, 0.0)
-            waited_ms = (time.monotonic() - started) * 1000
-            work.timings_ms["queue"] = max(0.0, waited_ms - sum(load_ms.values()))
-            work.timings_ms.update(load_ms)
             work.phase = "running"
             work.running = True
             run_started = time.monotonic()
-            output = await run_handler(spec, event, [lease.model for lease in leases], ctx)
+            timings = work.timings_ms
+            timings["queue"] = max(0.0, (run_started - started) * 1000 - sum(load_ms.values()))
+            if load_ms:
+                timings.update(load_ms)
+            try:
+                output = await call_handler(spec, event, [lease.model for lease in leases], ctx)
+            except ThawError:
+                raise
+            except Exception as exc:
+                raise handler_error(spec, ctx, exc) from exc
             run_s = time.monotonic() - run_started
-            work.timings_ms["run"] = run_s * 1000
+            timings["run"] = run_s * 1000
             self.estimator.record_run(spec.name, run_s)
-            self.handler_metrics(spec.name).run_seconds.observe(run_s)
+            stats.observe_run(run_s)
             return output
         finally:
             for lease in leases:
@@ -343,7 +332,7 @@ class Dispatcher:
         """Run a recovered job's stored input on this instance."""
         spec = self.registry.handler(job.handler)
         ctx = Context(request_id=job.id, handler=job.handler, logger=HANDLER_LOG)
-        return self._start(spec, job.input, ctx, Work(handler=job.handler))
+        return self._start(spec, job.input, ctx, Work(job.handler))
 
     # ---- drain ------------------------------------------------------------------
 

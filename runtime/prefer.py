@@ -21,8 +21,13 @@ class Preferences:
     respond_async: bool = False
 
 
+NO_PREFERENCES = Preferences()
+
+
 def parse_prefer(values: list[str]) -> Preferences:
     """Parse every Prefer header line; the first occurrence of a preference wins."""
+    if not values:
+        return NO_PREFERENCES
     wait_s: float | None = None
     respond_async = False
     seen: set[str] = set()

@@ -67,10 +67,10 @@ async def test_a_warm_handler_past_its_deadline_becomes_a_job_that_succeeds(
 
 async def test_a_handler_error_is_counted_and_leaves_nothing_pending(instance: Instance) -> None:
     dispatcher = instance.dispatcher
-    errors = dispatcher.handler_metrics("raises").error
-    before = errors._value.get()
+    outcomes = dispatcher.handler_stats("raises").outcomes
+    before = outcomes["error"]
     with pytest.raises(HandlerError, match="ValueError: nope"):
         await dispatcher.invoke("raises", {"message": "nope"}, request_id="r3")
     await asyncio.sleep(0)  # the task's done callback (bookkeeping) runs in the next turn
-    assert errors._value.get() == before + 1
+    assert outcomes["error"] == before + 1
     assert not dispatcher.tasks and dispatcher.pending["raises"] == 0

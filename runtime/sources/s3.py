@@ -332,4 +332,3 @@ class S3Source:
                 t.write(part.pos, data)
                 part.pos += len(data)
                 report(len(data))
-

@@ -108,8 +108,7 @@ def test_bad_input_gets_problem_json_and_server_stays_healthy(serve: Any, bundle
             concurrent.futures.ThreadPoolExecutor(2) as pool,
         ):
             futures = [
-                pool.submit(other.post, "/invoke/alpha", json={"sleep_s": 1.5})
-                for _ in range(2)
+                pool.submit(other.post, "/invoke/alpha", json={"sleep_s": 1.5}) for _ in range(2)
             ]
             time.sleep(0.7)
             throttled = client.post("/invoke/alpha", json={})
