@@ -1,10 +1,9 @@
-"""The model cache: lazy single-flight loads, the memory budget and eviction.
+"""The model cache: entries, admission, leases, the memory budget and eviction.
 
-Each bundle name has one `Entry` for the life of the instance. A load is an
-asyncio task on the entry; every concurrent caller awaits that same task, so a
-bundle version loads once however many requests arrive (single flight), while
-different bundles load in parallel (no global lock). Blocking steps (hashing,
-reading tensors, building, warm-up) run in worker threads.
+`ModelCache` is the face the dispatcher, the app and the instance use: it keeps
+one `Entry` per bundle name (runtime/entry.py), admits requests on READY
+bundles and hands them a `Lease`, and starts loads through its `Loader`
+(runtime/loading.py: single flight, the load pipeline, retry back-off).
 
 Memory: the budget counts each resident or loading bundle's weights plus its
 per-request bytes for every admitted request (at least one). Loads make room
@@ -24,85 +23,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import traceback
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from runtime import weights as weights_mod
 from runtime.bundles import Manifest
-from runtime.context import Context
-from runtime.errors import (
-    HandlerError,
-    InsufficientMemory,
-    LoadFailed,
-    ThawError,
-    UnknownBundle,
-)
+from runtime.entry import Entry
+from runtime.errors import InsufficientMemory, UnknownBundle
 from runtime.estimate import Estimator
-from runtime.eviction import Candidate, DensityPolicy, EvictionPolicy
-from runtime.lifecycle import LOAD_PHASES, Lifecycle, State
+from runtime.eviction import DensityPolicy, EvictionPolicy
+from runtime.lifecycle import State
+from runtime.loading import Loader, Runner
 from runtime.metrics import Metrics
-from runtime.registry import HandlerSpec, Registry
+from runtime.registry import Registry
 from runtime.sources import BundleSource
 
 log = logging.getLogger("thaw.cache")
-
-# Runs a handler function with its models; the dispatcher owns how (threads, torch modes).
-Runner = Callable[[HandlerSpec, dict[str, Any], list[Any], Context], Awaitable[Any]]
-
-
-@dataclass
-class Entry:
-    name: str
-    lifecycle: Lifecycle = field(default_factory=Lifecycle)
-    manifest: Manifest | None = None
-    model: Any = None
-    task: asyncio.Task[None] | None = None
-    built: asyncio.Event = field(default_factory=asyncio.Event)
-    inflight: int = 0
-    # Requests waiting for this entry's load. Once it is READY they acquire it
-    # as soon as they run; until then it counts as in use, or a load waiting
-    # for room could evict it under them, and their reload evict that load's
-    # bundle in turn, forever.
-    waiting: int = 0
-    reserved: bool = False
-    pinned: bool = False
-    loads: int = 0
-    hits: int = 0
-    failures: int = 0
-    retry_at: float = 0.0
-    last_used_at: float = 0.0  # monotonic
-    last_used_wall: float | None = None
-    last_load_s: float = 0.0
-    # last_load_s minus waits a reload would not repeat: the eviction policy's cost.
-    reload_s: float = 0.0
-    progress_bytes: int = 0
-    estimated_load_s: float | None = None
-
-    @property
-    def weights_bytes(self) -> int:
-        return self.manifest.weights_bytes if self.manifest else 0
-
-    @property
-    def per_request_bytes(self) -> int:
-        return self.manifest.per_request_bytes if self.manifest else 0
-
-    def charge(self) -> int:
-        if not self.reserved:
-            return 0
-        return self.weights_bytes + max(1, self.inflight) * self.per_request_bytes
-
-    def candidate(self) -> Candidate:
-        """This entry as the eviction policy sees it: what evicting it would free when idle."""
-        return Candidate(
-            name=self.name,
-            size_bytes=self.weights_bytes + self.per_request_bytes,
-            reload_s=self.reload_s,
-            last_used_at=self.last_used_at,
-            hits=self.hits,
-        )
 
 
 class Lease:
@@ -121,6 +57,8 @@ class Lease:
 
 
 class ModelCache:
+    """Bundles by name: loaded once, admitted within the memory budget, evicted when idle."""
+
     def __init__(
         self,
         *,
@@ -143,7 +81,6 @@ class ModelCache:
         self.runner = runner
         self.requested_device = device
         self.device: str | None = None
-        self._device_task: asyncio.Future[str] | None = None
         self.configured_budget = memory_budget
         self.budget: int | None = memory_budget or None
         self.retry_backoff_s = retry_backoff_s
@@ -156,6 +93,7 @@ class ModelCache:
         self._waiting = 0
         self._pinned = set(pinned)
         self._hit_counters: dict[str, Any] = {}
+        self._loader = Loader(self)
 
     # ---- lookup -------------------------------------------------------------
 
@@ -204,17 +142,7 @@ class ModelCache:
 
     async def estimate_ready_s(self, name: str) -> float:
         """Seconds until `name` is READY (0 when it is)."""
-        entry = self.entry(name)
-        if entry.lifecycle.state is State.READY:
-            return 0.0
-        manifest = await self.manifest_of(name)
-        in_state_s = time.monotonic() - entry.lifecycle.entered_at
-        state = entry.lifecycle.state if entry.task is not None else State.STORED
-        remaining = self.estimator.remaining_s(manifest, state, in_state_s)
-        if self.device is None and state in (State.STORED, State.FETCHED):
-            # This process has not imported torch yet: the first load pays for it.
-            remaining += self.estimator.framework_s()
-        return remaining
+        return await self._loader.estimate_ready_s(self.entry(name))
 
     # ---- acquire / release --------------------------------------------------
 
@@ -275,201 +203,17 @@ class ModelCache:
             # Nobody to wake, but the admitted request's bytes left the budget.
             self.metrics.resident_bytes.set(self.reserved_bytes())
 
+    # ---- loading (runtime/loading.py) --------------------------------------
+
     async def ensure_loading(self, entry: Entry) -> None:
         """Start the single-flight load of `entry` unless it is loading or loaded."""
-        state = entry.lifecycle.state
-        if entry.task is not None or state in (State.READY, State.DRAINING):
-            return
-        if state is State.FAILED:
-            wait_s = entry.retry_at - self.clock()
-            if wait_s > 0:
-                cause = entry.lifecycle.error or {}
-                raise LoadFailed(
-                    f"bundle {entry.name!r} failed to load "
-                    f"({cause.get('type', 'error')}: {cause.get('message', '')}); "
-                    f"next attempt in {wait_s:.1f} s",
-                    retry_after_s=wait_s,
-                    cause=cause,
-                )
-            entry.lifecycle.advance(State.STORED)
-        elif state is State.UNLOADED:
-            entry.lifecycle.advance(State.STORED)
-        entry.task = asyncio.get_running_loop().create_task(self._load(entry))
+        await self._loader.ensure_loading(entry)
 
     async def wait_built(self, name: str) -> Any:
         """The model object of `name` once built (INITIALIZED or later), loading it if needed."""
-        entry = self.entry(name)
-        if entry.model is None:
-            await self.ensure_loading(entry)
-            task = entry.task
-            waiter = asyncio.ensure_future(entry.built.wait())
-            watched: set[asyncio.Future[Any]] = {waiter}
-            if task is not None:
-                watched.add(task)
-            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
-            if entry.model is None:
-                raise LoadFailed(f"bundle {name!r} failed to load")
-        return entry.model
+        return await self._loader.wait_built(name)
 
-    # ---- loading ------------------------------------------------------------
-
-    def _resolve_budget(self, device: str) -> int:
-        if self.configured_budget:
-            return self.configured_budget
-        free = weights_mod.device_memory_free(device)
-        if free is not None:
-            return int(free * 0.9)
-        return int(weights_mod.host_memory_limit() * 0.8)
-
-    async def _device_ready(self) -> str:
-        """Resolve the device (importing torch) once per instance, shared by all loads."""
-        if self._device_task is None:
-
-            def resolve() -> str:
-                started = time.monotonic()
-                device = weights_mod.resolve_device(self.requested_device)
-                self.estimator.record_framework(time.monotonic() - started)
-                return device
-
-            self._device_task = asyncio.ensure_future(asyncio.to_thread(resolve))
-        device = await asyncio.shield(self._device_task)
-        if self.device is None:
-            self.device = device
-            self.budget = self._resolve_budget(device)
-        return device
-
-    async def _load(self, entry: Entry) -> None:
-        lc = entry.lifecycle
-        lc.restart_clock()
-        weights: dict[str, Any] | None = None
-        available: dict[str, Any] = {}
-        started = self.clock()
-        # Waits a reload would not repeat (the framework import) or that are not
-        # the bundle's own (memory held by others); left out of its reload cost.
-        waited_s = 0.0
-        try:
-            manifest = await asyncio.to_thread(self.source.manifest, entry.name)
-            entry.manifest = manifest
-            entry.estimated_load_s = self.estimator.remaining_s(manifest, State.STORED, 0.0)
-            # Importing torch overlaps with fetching and verifying files.
-            device_task = asyncio.ensure_future(self._device_ready())
-            self.metrics.cache_events.labels(entry.name, "miss").inc()
-            entry.progress_bytes = 0
-
-            def progress(n: int) -> None:
-                entry.progress_bytes += n
-
-            device_task.add_done_callback(lambda t: t.cancelled() or t.exception())
-            bundle_dir: Path = await asyncio.to_thread(self.source.fetch, manifest, progress)
-            lc.advance(State.FETCHED)
-            waited_from = self.clock()
-            device = await device_task
-            await self._make_room(entry)
-            waited_s = self.clock() - waited_from
-            weights = await asyncio.to_thread(
-                weights_mod.load_weights, bundle_dir, manifest, device
-            )
-            lc.advance(State.LOADED)
-            builder = self.registry.builder(entry.name)
-            assert builder is not None  # entry() checked
-            files = {f.path: bundle_dir / f.path for f in manifest.files}
-            available.update(
-                {
-                    "weights": weights,
-                    "config": manifest.config,
-                    "device": device,
-                    "files": files,
-                    "manifest": manifest,
-                }
-            )
-            try:
-                entry.model = await asyncio.to_thread(builder.call, available)
-            except ThawError:
-                raise
-            except Exception as exc:
-                # The builder's frames hold the weights; the traceback would keep
-                # them alive for as long as anyone holds the error (and forever
-                # when a frame of this load was frozen with the framework).
-                traceback.clear_frames(exc.__traceback__)
-                raise HandlerError(
-                    f"builder for {entry.name!r} raised {type(exc).__name__}: {exc}"
-                ) from exc
-            weights = None
-            available.clear()
-            lc.advance(State.INITIALIZED)
-            entry.built.set()
-            await self._warm(entry)
-            lc.advance(State.WARMED)
-            lc.advance(State.READY)
-            entry.loads += 1
-            entry.failures = 0
-            now = self.clock()
-            entry.last_load_s = now - started
-            entry.reload_s = max(0.0, entry.last_load_s - waited_s)
-            entry.last_used_at = now
-            self.policy.on_load(entry.candidate(), now)
-            self.estimator.record_load(manifest, lc.phase_ms, persist=False)
-            # The file write goes to a thread: waiters wake when this task ends.
-            asyncio.get_running_loop().run_in_executor(None, self.estimator.persist)
-            for phase in LOAD_PHASES:
-                if phase in lc.phase_ms:
-                    self.metrics.load_phase_seconds.labels(entry.name, phase).observe(
-                        lc.phase_ms[phase] / 1000
-                    )
-            if entry.estimated_load_s is not None:
-                self.metrics.estimate_error_seconds.labels(entry.name).observe(
-                    entry.last_load_s - entry.estimated_load_s
-                )
-            log.info(
-                "loaded %s in %.1f ms (%s)",
-                manifest.short_id,
-                entry.last_load_s * 1000,
-                ", ".join(f"{p} {lc.phase_ms.get(p, 0.0):.1f}" for p in LOAD_PHASES),
-            )
-        except BaseException as exc:
-            # Cancellation is not an Exception: clean up on anything.
-            weights = None
-            available.clear()
-            entry.model = None
-            entry.built.clear()
-            entry.reserved = False
-            if entry.manifest is not None and self.device is not None:
-                await asyncio.to_thread(weights_mod.release, self.device)
-            error = (
-                exc.to_job_error()
-                if isinstance(exc, ThawError)
-                else {"type": "internal", "message": f"{type(exc).__name__}: {exc}"}
-            )
-            if lc.state is not State.FAILED:
-                lc.advance(State.FAILED, error=error)
-            entry.failures += 1
-            entry.retry_at = self.clock() + self.retry_backoff_s * 2 ** (entry.failures - 1)
-            log.warning("load of %s failed: %s", entry.name, error["message"])
-            raise
-        finally:
-            entry.task = None
-            await self._notify()
-
-    async def _warm(self, entry: Entry) -> None:
-        """Run every warm-up example of every handler that uses this bundle."""
-        for spec in self.registry.users_of(entry.name):
-            if not spec.warmup:
-                continue
-            models = [
-                entry.model if name == entry.name else await self.wait_built(name)
-                for name in spec.uses
-            ]
-            for index, example in enumerate(spec.warmup):
-                ctx = Context(
-                    request_id=f"warmup-{spec.name}-{index}", handler=spec.name, warmup=True
-                )
-                try:
-                    await self.runner(spec, dict(example), models, ctx)
-                except ThawError as exc:
-                    raise HandlerError(
-                        f"warm-up {index} of handler {spec.name!r} failed: {exc.message}"
-                    ) from exc
+    # ---- eviction -----------------------------------------------------------
 
     async def _make_room(self, entry: Entry) -> None:
         assert entry.manifest is not None and self.budget is not None
@@ -559,30 +303,9 @@ class ModelCache:
     # ---- views --------------------------------------------------------------
 
     def describe(self, entry: Entry) -> dict[str, Any]:
-        lc = entry.lifecycle
-        manifest = entry.manifest
-        view: dict[str, Any] = {
-            "name": entry.name,
-            "id": manifest.id if manifest else None,
-            "version": manifest.version if manifest else None,
-            "state": str(lc.state),
-            "bytes": manifest.total_bytes if manifest else None,
-            "phase_ms": {k: round(v, 3) for k, v in lc.phase_ms.items()},
-            "loads": entry.loads,
-            "hits": entry.hits,
-            "in_flight": entry.inflight,
-            "pinned": entry.pinned,
-            "last_used_at": entry.last_used_wall,
-            "error": lc.error,
-        }
-        if lc.loading or (lc.state is State.STORED and entry.task is not None):
-            view["progress"] = {
-                "phase": str(lc.state),
-                "bytes": entry.progress_bytes,
-                "total_bytes": manifest.total_bytes if manifest else None,
-            }
-        if manifest is not None:
-            view["estimate"] = self.estimator.describe(manifest)
+        view = entry.view()
+        if entry.manifest is not None:
+            view["estimate"] = self.estimator.describe(entry.manifest)
             view["memory"] = self.memory_plan(entry)
         return view
 

@@ -41,5 +41,6 @@ def open_source(settings: Settings) -> BundleSource:
 
         return S3Source.from_settings(settings)
     from runtime.sources.local import LocalSource
+    from runtime.sources.stamps import VerifiedStamps
 
-    return LocalSource(Path(url))
+    return LocalSource(Path(url), VerifiedStamps(settings.state_path / "verified.json"))

@@ -1,7 +1,9 @@
 """Bundles in a local directory: `<root>/<name>/bundle.json`.
 
 Fetching a local bundle copies nothing; it verifies every file in place, so a
-corrupt or tampered shard is refused before any tensor is read.
+corrupt or tampered shard is refused before any tensor is read. With stamps
+(the runtime passes them), a file unchanged since it was verified on this
+node is not hashed again (stamps.py).
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ from pathlib import Path
 from runtime.bundles import MANIFEST, Manifest, read_manifest, verify_files
 from runtime.errors import BundleError, UnknownBundle
 from runtime.sources import Progress
+from runtime.sources.stamps import VerifiedStamps
 
 
 class LocalSource:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, stamps: VerifiedStamps | None = None) -> None:
         self.root = root
+        self.stamps = stamps
 
     def describe(self) -> str:
         return str(self.root)
@@ -41,5 +45,5 @@ class LocalSource:
 
     def fetch(self, manifest: Manifest, on_progress: Progress) -> Path:
         directory = self._dir(manifest.name)
-        verify_files(directory, manifest, on_progress=on_progress)
+        verify_files(directory, manifest, on_progress=on_progress, stamps=self.stamps)
         return directory

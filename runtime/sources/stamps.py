@@ -1,0 +1,94 @@
+"""Which local bundle files were verified, and unchanged since, by their stat.
+
+Hashing a local bundle runs at a third of the speed of reading it (SHA-256 is
+CPU-bound), so verifying it in place cost about twice the load itself, on
+every load. As git trusts its index, a file whose (device, inode, size,
+mtime, ctime) are what they were when its sha256 last matched is taken as
+verified without reading it. Changing a file's content changes its ctime,
+which no unprivileged process can set back.
+
+A file changed within the filesystem's timestamp granularity of being
+stamped could keep the same stat (git's "racily clean" case), so a file is
+stamped only if it had not changed for RACY_S before its verification began.
+A freshly written bundle is therefore hashed on every load for its first
+seconds, then once.
+
+The stamps are one JSON file in the state directory, shared by every process
+of the node (an emulator's instances, a restarted server). It is rewritten
+whole (write, then rename); concurrent writers lose only each other's
+newest stamps, which costs a hash, never trust.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+RACY_S = 2.0
+# Bundle versions remembered; the oldest are forgotten first.
+MAX_BUNDLES = 64
+
+Stamp = tuple[int, int, int, int, int]
+
+
+def stamp_of(st: os.stat_result) -> Stamp:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class VerifiedStamps:
+    """Stat stamps of verified files, per bundle version and directory, kept in `path`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._stamps: dict[str, dict[str, Stamp]] | None = None
+
+    @staticmethod
+    def key(bundle_dir: Path, manifest_id: str) -> str:
+        return f"{manifest_id}:{bundle_dir.resolve()}"
+
+    def _loaded(self) -> dict[str, dict[str, Stamp]]:
+        if self._stamps is None:
+            self._stamps = {}
+            with contextlib.suppress(OSError, orjson.JSONDecodeError, TypeError, ValueError):
+                raw: Any = orjson.loads(self.path.read_bytes())
+                # Anything unreadable is forgotten: it only costs a hash.
+                self._stamps = {
+                    str(key): {str(rel): tuple(map(int, s)) for rel, s in files.items()}  # type: ignore[misc]
+                    for key, files in raw.items()
+                }
+        return self._stamps
+
+    def unchanged(self, key: str, rel: str, st: os.stat_result) -> bool:
+        """True when `rel` was verified in this bundle and its stat is the same since."""
+        with self._lock:
+            files = self._loaded().get(key)
+            return files is not None and files.get(rel) == stamp_of(st)
+
+    def record(self, key: str, stamps: dict[str, os.stat_result], verified_from_ns: int) -> None:
+        """Remember files verified in a pass that began at `verified_from_ns` (time.time_ns())."""
+        settled_before = verified_from_ns - int(RACY_S * 1e9)
+        fresh = {
+            rel: stamp_of(st)
+            for rel, st in stamps.items()
+            if max(st.st_mtime_ns, st.st_ctime_ns) < settled_before
+        }
+        if not fresh:
+            return
+        with self._lock:
+            known = self._loaded()
+            known.pop(key, None)
+            known[key] = fresh
+            while len(known) > MAX_BUNDLES:
+                known.pop(next(iter(known)))
+            body = orjson.dumps(known)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}")
+        with contextlib.suppress(OSError):
+            temp.write_bytes(body)
+            temp.replace(self.path)
