@@ -188,11 +188,19 @@ def server_timing(timings_ms: dict[str, float]) -> str:
     return ", ".join([f"{name};dur={ms:.3f}" for name, ms in timings_ms.items()])
 
 
-def job_response(job: Job, status: int = 200, retry_after_s: float | None = None) -> Response:
+def job_response(
+    job: Job,
+    status: int = 200,
+    retry_after_s: float | None = None,
+    *,
+    applied: str | None = None,
+) -> Response:
     headers = {"Location": f"/jobs/{job.id}"}
     if retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
-        headers["Preference-Applied"] = "respond-async"
+    if applied is not None:
+        # RFC 7240: only preferences the client sent and the server honoured.
+        headers["Preference-Applied"] = applied
     return JSONResponse(job.public(), status_code=status, headers=headers)
 
 
@@ -211,7 +219,8 @@ async def _invoke(request: Request, *, force_async: bool) -> Response:
         key_id=key_id_of(request),
     )
     if isinstance(outcome, Accepted):
-        return job_response(outcome.job, 202, outcome.retry_after_s)
+        applied = "respond-async" if prefs.respond_async else None
+        return job_response(outcome.job, 202, outcome.retry_after_s, applied=applied)
     assert isinstance(outcome, Completed)
     try:
         body = orjson.dumps(outcome.output, option=_JSON_OPTS)

@@ -34,6 +34,8 @@ def test_cold_load_past_deadline_gets_202_then_job_then_warm_200(serve: Any, bun
         job = response.json()
         assert response.headers["location"] == f"/jobs/{job['id']}"
         assert int(response.headers["retry-after"]) >= 1
+        # The client asked for `wait`, not `respond-async` (RFC 7240).
+        assert "preference-applied" not in response.headers
         assert job["status"] in ("running", "queued") and job["handler"] == "alpha"
         assert len(job["id"]) >= 22  # >= 128 bits, URL-safe
         polled = client.get(f"/jobs/{job['id']}", params={"wait": 20}).json()
