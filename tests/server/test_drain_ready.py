@@ -36,7 +36,11 @@ def test_readyz_waits_for_prewarm_while_healthz_answers_at_once(
     servers.append(server)
     server.start(wait=False)
     healthy_after_s = server.wait_healthy()
-    assert healthy_after_s < 0.5, f"healthz took {healthy_after_s:.3f} s"
+    # Not waiting for prewarm: answered well before the 1.5 s builder ends, and
+    # readyz still says no. The first poll can meet the prewarm's torch import
+    # holding the GIL, which on a loaded 2-core machine stalls the loop for a
+    # few hundred ms; the 0.3 s healthz target is held by bench/coldstart.py.
+    assert healthy_after_s < 1.0, f"healthz took {healthy_after_s:.3f} s"
     with server.client() as client:
         assert client.get("/readyz").status_code == 503
         deadline = time.monotonic() + 30
