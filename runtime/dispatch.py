@@ -189,7 +189,9 @@ class Dispatcher:
             )
         wait = self.settings.wait_s if wait_s is None else wait_s
         deadline_at = received + wait
-        ctx = Context(request_id, name, deadline_at, HANDLER_LOG)
+        ctx = Context(
+            request_id=request_id, handler=name, deadline_at=deadline_at, logger=HANDLER_LOG
+        )
         cold = bool(spec.uses) and not all(map(self.cache.is_ready, spec.uses))
         work = Work(name, "loading" if cold else "queued")
         # Warm: nothing to load, so the estimate is the run time (no cache lookups).
