@@ -8,15 +8,14 @@ Routes:
     POST /invoke/echo      the event back, awaiting handlers.echo.echo (async)
                            inline, as Thaw runs an async handler
     POST /thread/echo      the event back, calling bench.fixtures.echo_sync (a
-                           plain def) through asyncio.to_thread, as Thaw runs a
-                           sync handler
+                           plain def) in a worker thread of a pool as large as
+                           Thaw's, as Thaw runs a sync handler
     POST /fanout           waits on one shared asyncio.Event; the first request
                            arms a timer that sets it after `?after=S` seconds.
-                           Answers {"set_at": time.time() of the set}: the
+                           Answers {"set_at": time.time() of the set, "ran_at":
+                           when the waiter ran, stamped as it wakes, or with
+                           `?thread=1` in a worker thread of that pool}: the
                            fan-out of many waiters with no runtime in between.
-                           and "ran_at": when the waiter ran, stamped as it
-                           wakes, or with `?thread=1` in a worker thread (a
-                           pool as large as Thaw's): the fan-out to threads.
 """
 
 from __future__ import annotations

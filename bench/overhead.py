@@ -6,8 +6,8 @@ the same function the same way, in two pairs:
 - `echo` (`async def`): Thaw runs it on the event loop; the bare app awaits
   it inline;
 - `echo_sync` (plain `def`): Thaw runs it in a worker thread so that it cannot
-  stall the loop; the bare app calls it through `asyncio.to_thread`, as
-  Starlette itself runs a sync endpoint.
+  stall the loop; the bare app calls it in a worker thread of a pool as large
+  as Thaw's (64 threads), as Starlette itself runs a sync endpoint in a thread.
 
 The load generator runs in this process
 (lean keep-alive connections), 1 and 8 concurrent clients, each client sending

@@ -270,9 +270,9 @@ def verify_files(
         for f in manifest.files
         if stamps is None or not stamps.unchanged(key, f.path, stats[f.path])
     ]
-    trusted = sum(f.size for f in manifest.files) - sum(f.size for f in to_hash)
-    if on_progress is not None and trusted:
-        on_progress(trusted)
+    hashed = sum(f.size for f in to_hash)
+    if on_progress is not None and hashed < manifest.total_bytes:
+        on_progress(manifest.total_bytes - hashed)
 
     def check(f: BundleFile) -> None:
         actual = sha256_file(bundle_dir / f.path)
@@ -289,7 +289,7 @@ def verify_files(
                 future.result()
         if stamps is not None:
             stamps.record(key, stats, started_ns)
-    return sum(f.size for f in to_hash)
+    return hashed
 
 
 def verify_bundle(bundle_dir: Path) -> Manifest:

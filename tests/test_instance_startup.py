@@ -94,11 +94,16 @@ async def test_requests_during_background_start_are_served(
         await instance.stop()
 
 
-async def test_a_store_that_cannot_open_is_reported_to_the_server(tmp_path: Path) -> None:
+def _unopenable_store(tmp_path: Path) -> Instance:
+    """An instance whose SQLite job store lies under a regular file: opening it fails."""
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
     settings = settings_for(tmp_path, job_store=f"sqlite:///{blocker / 'jobs.sqlite3'}")
-    instance = Instance.create(settings, discover(settings.handlers))
+    return Instance.create(settings, discover(settings.handlers))
+
+
+async def test_a_store_that_cannot_open_is_reported_to_the_server(tmp_path: Path) -> None:
+    instance = _unopenable_store(tmp_path)
     await instance.start(background=False)
     failed = asyncio.Event()
     errors: list[Exception] = []
@@ -116,9 +121,6 @@ async def test_a_store_that_cannot_open_is_reported_to_the_server(tmp_path: Path
 
 
 async def test_without_a_server_a_bad_store_fails_start(tmp_path: Path) -> None:
-    blocker = tmp_path / "not-a-directory"
-    blocker.write_text("")
-    settings = settings_for(tmp_path, job_store=f"sqlite:///{blocker / 'jobs.sqlite3'}")
-    instance = Instance.create(settings, discover(settings.handlers))
+    instance = _unopenable_store(tmp_path)
     with pytest.raises(OSError):
         await instance.start()

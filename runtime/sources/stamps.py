@@ -1,8 +1,8 @@
 """Which local bundle files were verified, and unchanged since, by their stat.
 
-Hashing a local bundle runs at a third of the speed of reading it (SHA-256 is
-CPU-bound), so verifying it in place cost about twice the load itself, on
-every load. As git trusts its index, a file whose (device, inode, size,
+Hashing a local bundle runs at a quarter of the speed of reading it (SHA-256
+is CPU-bound), so verifying it in place cost about four times the load
+itself, on every load. As git trusts its index, a file whose (device, inode, size,
 mtime, ctime) are what they were when its sha256 last matched is taken as
 verified without reading it. Changing a file's content changes its ctime,
 which no unprivileged process can set back.
