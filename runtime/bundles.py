@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +58,8 @@ class Manifest:
     weights_bytes: int = 0
     per_request_bytes: int = 0
 
-    @property
+    # Cached: a manifest is immutable, and estimates read its size on every cold request.
+    @cached_property
     def id(self) -> str:
         digest = hashlib.sha256(self.canonical()).hexdigest()
         return f"{self.name}@sha256:{digest}"
@@ -66,7 +68,7 @@ class Manifest:
     def short_id(self) -> str:
         return self.id[: len(self.name) + 1 + 7 + 12]
 
-    @property
+    @cached_property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 

@@ -24,6 +24,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from runtime import weights as weights_mod
@@ -93,6 +94,9 @@ class ModelCache:
         self._waiting = 0
         self._pinned = set(pinned)
         self._hit_counters: dict[str, Any] = {}
+        # Manifest reads in flight: a burst of cold requests estimating one
+        # bundle shares a single read instead of queueing one thread each.
+        self._manifest_reads: dict[str, asyncio.Future[Manifest]] = {}
         self._loader = Loader(self)
 
     # ---- lookup -------------------------------------------------------------
@@ -136,9 +140,22 @@ class ModelCache:
 
     async def manifest_of(self, name: str) -> Manifest:
         entry = self.entry(name)
+        if entry.manifest is not None:
+            return entry.manifest
+        read = self._manifest_reads.get(name)
+        if read is None:
+            read = asyncio.ensure_future(asyncio.to_thread(self.source.manifest, name))
+            self._manifest_reads[name] = read
+            read.add_done_callback(partial(self._manifest_read, entry))
+        # Shield: one caller giving up must not cancel the read the others wait for.
+        return await asyncio.shield(read)
+
+    def _manifest_read(self, entry: Entry, read: asyncio.Future[Manifest]) -> None:
+        del self._manifest_reads[entry.name]
+        if read.cancelled() or read.exception() is not None:
+            return  # every waiter got the error; the next call reads again
         if entry.manifest is None:
-            entry.manifest = await asyncio.to_thread(self.source.manifest, name)
-        return entry.manifest
+            entry.manifest = read.result()
 
     async def estimate_ready_s(self, name: str) -> float:
         """Seconds until `name` is READY (0 when it is)."""

@@ -26,6 +26,14 @@ _FILE = "estimates.json"
 # Floor on any remaining-phase estimate: a phase that overran its estimate is
 # still expected to take a little longer, not to be done already.
 _MIN_REMAINING_S = 0.05
+# The phases still ahead of a load in each state (the first one under way).
+_LOAD_PHASES = ("fetch", "load", "init", "warmup")
+_PHASES_AHEAD = {
+    State.STORED: _LOAD_PHASES,
+    State.FETCHED: _LOAD_PHASES[1:],
+    State.LOADED: _LOAD_PHASES[2:],
+    State.INITIALIZED: _LOAD_PHASES[3:],
+}
 
 
 @dataclass
@@ -167,26 +175,16 @@ class Estimator:
 
     def remaining_s(self, manifest: Manifest, state: State, in_state_s: float) -> float:
         """Seconds until READY from `state`, having spent `in_state_s` in it."""
-        phases, _basis = self.phase_estimates(manifest)
-        order = [
-            (State.STORED, "fetch"),
-            (State.FETCHED, "load"),
-            (State.LOADED, "init"),
-            (State.INITIALIZED, "warmup"),
-        ]
-        states = [s for s, _ in order]
         if state is State.READY:
             return 0.0
-        if state not in states:
+        phases, _basis = self.phase_estimates(manifest)
+        ahead = _PHASES_AHEAD.get(state)
+        if ahead is None:
             # FAILED/UNLOADED/DRAINING: a full load lies ahead.
             return sum(phases.values())
-        start = states.index(state)
-        remaining = 0.0
-        for index, (_, phase) in enumerate(order[start:]):
-            expected = phases[phase]
-            if index == 0:
-                expected = max(_MIN_REMAINING_S, expected - in_state_s)
-            remaining += expected
+        remaining = max(_MIN_REMAINING_S, phases[ahead[0]] - in_state_s)
+        for phase in ahead[1:]:
+            remaining += phases[phase]
         return remaining
 
     def run_s(self, handler: str) -> float:

@@ -7,6 +7,7 @@ would break the caller's timeout.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -28,6 +29,12 @@ def parse_prefer(values: list[str]) -> Preferences:
     """Parse every Prefer header line; the first occurrence of a preference wins."""
     if not values:
         return NO_PREFERENCES
+    return _parse(tuple(values))
+
+
+# Clients repeat the same few headers (`wait=5`, `respond-async`): parse each once.
+@functools.lru_cache(maxsize=256)
+def _parse(values: tuple[str, ...]) -> Preferences:
     wait_s: float | None = None
     respond_async = False
     seen: set[str] = set()

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from runtime.bundles import MANIFEST, Manifest
 from runtime.dispatch import Completed
-from runtime.errors import InsufficientMemory, IntegrityError, LoadFailed
+from runtime.errors import BundleError, InsufficientMemory, IntegrityError, LoadFailed
 from runtime.instance import Instance
 from runtime.lifecycle import State
 from runtime.registry import discover
@@ -61,6 +64,61 @@ async def test_32_concurrent_first_invocations_load_once(tmp_path: Path) -> None
     assert len(log.read_text().splitlines()) == 1
     assert len({o["model_id"] for o in outputs}) == 1
     assert instance.cache.entries["alpha"].loads == 1
+
+
+class CountingSource:
+    """An instance's own bundle source, counting its manifest reads (each made slow)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.reads = 0
+        self._lock = threading.Lock()
+
+    def manifest(self, name: str) -> Manifest:
+        with self._lock:
+            self.reads += 1
+        time.sleep(0.05)  # a read every concurrent caller overlaps
+        manifest: Manifest = self.inner.manifest(name)
+        return manifest
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+
+async def test_a_burst_of_cold_estimates_reads_the_manifest_once(tmp_path: Path) -> None:
+    make_bundle(tmp_path / "bundles", "alpha")
+    instance = await started(settings_for(tmp_path))
+    source = instance.cache.source = CountingSource(instance.cache.source)
+    try:
+        estimates = await asyncio.gather(
+            *(instance.cache.estimate_ready_s("alpha") for _ in range(64))
+        )
+        assert source.reads == 1
+        assert len(set(estimates)) <= 2 and min(estimates) > 0  # time passes between them
+        await instance.cache.estimate_ready_s("alpha")
+        assert source.reads == 1, "a known manifest was read again"
+    finally:
+        await instance.stop()
+
+
+async def test_a_failed_manifest_read_fails_every_waiter_and_is_retried(tmp_path: Path) -> None:
+    make_bundle(tmp_path / "bundles", "alpha")
+    manifest_file = tmp_path / "bundles" / "alpha" / MANIFEST
+    good = manifest_file.read_bytes()
+    manifest_file.write_bytes(b"{not json")
+    instance = await started(settings_for(tmp_path))
+    source = instance.cache.source = CountingSource(instance.cache.source)
+    try:
+        results = await asyncio.gather(
+            *(instance.cache.manifest_of("alpha") for _ in range(8)), return_exceptions=True
+        )
+        assert source.reads == 1
+        assert all(isinstance(r, BundleError) for r in results), results
+        manifest_file.write_bytes(good)
+        assert (await instance.cache.manifest_of("alpha")).name == "alpha"
+        assert source.reads == 2
+    finally:
+        await instance.stop()
 
 
 async def test_different_bundles_load_concurrently(tmp_path: Path) -> None:

@@ -71,14 +71,18 @@ class Job:
 
     def public(self) -> dict[str, Any]:
         """The job object of the HTTP contract."""
+        created = rfc3339(self.created_at)
         body: dict[str, Any] = {
             "id": self.id,
             "handler": self.handler,
             "status": str(self.status),
             "phase": self.phase,
             "attempts": self.attempts,
-            "created_at": rfc3339(self.created_at),
-            "updated_at": rfc3339(self.updated_at),
+            "created_at": created,
+            # A job just created (every 202) has not been updated since.
+            "updated_at": (
+                created if self.updated_at == self.created_at else rfc3339(self.updated_at)
+            ),
         }
         if self.progress:
             body["progress"] = self.progress

@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 from runtime.errors import ThawError, UnknownJob
@@ -39,12 +40,16 @@ Execute = Callable[[Job], "asyncio.Future[Any]"]
 Probe = Callable[[], tuple[str, dict[str, Any] | None]]
 
 
-@dataclass
+@dataclass(slots=True)
 class LocalJob:
     job: Job
     work: asyncio.Future[Any]
+    probe: Probe
     done: asyncio.Event = field(default_factory=asyncio.Event)
-    follower: asyncio.Task[None] | None = None
+    # Set when the store says this instance no longer holds the job (a client
+    # cancelled it, or another instance claimed it): its outcome is discarded.
+    released: bool = False
+    finisher: asyncio.Task[None] | None = None
 
 
 class JobManager:
@@ -70,6 +75,8 @@ class JobManager:
         self._idle = asyncio.Event()
         self._idle.set()
         self._creates = CreateBatcher(store.create_many)
+        self._heartbeats: asyncio.Task[None] | None = None
+        self._running = metrics.jobs.labels(str(JobStatus.RUNNING))
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.to_thread(fn, *args)
@@ -84,48 +91,82 @@ class JobManager:
             status=JobStatus.RUNNING,
             phase=phase,
             attempts=1,
+            created_at=now,
+            updated_at=now,
             owner=self.owner,
             lease_until=now + self.lease_s,
             key_id=key_id,
         )
         await self._creates.create(job)
-        self.metrics.jobs.labels("running").inc()
+        self._running.inc()
         return job
 
     def follow(self, job: Job, work: asyncio.Future[Any], probe: Probe) -> None:
-        """Renew `job`'s lease while `work` runs, then record its outcome."""
-        self._follow(job, work, probe)
+        """Renew `job`'s lease while `work` runs, then record its outcome.
 
-    def _follow(self, job: Job, work: asyncio.Future[Any], probe: Probe) -> None:
-        local = LocalJob(job, work)
+        One heartbeat loop serves every local job, and the outcome is written
+        from `work`'s done callback: a 202 under a burst then costs a callback,
+        not a task of its own that wakes up for each job.
+        """
+        local = LocalJob(job, work, probe)
         self.local[job.id] = local
         self._idle.clear()
-        local.follower = asyncio.get_running_loop().create_task(self._run_follower(local, probe))
+        work.add_done_callback(partial(self._work_done, local))
+        if self._heartbeats is None:
+            self._heartbeats = asyncio.get_running_loop().create_task(self._beat_while_running())
 
-    async def _run_follower(self, local: LocalJob, probe: Probe) -> None:
-        job, work = local.job, local.work
-        interval = max(0.05, self.lease_s / 3)
+    def _work_done(self, local: LocalJob, _work: asyncio.Future[Any]) -> None:
+        local.finisher = asyncio.get_running_loop().create_task(self._finish_local(local))
+
+    async def _finish_local(self, local: LocalJob) -> None:
         try:
-            while not work.done():
-                await asyncio.wait({work}, timeout=interval)
-                if work.done():
-                    break
-                phase, progress = probe()
-                held = await self._call(self.store.heartbeat, job.id, self.owner, self.lease_s)
-                if not held:
-                    # Cancelled by a client (or claimed elsewhere): stop waiting, discard output.
-                    work.cancel()
-                    return
-                await self._call(self.store.set_phase, job.id, self.owner, phase, progress)
-            await self._finish(job, work)
-        except BaseException:
-            log.exception("job %s follower failed", job.id)
-            raise
+            if not local.released:
+                await self._finish(local.job, local.work)
+        except Exception:
+            # The store failed: the job stays running under a lease nobody
+            # renews, so it lapses and is run again (see `_recover`).
+            log.exception("job %s: recording its outcome failed", local.job.id)
         finally:
-            self.local.pop(job.id, None)
+            self.local.pop(local.job.id, None)
             local.done.set()
             if not self.local:
                 self._idle.set()
+                self._stop_heartbeats()
+
+    def _stop_heartbeats(self) -> None:
+        if self._heartbeats is not None:
+            self._heartbeats.cancel()
+            self._heartbeats = None
+
+    async def _beat_while_running(self) -> None:
+        """Every third of a lease, renew the lease and the phase of each running job."""
+        interval = max(0.05, self.lease_s / 3)
+        try:
+            while self.local:
+                await asyncio.sleep(interval)
+                running = [lj for lj in self.local.values() if not lj.work.done()]
+                if running:
+                    await asyncio.gather(*map(self._beat, running))
+        finally:
+            if self._heartbeats is asyncio.current_task():
+                self._heartbeats = None
+
+    async def _beat(self, local: LocalJob) -> None:
+        job = local.job
+        try:
+            phase, progress = local.probe()
+            held = await self._call(self.store.heartbeat, job.id, self.owner, self.lease_s)
+            if held:
+                await self._call(self.store.set_phase, job.id, self.owner, phase, progress)
+                return
+        except Exception:
+            # The store is unreachable: keep running; the next beat tries again,
+            # and the lease only lapses if it stays down for a whole lease.
+            log.exception("job %s: heartbeat failed", job.id)
+            return
+        # Cancelled by a client (or claimed elsewhere): stop the work, discard its output.
+        local.released = True
+        local.work.cancel()
 
     async def _finish(self, job: Job, work: asyncio.Future[Any]) -> None:
         status, output = JobStatus.SUCCEEDED, None
@@ -198,7 +239,7 @@ class JobManager:
             return claimed
         log.info("recovering job %s (attempt %d)", claimed.id, claimed.attempts)
         work = self.execute(claimed)
-        self._follow(claimed, work, lambda: ("running", None))
+        self.follow(claimed, work, lambda: ("running", None))
         return claimed
 
     async def sweep(self) -> int:
@@ -216,9 +257,7 @@ class JobManager:
         await self._idle.wait()
 
     async def abort_all(self) -> None:
-        """Cancel every local job's work; followers record them as drained."""
+        """Cancel every local job's work; each is recorded as drained."""
         for local in list(self.local.values()):
             local.work.cancel()
-        followers = [lj.follower for lj in self.local.values() if lj.follower is not None]
-        if followers:
-            await asyncio.gather(*followers, return_exceptions=True)
+        await self._idle.wait()
