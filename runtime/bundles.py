@@ -58,7 +58,8 @@ class Manifest:
     weights_bytes: int = 0
     per_request_bytes: int = 0
 
-    # Cached: a manifest is immutable, and estimates read its size on every cold request.
+    # `id` and `total_bytes` are cached (a manifest is immutable): the one hashes the
+    # canonical form, the other is read by the estimate of every cold request.
     @cached_property
     def id(self) -> str:
         digest = hashlib.sha256(self.canonical()).hexdigest()

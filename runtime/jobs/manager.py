@@ -49,6 +49,7 @@ class LocalJob:
     # Set when the store says this instance no longer holds the job (a client
     # cancelled it, or another instance claimed it): its outcome is discarded.
     released: bool = False
+    # The task recording the outcome: held here, as the loop keeps only weak references.
     finisher: asyncio.Task[None] | None = None
 
 

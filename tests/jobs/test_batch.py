@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
 
@@ -14,16 +13,6 @@ from runtime.jobs.batch import CreateBatcher
 from runtime.jobs.stores.sqlite import SQLiteJobStore
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> SQLiteJobStore:
-    return SQLiteJobStore(tmp_path / "jobs.sqlite3", ttl_s=60.0)
 
 
 class Counting:

@@ -21,16 +21,6 @@ pytestmark = pytest.mark.anyio
 LEASE_S = 0.3  # heartbeats every 0.1 s
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> SQLiteJobStore:
-    return SQLiteJobStore(tmp_path / "jobs.sqlite3", ttl_s=60.0)
-
-
 def manager(store: SQLiteJobStore) -> JobManager:
     return JobManager(store, owner="here", lease_s=LEASE_S, max_attempts=2, metrics=Metrics())
 
