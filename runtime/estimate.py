@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from runtime.bundles import Manifest
-from runtime.lifecycle import State
+from runtime.lifecycle import LOAD_PHASES, State
 
 _ALPHA = 0.5
 _FILE = "estimates.json"
@@ -27,12 +27,11 @@ _FILE = "estimates.json"
 # still expected to take a little longer, not to be done already.
 _MIN_REMAINING_S = 0.05
 # The phases still ahead of a load in each state (the first one under way).
-_LOAD_PHASES = ("fetch", "load", "init", "warmup")
 _PHASES_AHEAD = {
-    State.STORED: _LOAD_PHASES,
-    State.FETCHED: _LOAD_PHASES[1:],
-    State.LOADED: _LOAD_PHASES[2:],
-    State.INITIALIZED: _LOAD_PHASES[3:],
+    State.STORED: LOAD_PHASES,
+    State.FETCHED: LOAD_PHASES[1:],
+    State.LOADED: LOAD_PHASES[2:],
+    State.INITIALIZED: LOAD_PHASES[3:],
 }
 
 

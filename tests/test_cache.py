@@ -94,7 +94,7 @@ async def test_a_burst_of_cold_estimates_reads_the_manifest_once(tmp_path: Path)
             *(instance.cache.estimate_ready_s("alpha") for _ in range(64))
         )
         assert source.reads == 1
-        assert len(set(estimates)) <= 2 and min(estimates) > 0  # time passes between them
+        assert min(estimates) > 0
         await instance.cache.estimate_ready_s("alpha")
         assert source.reads == 1, "a known manifest was read again"
     finally:
