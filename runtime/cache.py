@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -171,13 +171,7 @@ class ModelCache:
             if state is State.READY:
                 # The common case (room for one more request) needs no await.
                 if self._fits_now(entry) or await self._admit(entry):
-                    entry.inflight += 1
-                    entry.hits += 1
-                    entry.last_used_at = self.clock()
-                    entry.last_used_wall = time.time()
-                    self._hit_counter(name).inc()
-                    self.policy.on_hit(entry.candidate(), entry.last_used_at)
-                    return Lease(self, entry)
+                    return self._lease(entry)
                 continue
             await self.ensure_loading(entry)
             task = entry.task
@@ -191,6 +185,31 @@ class ModelCache:
             elif entry.lifecycle.state is State.DRAINING:
                 async with self._changed:
                     await self._wait_changed()
+
+    def leases_now(self, names: Sequence[str]) -> list[Lease] | None:
+        """Leases of all of `names` at once; None where `acquire` would have to wait.
+
+        All or none: a request that must wait for one of its models takes none
+        of them here, so it is not counted as a hit twice.
+        """
+        entries = []
+        for name in names:
+            entry = self.entries.get(name)
+            if entry is None or entry.lifecycle.state is not State.READY:
+                return None
+            if not self._fits_now(entry):
+                return None
+            entries.append(entry)
+        return [self._lease(entry) for entry in entries]
+
+    def _lease(self, entry: Entry) -> Lease:
+        entry.inflight += 1
+        entry.hits += 1
+        entry.last_used_at = self.clock()
+        entry.last_used_wall = time.time()
+        self._hit_counter(entry.name).inc()
+        self.policy.on_hit(entry.candidate(), entry.last_used_at)
+        return Lease(self, entry)
 
     def _fits_now(self, entry: Entry) -> bool:
         """One more request of `entry` is covered by what it already holds."""

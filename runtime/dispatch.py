@@ -7,9 +7,12 @@
     estimate wrong   -> just before the deadline, turn the waiting request into
                         a job and answer 202; the work goes on
 
-The work of every invocation is started once, at admission, eagerly (see
-runtime/eager.py: a task only if it has to wait); a request that becomes a
-job keeps that same work, so nothing runs twice.
+The work of every invocation is started once, at admission, and a request
+that becomes a job keeps that same work, so nothing runs twice. It costs a
+task only where it must wait on the loop: work that needs a load, or an async
+handler that suspends (runtime/eager.py). A sync handler whose models are
+ready goes straight to a handler thread, and the thread's callback finishes
+it (runtime/calls.py).
 """
 
 from __future__ import annotations
@@ -17,19 +20,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import traceback
 from collections import defaultdict
-from collections.abc import Awaitable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from runtime import eager
-from runtime import weights as weights_mod
 from runtime.cache import Lease, ModelCache
+from runtime.calls import Caller, ThreadOutcome, caller_error, handler_error
 from runtime.context import Context
 from runtime.deadlines import Deadlines
-from runtime.errors import Draining, HandlerError, QueueFull, ThawError
+from runtime.errors import Draining, QueueFull, ThawError
 from runtime.estimate import Estimator
 from runtime.jobs import Job
 from runtime.jobs.manager import JobManager
@@ -73,7 +74,7 @@ class Work:
     default factory costs several times as much to build.
     """
 
-    __slots__ = ("handler", "phase", "running", "settled", "timings_ms")
+    __slots__ = ("handler", "leases", "phase", "running", "settled", "timings_ms")
 
     def __init__(self, handler: str, phase: str = "queued") -> None:
         self.handler = handler
@@ -81,52 +82,17 @@ class Work:
         # In phase order (queue, fetch, load, init, warmup, run), as Server-Timing lists them.
         self.timings_ms: dict[str, float] = {}
         self.running = False
+        # The models it holds, let go of as its last step, or when it is cancelled.
+        self.leases: list[Lease] = []
         # Made by whoever waits for the work; set when the work ends (or, if it
-        # never ran, when its task was cancelled).
+        # never ran, when it was cancelled).
         self.settled: asyncio.Future[None] | None = None
 
-
-def call_handler(spec: HandlerSpec, event: Any, models: list[Any], ctx: Context) -> Awaitable[Any]:
-    """User code as an awaitable: async handlers on the loop, sync ones in a worker thread.
-
-    Handlers that use models run under torch.inference_mode (entered in the
-    thread, as it is thread-local); model-less ones never touch torch.
-    """
-    if spec.is_async:
-        result: Awaitable[Any] = spec.fn(event, *models, ctx)
-        return result
-    if spec.uses:
-
-        def call() -> Any:
-            with weights_mod.inference_mode():
-                return spec.fn(event, *models, ctx)
-
-        return asyncio.to_thread(call)
-    return asyncio.to_thread(spec.fn, event, *models, ctx)
-
-
-def handler_error(spec: HandlerSpec, ctx: Context, exc: Exception) -> HandlerError:
-    """Log where user code raised; the error its caller gets (the cause chained by the caller)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-    log.warning(
-        "handler %s raised %s%s",
-        spec.name,
-        type(exc).__name__,
-        where,
-        extra={"request_id": ctx.request_id, "handler": spec.name},
-    )
-    return HandlerError(f"{type(exc).__name__}: {exc}", handler=spec.name)
-
-
-async def run_handler(spec: HandlerSpec, event: Any, models: list[Any], ctx: Context) -> Any:
-    """Run user code (see call_handler); what it raises becomes a HandlerError."""
-    try:
-        return await call_handler(spec, event, models, ctx)
-    except ThawError:
-        raise
-    except Exception as exc:
-        raise handler_error(spec, ctx, exc) from exc
+    def release(self) -> None:
+        """Let go of the models it holds (once)."""
+        leases, self.leases = self.leases, []
+        for lease in leases:
+            lease.release()
 
 
 class Dispatcher:
@@ -139,6 +105,7 @@ class Dispatcher:
         jobs: JobManager,
         estimator: Estimator,
         metrics: Metrics,
+        caller: Caller,
     ) -> None:
         self.settings = settings
         self.registry = registry
@@ -146,9 +113,11 @@ class Dispatcher:
         self.jobs = jobs
         self.estimator = estimator
         self.metrics = metrics
+        self.caller = caller
         self.draining = False
         self.pending: dict[str, int] = defaultdict(int)
-        self.tasks: set[asyncio.Future[Any]] = set()
+        # Outcomes of the work in flight: tasks, or futures a handler thread settles.
+        self.in_flight: set[asyncio.Future[Any]] = set()
         self.deadlines = Deadlines()
         for name in registry.handlers:
             self.handler_stats(name)
@@ -207,35 +176,37 @@ class Dispatcher:
             job = await self._record(spec, event, work, key_id)
             self._follow(spec, job, self._start(spec, event, ctx, work), work)
             return Accepted(job, retry_after_s=max(1.0, estimate_s))
-        task = self._start(spec, event, ctx, work)
-        if task.done() or await self._settled_by(work, task, answer_by):
-            output = task.result()
+        outcome = self._start(spec, event, ctx, work)
+        if outcome.done() or await self._settled_by(work, outcome, answer_by):
+            output = outcome.result()
             stats.count("sync")
             return Completed(output, work.timings_ms)
-        # The estimate was wrong: answer 202 now; the same task goes on.
+        # The estimate was wrong: answer 202 now; the same work goes on.
         job = await self._record(spec, event, work, key_id)
-        self._follow(spec, job, task, work)
+        self._follow(spec, job, outcome, work)
         return Accepted(job, retry_after_s=max(1.0, await self._estimate_s(spec)))
 
-    async def _settled_by(self, work: Work, task: asyncio.Future[Any], answer_by: float) -> bool:
-        """Wait until `answer_by` at the latest for the work to settle; True when `task` is done.
+    async def _settled_by(self, work: Work, outcome: asyncio.Future[Any], answer_by: float) -> bool:
+        """Wait until `answer_by` at the latest for the work to settle; True when it is done.
 
         The work settles `work.settled` itself as its last step, so the waiting
         request resumes in the next turn of the loop rather than two turns later
-        (task done -> its callbacks -> a waiter's callbacks). The task's done
-        callback settles it too, for a task cancelled before it ever ran.
+        (outcome set -> its callbacks -> a waiter's callbacks). The outcome's done
+        callback settles it too, for work cancelled before it ever ran.
         """
         work.settled = asyncio.get_running_loop().create_future()
         await self.deadlines.wait(work.settled, answer_by)
-        return task.done()
+        return outcome.done()
 
     async def _record(self, spec: HandlerSpec, event: Any, work: Work, key_id: str | None) -> Job:
         job = await self.jobs.record(spec.name, event, phase=work.phase, key_id=key_id)
         self.handler_stats(spec.name).count("async")
         return job
 
-    def _follow(self, spec: HandlerSpec, job: Job, task: asyncio.Future[Any], work: Work) -> None:
-        self.jobs.follow(job, task, lambda: (work.phase, self._progress(spec)))
+    def _follow(
+        self, spec: HandlerSpec, job: Job, outcome: asyncio.Future[Any], work: Work
+    ) -> None:
+        self.jobs.follow(job, outcome, lambda: (work.phase, self._progress(spec)))
 
     async def _estimate_s(self, spec: HandlerSpec) -> float:
         ready_s = 0.0
@@ -260,45 +231,106 @@ class Dispatcher:
     def _start(
         self, spec: HandlerSpec, event: Any, ctx: Context, work: Work
     ) -> asyncio.Future[Any]:
-        """Start the work now; a task carries it on only if it has to wait."""
+        """Start the work now: the future of its outcome."""
         stats = self.handler_stats(spec.name)
         self.pending[spec.name] += 1
-        task = eager.start(self._execute(spec, event, ctx, work, stats))
-        if task.done():
-            self._finished(spec.name, work, stats, task)
+        leases = None if spec.is_async else self.cache.leases_now(spec.uses)
+        if leases is None:
+            outcome = eager.start(self._execute(spec, event, ctx, work, stats))
         else:
-            self.tasks.add(task)
-            task.add_done_callback(partial(self._finished, spec.name, work, stats))
-        return task
+            work.leases = leases
+            outcome = self._in_thread(spec, event, ctx, work, stats)
+        if outcome.done():
+            self._finished(spec.name, work, stats, outcome)
+        else:
+            self.in_flight.add(outcome)
+            outcome.add_done_callback(partial(self._finished, spec.name, work, stats))
+        return outcome
 
     def _finished(
-        self, name: str, work: Work, stats: HandlerStats, task: asyncio.Future[Any]
+        self, name: str, work: Work, stats: HandlerStats, outcome: asyncio.Future[Any]
     ) -> None:
-        self.tasks.discard(task)
+        self.in_flight.discard(outcome)
         self.pending[name] -= 1
+        if work.leases:
+            # Cancelled: its models are let go of at once, though a handler
+            # thread may still run (it keeps its own reference to the model).
+            work.release()
         if work.settled is not None:
             _settle(work.settled)
-        if not task.cancelled() and task.exception() is not None:
+        if not outcome.cancelled() and outcome.exception() is not None:
             stats.count("error")
+
+    def _in_thread(
+        self, spec: HandlerSpec, event: Any, ctx: Context, work: Work, stats: HandlerStats
+    ) -> asyncio.Future[Any]:
+        """A sync handler whose models are ready, with no task: `_ran_in_thread` finishes it."""
+        outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        run_started = self._running(work, time.monotonic(), {})
+        models = [lease.model for lease in work.leases]
+        then = partial(self._ran_in_thread, spec, ctx, work, stats, outcome, run_started)
+        self.caller.submit(spec, event, models, ctx, then)
+        return outcome
+
+    def _ran_in_thread(
+        self,
+        spec: HandlerSpec,
+        ctx: Context,
+        work: Work,
+        stats: HandlerStats,
+        outcome: asyncio.Future[Any],
+        run_started: float,
+        done: ThreadOutcome,
+    ) -> None:
+        if outcome.done():  # cancelled (drain, a job's lost lease): nobody waits for it
+            return
+        if done.cancelled():  # never ran: the handler threads were shut down
+            outcome.cancel()
+        elif (exc := done.exception()) is not None:
+            outcome.set_exception(caller_error(spec, ctx, exc))
+        else:
+            self._ran(spec, work, stats, run_started)
+            outcome.set_result(done.result())
+        if work.leases:
+            work.release()
+        if work.settled is not None:
+            _settle(work.settled)
+
+    def _running(self, work: Work, started: float, load_ms: dict[str, float]) -> float:
+        """Mark `work` running (its queue and load times recorded); when it started to run."""
+        work.phase = "running"
+        work.running = True
+        run_started = time.monotonic()
+        timings = work.timings_ms
+        timings["queue"] = max(0.0, (run_started - started) * 1000 - sum(load_ms.values()))
+        if load_ms:
+            timings.update(load_ms)
+        return run_started
+
+    def _ran(self, spec: HandlerSpec, work: Work, stats: HandlerStats, run_started: float) -> None:
+        run_s = time.monotonic() - run_started
+        work.timings_ms["run"] = run_s * 1000
+        self.estimator.record_run(spec.name, run_s)
+        stats.observe_run(run_s)
 
     async def _execute(
         self, spec: HandlerSpec, event: Any, ctx: Context, work: Work, stats: HandlerStats
     ) -> Any:
+        """Work that may wait: for its models (cold), or for an async handler."""
         started = time.monotonic()
         load_ms: dict[str, float] = {}
-        leases: list[Lease] = []
         try:
             if spec.uses:
                 work.phase = "loading"
                 cold = [n for n in spec.uses if not self.cache.is_ready(n)]
                 if len(spec.uses) == 1:
                     # One bundle needs no gather (which wraps each awaitable in a task).
-                    leases.append(await self.cache.acquire(spec.uses[0]))
+                    work.leases.append(await self.cache.acquire(spec.uses[0]))
                 else:
                     results = await asyncio.gather(
                         *(self.cache.acquire(n) for n in spec.uses), return_exceptions=True
                     )
-                    leases = [r for r in results if isinstance(r, Lease)]
+                    work.leases = [r for r in results if isinstance(r, Lease)]
                     for r in results:
                         if isinstance(r, BaseException):
                             raise r
@@ -306,27 +338,19 @@ class Dispatcher:
                     phases = self.cache.entries[name].lifecycle.phase_ms
                     for phase in LOAD_PHASES:
                         load_ms[phase] = load_ms.get(phase, 0.0) + phases.get(phase, 0.0)
-            work.phase = "running"
-            work.running = True
-            run_started = time.monotonic()
-            timings = work.timings_ms
-            timings["queue"] = max(0.0, (run_started - started) * 1000 - sum(load_ms.values()))
-            if load_ms:
-                timings.update(load_ms)
+            run_started = self._running(work, started, load_ms)
+            models = [lease.model for lease in work.leases]
             try:
-                output = await call_handler(spec, event, [lease.model for lease in leases], ctx)
+                output = await self.caller.call(spec, event, models, ctx)
             except ThawError:
                 raise
             except Exception as exc:
                 raise handler_error(spec, ctx, exc) from exc
-            run_s = time.monotonic() - run_started
-            timings["run"] = run_s * 1000
-            self.estimator.record_run(spec.name, run_s)
-            stats.observe_run(run_s)
+            self._ran(spec, work, stats, run_started)
             return output
         finally:
-            for lease in leases:
-                lease.release()
+            if work.leases:
+                work.release()
             if work.settled is not None:
                 _settle(work.settled)
 
@@ -340,18 +364,18 @@ class Dispatcher:
 
     async def wait_idle(self) -> None:
         """Returns once no invocation or job of this instance is running."""
-        while self.tasks:
-            await asyncio.wait(set(self.tasks))
+        while self.in_flight:
+            await asyncio.wait(set(self.in_flight))
         await self.jobs.wait_idle()
 
     async def drain(self, grace_s: float) -> None:
         """Refuse new work, let in-flight work finish for `grace_s`, abort the rest."""
         self.draining = True
-        if self.tasks:
-            await asyncio.wait(set(self.tasks), timeout=grace_s)
+        if self.in_flight:
+            await asyncio.wait(set(self.in_flight), timeout=grace_s)
         await self.jobs.abort_all()
-        for task in list(self.tasks):
-            task.cancel()
-        if self.tasks:
-            await asyncio.wait(set(self.tasks), timeout=5.0)
+        for outcome in list(self.in_flight):
+            outcome.cancel()
+        if self.in_flight:
+            await asyncio.wait(set(self.in_flight), timeout=5.0)
         await self.cache.unload_all()

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.cache import ModelCache
-from runtime.dispatch import Dispatcher, run_handler
+from runtime.calls import Caller
+from runtime.dispatch import Dispatcher
 from runtime.estimate import Estimator
 from runtime.eviction import DensityPolicy
 from runtime.jobs import DeferredStore
@@ -34,8 +35,9 @@ from runtime.sources import open_source
 
 log = logging.getLogger("thaw.instance")
 
-# Blocking work (hashing, tensor reads, sync handlers, store calls) runs in
-# threads; the default pool (cpu + 4) is too small for 64 waiting requests.
+# Blocking work (hashing, tensor reads, store calls) runs in threads, and sync
+# handlers in threads of their own (runtime/calls.py); the default pool
+# (cpu + 4) is too small for 64 waiting requests.
 _THREADS = 64
 
 
@@ -49,6 +51,7 @@ class Instance:
     store: DeferredStore
     jobs: JobManager
     dispatcher: Dispatcher
+    caller: Caller
     id: str
     _background: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -56,6 +59,7 @@ class Instance:
     def create(cls, settings: Settings, registry: Registry | None = None) -> Instance:
         registry = registry if registry is not None else discover(settings.handlers)
         metrics = Metrics()
+        caller = Caller(_THREADS)
         estimator = Estimator(
             settings.state_path,
             default_bandwidth_bytes_s=settings.default_bandwidth_bytes_s,
@@ -66,7 +70,7 @@ class Instance:
             registry=registry,
             estimator=estimator,
             metrics=metrics,
-            runner=run_handler,
+            runner=caller.run,
             device=settings.device,
             memory_budget=settings.memory_budget,
             retry_backoff_s=settings.retry_backoff_s,
@@ -89,9 +93,19 @@ class Instance:
             jobs=jobs,
             estimator=estimator,
             metrics=metrics,
+            caller=caller,
         )
         return cls(
-            settings, registry, metrics, estimator, cache, store, jobs, dispatcher, instance_id
+            settings,
+            registry,
+            metrics,
+            estimator,
+            cache,
+            store,
+            jobs,
+            dispatcher,
+            caller,
+            instance_id,
         )
 
     async def start(self, *, background: bool = True) -> None:
@@ -180,6 +194,7 @@ class Instance:
 
     async def stop(self) -> None:
         await self.dispatcher.drain(self.settings.drain_grace_s)
+        self.caller.shutdown()
         for task in list(self._background):
             task.cancel()
         self.store.close()

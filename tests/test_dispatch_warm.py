@@ -49,7 +49,7 @@ async def test_a_handler_that_never_waits_is_answered_without_a_task(instance: I
     outcome = await dispatcher.invoke("echo", {"x": 1}, request_id="r1")
     assert isinstance(outcome, Completed) and outcome.output == {"x": 1}
     assert set(outcome.timings_ms) == {"queue", "run"}
-    assert not dispatcher.tasks and dispatcher.pending["echo"] == 0
+    assert not dispatcher.in_flight and dispatcher.pending["echo"] == 0
 
 
 async def test_a_warm_handler_past_its_deadline_becomes_a_job_that_succeeds(
@@ -62,7 +62,7 @@ async def test_a_warm_handler_past_its_deadline_becomes_a_job_that_succeeds(
     job = await instance.jobs.get(outcome.job.id, key_id=None, wait_s=5.0)
     assert job.status is JobStatus.SUCCEEDED
     assert job.output["slept_s"] == 0.6
-    assert not dispatcher.tasks and dispatcher.pending["sleepy"] == 0
+    assert not dispatcher.in_flight and dispatcher.pending["sleepy"] == 0
 
 
 async def test_a_handler_error_is_counted_and_leaves_nothing_pending(instance: Instance) -> None:
@@ -73,4 +73,4 @@ async def test_a_handler_error_is_counted_and_leaves_nothing_pending(instance: I
         await dispatcher.invoke("raises", {"message": "nope"}, request_id="r3")
     await asyncio.sleep(0)  # the task's done callback (bookkeeping) runs in the next turn
     assert outcomes["error"] == before + 1
-    assert not dispatcher.tasks and dispatcher.pending["raises"] == 0
+    assert not dispatcher.in_flight and dispatcher.pending["raises"] == 0
