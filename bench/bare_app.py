@@ -41,8 +41,8 @@ from bench.fixtures import echo_sync
 from handlers.echo import echo as echo_fn
 
 _fanout: dict[str, Any] = {}
-# As many threads as Thaw's default executor (runtime/instance.py), so the
-# fan-out to threads is the same hand-off.
+# As many threads as Thaw's handler threads (runtime/calls.py, sized in
+# runtime/instance.py), so the fan-out to threads is the same hand-off.
 _POOL = ThreadPoolExecutor(64, "bare")
 
 

@@ -1,0 +1,232 @@
+"""Instructions per warm request, counted by callgrind: Thaw against the bare app.
+
+    python bench/instructions.py            # the ASGI apps driven in-process (~2 minutes)
+    python bench/instructions.py --server   # also the real servers over HTTP (~9 minutes)
+
+Over HTTP the warm path's differences are tens of microseconds under noise
+of the same size; instruction counts are exact and do not move with the
+machine's load, so they show what a change to the warm path is worth. Each
+figure is (Ir(M) - Ir(N)) / (M - N): the same process under callgrind with
+two request counts, start-up and warm-up cancelling out. In-process, the ASGI
+app is called directly (no sockets); with `--server`, the real `thaw serve`
+and bare_app.py processes run under callgrind and one keep-alive client
+outside it sends the requests. Needs valgrind; says so and exits without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# `python bench/instructions.py` puts bench/ on sys.path, not the repository root.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import HOST, ROOT, bare_argv, free_port, runtime_env, thaw_serve_argv
+
+BODY = b'{"hello": "world", "n": [1, 2, 3]}'
+WARMUP = 200
+COUNTS = (300, 1300)
+SERVER_COUNTS = (100, 600)
+HANDLERS = "handlers.echo,bench.fixtures"
+# (label, Thaw's path, the bare app's path)
+PAIRS = (
+    ("async `echo`", "/invoke/echo", "/invoke/echo"),
+    ("sync `echo_sync`", "/invoke/echo_sync", "/thread/echo"),
+)
+
+
+# ---- the child: drive one app in-process ---------------------------------------------
+
+
+async def _call(app: Any, path: str) -> None:
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"bench"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(BODY)).encode()),
+        ],
+        "client": (HOST, 1),
+        "server": (HOST, 2),
+        "state": {},
+    }
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": BODY, "more_body": False}
+        await asyncio.Event().wait()  # no disconnect while the request is served
+        raise AssertionError("unreachable")
+
+    status: list[int] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            status.append(message["status"])
+
+    await app(scope, receive, send)
+    if status != [200]:
+        raise RuntimeError(f"{path}: status {status}")
+
+
+async def _start_lifespan(app: Any) -> asyncio.Task[None]:
+    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    await inbox.put({"type": "lifespan.startup"})
+    scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}
+    task = asyncio.create_task(app(scope, inbox.get, outbox.put))
+    started = await outbox.get()
+    if started["type"] != "lifespan.startup.complete":
+        raise RuntimeError(f"lifespan: {started}")
+    return task
+
+
+async def _drive(which: str, path: str, count: int) -> None:
+    if which == "thaw":
+        from runtime.app import create_app
+
+        app = create_app()
+        lifespan = await _start_lifespan(app)
+    else:
+        from bench import bare_app
+
+        app, lifespan = bare_app.app, None
+    for _ in range(WARMUP + count):
+        await _call(app, path)
+    if lifespan is not None and lifespan.done():
+        raise RuntimeError("the app's lifespan ended while it served")
+    os._exit(0)  # no teardown: the same for both counts, and slow under valgrind
+
+
+# ---- the parent: count ------------------------------------------------------------------
+
+
+def _collected(stderr: str) -> int:
+    found = re.search(r"Collected : (\d+)", stderr)
+    if found is None:
+        raise RuntimeError(f"callgrind printed no total:\n{stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def _callgrind(argv: list[str]) -> list[str]:
+    return ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv]
+
+
+def _in_process(which: str, path: str, count: int, env: dict[str, str]) -> int:
+    argv = [sys.executable, str(Path(__file__).resolve()), "--drive", which, path, str(count)]
+    done = subprocess.run(_callgrind(argv), env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{which} {path}: exit {done.returncode}\n{done.stderr[-2000:]}")
+    return _collected(done.stderr)
+
+
+def _wait_healthz(port: int, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 300  # start-up under valgrind takes a while
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            conn = http.client.HTTPConnection(HOST, port, timeout=5)
+            conn.request("GET", "/healthz")
+            if conn.getresponse().status == 200:
+                conn.close()
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError("server did not answer /healthz within 300 s")
+
+
+def _server(which: str, path: str, count: int, env: dict[str, str]) -> int:
+    port = free_port()
+    argv = thaw_serve_argv(port) if which == "thaw" else bare_argv(port)
+    proc = subprocess.Popen(
+        _callgrind(argv),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_healthz(port, proc)
+        conn = http.client.HTTPConnection(HOST, port, timeout=60)
+        for _ in range(WARMUP + count):
+            conn.request("POST", path, body=BODY, headers={"content-type": "application/json"})
+            reply = conn.getresponse()
+            reply.read()
+            if reply.status != 200:
+                raise RuntimeError(f"{which} {path}: status {reply.status}")
+        conn.close()
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=300)
+        return _collected(stderr)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+Measure = Callable[[str, str, int, dict[str, str]], int]
+
+
+def _per_request(
+    measure: Measure, which: str, path: str, counts: tuple[int, int], env: dict[str, str]
+) -> float:
+    low, high = counts
+    return (measure(which, path, high, env) - measure(which, path, low, env)) / (high - low)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--server", action="store_true", help="also count the real servers")
+    parser.add_argument("--drive", nargs=3, metavar=("WHICH", "PATH", "N"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.drive:
+        which, path, count = args.drive
+        asyncio.run(_drive(which, path, int(count)))
+        return
+    if shutil.which("valgrind") is None:
+        print("valgrind is not installed: nothing to count", file=sys.stderr)
+        return
+    modes: list[tuple[str, Measure, tuple[int, int]]] = [("app in-process", _in_process, COUNTS)]
+    if args.server:
+        modes.append(("whole server", _server, SERVER_COUNTS))
+    print("| instructions per request | Thaw | bare | ratio |")
+    print("|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="thaw-ir-") as tmp:
+        env = runtime_env(Path(tmp), handlers=HANDLERS, log_level="WARNING")
+        for mode, measure, counts in modes:
+            for label, thaw_path, bare_path in PAIRS:
+                thaw = _per_request(measure, "thaw", thaw_path, counts, env)
+                bare = _per_request(measure, "bare", bare_path, counts, env)
+                print(
+                    f"| {label}, {mode} | {thaw / 1000:.0f} k | {bare / 1000:.0f} k "
+                    f"| {thaw / bare:.2f}x |",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
