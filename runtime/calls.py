@@ -72,12 +72,19 @@ def _back_to_loop(
         pass
 
 
-def _copy_outcome(future: asyncio.Future[Any], done: ThreadOutcome) -> None:
+def _copy_outcome(
+    spec: HandlerSpec, ctx: Context, future: asyncio.Future[Any], done: ThreadOutcome
+) -> None:
     if future.done():  # its awaiter was cancelled
         return
     if done.cancelled():
         future.cancel()
     elif (exc := done.exception()) is not None:
+        if not isinstance(exc, Exception):
+            # SystemExit (argparse, click) or the like, raised by user code in
+            # a thread: re-raised in a task it would stop the event loop and
+            # the server with it. It is the handler's error.
+            exc = handler_error(spec, ctx, exc)
         future.set_exception(exc)
     else:
         future.set_result(done.result())
@@ -118,7 +125,7 @@ class Caller:
             result: Awaitable[Any] = spec.fn(event, *models, ctx)
             return result
         future = asyncio.get_running_loop().create_future()
-        self.submit(spec, event, models, ctx, partial(_copy_outcome, future))
+        self.submit(spec, event, models, ctx, partial(_copy_outcome, spec, ctx, future))
         return future
 
     async def run(self, spec: HandlerSpec, event: Any, models: list[Any], ctx: Context) -> Any:
@@ -127,7 +134,7 @@ class Caller:
             return await self.call(spec, event, models, ctx)
         except ThawError:
             raise
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # see Dispatcher._execute
             raise handler_error(spec, ctx, exc) from exc
 
     def shutdown(self) -> None:

@@ -344,7 +344,9 @@ class Dispatcher:
                 output = await self.caller.call(spec, event, models, ctx)
             except ThawError:
                 raise
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:
+                # SystemExit too: user code calling sys.exit() (as argparse and
+                # click do) must not stop the event loop and the server with it.
                 raise handler_error(spec, ctx, exc) from exc
             self._ran(spec, work, stats, run_started)
             return output

@@ -1,9 +1,11 @@
 """Sync handlers on threads of their own, in-process over a real job store.
 
-A warm sync call goes straight to a handler thread with no task; handlers
-filling every handler thread do not hold up the runtime's own blocking work
-(a job record); drain lets go of the models of a call whose thread still
-runs; a call that must wait for one of its models takes no early lease.
+A warm sync call goes straight to a handler thread with no task, and past
+its deadline the same call becomes a job; handlers filling every handler
+thread do not hold up the runtime's own blocking work (a job record); drain
+lets go of the models of a call whose thread still runs; a call that must
+wait for one of its models takes no early lease; a handler calling
+sys.exit() is a handler error, not the server's exit.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 from runtime.dispatch import Accepted, Completed
 from runtime.errors import HandlerError
 from runtime.instance import Instance
+from runtime.jobs import JobStatus
 from runtime.lifecycle import State
 from runtime.settings import Settings
 from tests.handlers import gated
@@ -52,7 +55,12 @@ async def instance(tmp_path: Path) -> AsyncIterator[Instance]:
         cache_dir=str(tmp_path / "cache"),
         state_dir=str(tmp_path / "state"),
         job_store=f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
-        handlers=("tests.handlers.gated", "tests.handlers.loadlog", "handlers.echo"),
+        handlers=(
+            "tests.handlers.gated",
+            "tests.handlers.loadlog",
+            "tests.handlers.exits",
+            "handlers.echo",
+        ),
         drain_grace_s=0.1,
     )
     inst = Instance.create(settings)
@@ -94,6 +102,21 @@ async def test_a_warm_sync_call_runs_on_a_handler_thread_with_no_task(
     assert dispatcher.handler_stats("gated").outcomes["sync"] == 1
 
 
+async def test_a_warm_sync_call_past_its_deadline_becomes_a_job_with_its_output(
+    instance: Instance, gate: None
+) -> None:
+    dispatcher = instance.dispatcher
+    outcome = await dispatcher.invoke("gated", {}, wait_s=0.3, request_id="late")
+    assert isinstance(outcome, Accepted)
+    assert dispatcher.pending["gated"] == 1, "the same call goes on behind the job"
+    gated.GATE.set()
+    job = await instance.jobs.get(outcome.job.id, key_id=None, wait_s=5.0)
+    assert job.status is JobStatus.SUCCEEDED
+    assert job.output["thread"].startswith("thaw-handler")
+    assert gated.ENTERED == ["late"], "it ran once"
+    await until(lambda: not dispatcher.in_flight and dispatcher.pending["gated"] == 0)
+
+
 async def test_a_sync_handler_error_keeps_its_cause(instance: Instance) -> None:
     # The model is released by the same callback that reports the error.
     await call(instance, "alpha")
@@ -105,6 +128,22 @@ async def test_a_sync_handler_error_keeps_its_cause(instance: Instance) -> None:
     await asyncio.sleep(0)  # the outcome's done callback (bookkeeping) runs in the next turn
     assert instance.dispatcher.handler_stats("alpha").outcomes["error"] == 1
     assert not instance.dispatcher.in_flight and instance.dispatcher.pending["alpha"] == 0
+
+
+@pytest.mark.parametrize(
+    "handler",
+    ["exits", "exits_async", "exits_alpha"],
+    ids=["sync", "async", "sync-cold-with-a-model"],
+)
+async def test_a_handler_calling_sys_exit_is_a_handler_error_and_the_instance_serves_on(
+    instance: Instance, handler: str
+) -> None:
+    # On the cold path the handler's thread used to hand SystemExit to the
+    # work's task, which re-raises it out of the event loop: the server exited.
+    with pytest.raises(HandlerError, match="SystemExit: 3") as raised:
+        await instance.dispatcher.invoke(handler, {}, wait_s=60.0, request_id="x")
+    assert isinstance(raised.value.__cause__, SystemExit)
+    assert await call(instance, "echo", {"still": "serving"}) == {"still": "serving"}
 
 
 async def test_handlers_filling_every_handler_thread_do_not_hold_up_a_job_record(
