@@ -1,20 +1,24 @@
-"""Helpers shared by the tests: bundles on disk, free ports, a real server process."""
+"""Helpers shared by the tests: bundles on disk, free ports, a real server process,
+an instance in-process."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from runtime.bundles import Manifest, build_bundle
+from runtime.instance import Instance
+from runtime.settings import Settings
 
 
 def make_bundle(
@@ -136,3 +140,14 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
+
+
+@contextlib.asynccontextmanager
+async def running_instance(settings: Settings) -> AsyncIterator[Instance]:
+    """An instance started in-process, stopped however the block ends."""
+    instance = Instance.create(settings)
+    await instance.start()
+    try:
+        yield instance
+    finally:
+        await instance.stop()

@@ -18,6 +18,7 @@ from runtime.errors import HandlerError
 from runtime.instance import Instance
 from runtime.jobs import JobStatus
 from runtime.settings import Settings
+from tests.support import running_instance
 
 pytestmark = pytest.mark.anyio
 
@@ -36,12 +37,8 @@ async def instance(tmp_path: Path) -> AsyncIterator[Instance]:
         job_store=f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
         handlers=("tests.handlers.sleepy", "tests.handlers.raises", "handlers.echo"),
     )
-    inst = Instance.create(settings)
-    await inst.start()
-    try:
+    async with running_instance(settings) as inst:
         yield inst
-    finally:
-        await inst.stop()
 
 
 async def test_a_handler_that_never_waits_is_answered_without_a_task(instance: Instance) -> None:

@@ -26,7 +26,7 @@ from runtime.jobs import JobStatus
 from runtime.lifecycle import State
 from runtime.settings import Settings
 from tests.handlers import gated
-from tests.support import make_bundle
+from tests.support import make_bundle, running_instance
 
 pytestmark = pytest.mark.anyio
 
@@ -63,12 +63,8 @@ async def instance(tmp_path: Path) -> AsyncIterator[Instance]:
         ),
         drain_grace_s=0.1,
     )
-    inst = Instance.create(settings)
-    await inst.start()
-    try:
+    async with running_instance(settings) as inst:
         yield inst
-    finally:
-        await inst.stop()
 
 
 async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
