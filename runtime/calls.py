@@ -26,7 +26,7 @@ from typing import Any
 
 from runtime import weights as weights_mod
 from runtime.context import Context
-from runtime.errors import HandlerError, ThawError
+from runtime.errors import Draining, HandlerError, ThawError
 from runtime.registry import HandlerSpec
 
 log = logging.getLogger("thaw.dispatch")
@@ -108,13 +108,17 @@ class Caller:
 
         The handler runs in a copy of the caller's context, as under
         `asyncio.to_thread`; handlers that use models run under
-        torch.inference_mode, and model-less ones never touch torch.
+        torch.inference_mode, and model-less ones never touch torch. Raises
+        Draining once the handler threads are shut down.
         """
         loop = asyncio.get_running_loop()
         call = partial(spec.fn, event, *models, ctx)
         if spec.uses:
             call = partial(_with_inference_mode, call)
-        done = self._pool.submit(contextvars.copy_context().run, call)
+        try:
+            done = self._pool.submit(contextvars.copy_context().run, call)
+        except RuntimeError:  # shut down: the instance stopped after admitting this call
+            raise Draining("this instance is shutting down and runs no more handlers") from None
         done.add_done_callback(partial(_back_to_loop, loop, then))
 
     def call(

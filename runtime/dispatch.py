@@ -269,7 +269,10 @@ class Dispatcher:
         run_started = self._running(work, time.monotonic(), {})
         models = [lease.model for lease in work.leases]
         then = partial(self._ran_in_thread, spec, ctx, work, stats, outcome, run_started)
-        self.caller.submit(spec, event, models, ctx, then)
+        try:
+            self.caller.submit(spec, event, models, ctx, then)
+        except Draining as exc:
+            outcome.set_exception(exc)
         return outcome
 
     def _ran_in_thread(

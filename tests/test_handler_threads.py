@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from runtime.dispatch import Accepted, Completed
-from runtime.errors import HandlerError
+from runtime.errors import Draining, HandlerError
 from runtime.instance import Instance
 from runtime.jobs import JobStatus
 from runtime.lifecycle import State
@@ -140,6 +140,24 @@ async def test_a_handler_calling_sys_exit_is_a_handler_error_and_the_instance_se
         await instance.dispatcher.invoke(handler, {}, wait_s=60.0, request_id="x")
     assert isinstance(raised.value.__cause__, SystemExit)
     assert await call(instance, "echo", {"still": "serving"}) == {"still": "serving"}
+
+
+@pytest.mark.parametrize("cold", [False, True], ids=["warm", "cold"])
+async def test_a_sync_call_admitted_as_the_handler_threads_shut_down_is_refused_cleanly(
+    instance: Instance, cold: bool
+) -> None:
+    # The window between admission and a handler thread: a stopping instance
+    # shuts its handler threads down after drain, while a job poll may still
+    # start recovered work. Unguarded, the call raised out of the dispatcher
+    # still holding its model, and stopping the instance waited for it forever.
+    if not cold:
+        await call(instance, "alpha")
+    instance.caller.shutdown()
+    with pytest.raises(Draining):
+        await instance.dispatcher.invoke("alpha", {}, wait_s=60.0, request_id="late")
+    await until(lambda: not instance.dispatcher.in_flight)
+    assert instance.dispatcher.pending["alpha"] == 0
+    assert instance.cache.entries["alpha"].inflight == 0
 
 
 async def test_handlers_filling_every_handler_thread_do_not_hold_up_a_job_record(
