@@ -64,8 +64,8 @@ def _with_inference_mode(call: Callable[[], Any]) -> Any:
 def _back_to_loop(
     loop: asyncio.AbstractEventLoop, then: Callable[[ThreadOutcome], None], done: ThreadOutcome
 ) -> None:
-    # Not contextlib.suppress: this runs once per sync call, and building the
-    # context manager costs as much as the hand-back itself.
+    # Not contextlib.suppress: this runs once per sync call, and a bare `try`
+    # here (with no is_closed() check before it) measured ~4k instructions less.
     try:  # noqa: SIM105
         loop.call_soon_threadsafe(then, done)
     except RuntimeError:  # the loop is closed: the process is exiting, nobody waits
@@ -80,12 +80,9 @@ def _copy_outcome(
     if done.cancelled():
         future.cancel()
     elif (exc := done.exception()) is not None:
-        if not isinstance(exc, Exception):
-            # SystemExit (argparse, click) or the like, raised by user code in
-            # a thread: re-raised in a task it would stop the event loop and
-            # the server with it. It is the handler's error.
-            exc = handler_error(spec, ctx, exc)
-        future.set_exception(exc)
+        # Mapped here, as for a warm call: a SystemExit (argparse, click)
+        # re-raised in a task would stop the event loop and the server with it.
+        future.set_exception(caller_error(spec, ctx, exc))
     else:
         future.set_result(done.result())
 
@@ -124,7 +121,12 @@ class Caller:
     def call(
         self, spec: HandlerSpec, event: Any, models: list[Any], ctx: Context
     ) -> Awaitable[Any]:
-        """The handler's outcome as an awaitable; it raises what the handler raised."""
+        """The handler's outcome as an awaitable.
+
+        An async handler's errors arrive as raised; a sync handler's as the
+        HandlerError they map to (`caller_error`), mapped on the way back from
+        its thread.
+        """
         if spec.is_async:
             result: Awaitable[Any] = spec.fn(event, *models, ctx)
             return result

@@ -345,11 +345,11 @@ class Dispatcher:
             models = [lease.model for lease in work.leases]
             try:
                 output = await self.caller.call(spec, event, models, ctx)
-            except ThawError:
+            except ThawError:  # a sync handler's error arrives mapped already
                 raise
             except (Exception, SystemExit) as exc:
-                # SystemExit too: user code calling sys.exit() (as argparse and
-                # click do) must not stop the event loop and the server with it.
+                # SystemExit too: an async handler calling sys.exit() (as argparse
+                # and click do) must not stop the event loop and the server with it.
                 raise handler_error(spec, ctx, exc) from exc
             self._ran(spec, work, stats, run_started)
             return output
