@@ -1,5 +1,5 @@
 """The baseline server: a bare Starlette app on uvicorn, the same uvicorn
-settings as `thaw serve` (runtime/server.py), serving the same `echo` function.
+settings as `thaw serve` (runtime/http/server.py), serving the same `echo` function.
 
     python bench/bare_app.py PORT
 
@@ -41,7 +41,7 @@ from bench.fixtures import echo_sync
 from handlers.echo import echo as echo_fn
 
 _fanout: dict[str, Any] = {}
-# As many threads as Thaw's handler threads (runtime/calls.py, sized in
+# As many threads as Thaw's handler threads (runtime/dispatch/calls.py, sized in
 # runtime/instance.py), so the fan-out to threads is the same hand-off.
 _POOL = ThreadPoolExecutor(64, "bare")
 

@@ -92,7 +92,7 @@ def built(bundle: str | None) -> bool:
 def _bundle_bytes(bundle: str | None) -> int:
     if bundle is None:
         return 0
-    from runtime.bundles import read_manifest
+    from runtime.bundles.manifest import read_manifest
 
     return read_manifest(ROOT / "bundles" / bundle).total_bytes
 

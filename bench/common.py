@@ -124,7 +124,7 @@ def runtime_env(tmp: Path, **thaw: str) -> dict[str, str]:
 
 def thaw_serve_argv(port: int) -> list[str]:
     """`thaw serve`, as the console script runs it."""
-    return [sys.executable, "-m", "runtime.cli", "serve", "--port", str(port)]
+    return [sys.executable, "-m", "runtime.cli.main", "serve", "--port", str(port)]
 
 
 def bare_argv(port: int) -> list[str]:

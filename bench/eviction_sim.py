@@ -4,7 +4,7 @@ Eight bundles of different sizes and reload times share a memory budget
 that holds about three of them. A seeded trace of requests picks bundles by
 Zipf(1.1) popularity (which bundle is most popular is shuffled per seed) at
 Poisson arrival times. Each policy replays the same trace through the real
-`runtime.cache.ModelCache`: its source's fetch advances a simulated clock by
+`runtime.models.cache.ModelCache`: its source's fetch advances a simulated clock by
 the bundle's reload seconds instead of doing work, so a trace of hours runs in
 seconds and every decision is the cache's own. Requests are served one after
 another; one that arrives during a load waits for it.
@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Row, fmt_x, verdict
-from runtime.eviction import Candidate, DensityPolicy, EvictionPolicy, GDSFPolicy, LRUPolicy
+from runtime.models.eviction import Candidate, DensityPolicy, EvictionPolicy, GDSFPolicy, LRUPolicy
 
 # name, GB, reload seconds: fetch and load from the node cache at ~1 GB/s plus
 # init and warm-up, which vary far more than size does (a compiled ASR model
@@ -182,7 +182,7 @@ class SimSource:
     """A BundleSource whose fetch costs simulated seconds and touches no disk."""
 
     def __init__(self, clock: SimClock) -> None:
-        from runtime.bundles import BundleFile, Manifest
+        from runtime.bundles.manifest import BundleFile, Manifest
 
         self.clock = clock
         self.manifests = {
@@ -253,7 +253,7 @@ class Counting:
 def no_device_release() -> Iterator[None]:
     """The fake loaders allocate nothing, so an eviction has nothing to give back:
     skip weights.release (a full gc.collect, most of a replay's time otherwise)."""
-    from runtime import weights as weights_mod
+    from runtime.models import weights as weights_mod
 
     real = weights_mod.release
     weights_mod.release = lambda device: None
@@ -265,9 +265,9 @@ def no_device_release() -> Iterator[None]:
 
 async def replay(requests: Trace, policy: EvictionPolicy, state: Path) -> Outcome:
     """The trace through a real ModelCache with `policy`, on a simulated clock."""
-    from runtime.cache import ModelCache
-    from runtime.estimate import Estimator
     from runtime.metrics import Metrics
+    from runtime.models.cache import ModelCache
+    from runtime.models.estimate import Estimator
     from runtime.registry import BuilderSpec, Registry
 
     clock = SimClock()
@@ -481,7 +481,7 @@ def describe(o: Outcome) -> str:
 def run(*, quick: bool = False) -> list[Row]:
     import torch  # noqa: F401  (imported before the freeze below, so frozen with the rest)
 
-    from runtime import weights as weights_mod
+    from runtime.models import weights as weights_mod
 
     # The framework import (and the runtime's gc.freeze after it) happens once here,
     # not inside the first replay.

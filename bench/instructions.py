@@ -105,7 +105,7 @@ async def _start_lifespan(app: Any) -> asyncio.Task[None]:
 
 async def _drive(which: str, path: str, count: int) -> None:
     if which == "thaw":
-        from runtime.app import create_app
+        from runtime.http.app import create_app
 
         app = create_app()
         lifespan = await _start_lifespan(app)

@@ -4,7 +4,7 @@ Variants, measured in alternating order each round (medians over rounds):
 
 - raw read: the shard files read sequentially into one reused buffer, like
   `cat` — the bandwidth of getting these bytes out of the page cache at all;
-- Thaw: `runtime.weights.load_weights` (the LOADED phase), then every tensor
+- Thaw: `runtime.models.weights.load_weights` (the LOADED phase), then every tensor
   summed once (the first forward touches every weight);
 - `safetensors.torch.load_file` over the shards, one after another;
 - `torch.load` of the same tensors saved with `torch.save` (4 files);
@@ -39,7 +39,7 @@ def make_bundle(root: Path) -> tuple[Path, list[Path]]:
     import torch
     from safetensors.torch import save_file
 
-    from runtime.bundles import build_bundle
+    from runtime.bundles.manifest import build_bundle
 
     src = root / "src"
     src.mkdir()
@@ -138,10 +138,10 @@ def run(*, quick: bool = False) -> list[Row]:
     import torch
     from safetensors.torch import load_file
 
-    from runtime import weights as weights_mod
-    from runtime.bundles import read_manifest
-    from runtime.sources.local import LocalSource
-    from runtime.sources.stamps import RACY_S, VerifiedStamps
+    from runtime.bundles.manifest import read_manifest
+    from runtime.bundles.sources.local import LocalSource
+    from runtime.bundles.stamps import RACY_S, VerifiedStamps
+    from runtime.models import weights as weights_mod
 
     rounds = 3 if quick else 5
     with tempfile.TemporaryDirectory(prefix="thaw-bench-load-") as tmp_dir:

@@ -86,7 +86,7 @@ def make_bundle(root: Path) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from runtime.bundles import build_bundle
+    from runtime.bundles.manifest import build_bundle
 
     src = root / "src"
     src.mkdir()
@@ -104,8 +104,8 @@ def run(*, quick: bool = False) -> list[Row]:
     import boto3
     from boto3.s3.transfer import TransferConfig
 
-    from runtime.bundles import read_manifest
-    from runtime.sources.s3 import S3Source, make_client
+    from runtime.bundles.manifest import read_manifest
+    from runtime.bundles.sources.s3 import S3Source, make_client
 
     rounds = 1 if quick else 2
     with tempfile.TemporaryDirectory(prefix="thaw-bench-s3-") as tmp_dir:

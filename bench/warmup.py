@@ -64,7 +64,7 @@ async def _measure(
     handler: str, index: int, warmup: bool, runs: int, bundles: Path
 ) -> dict[str, Any]:
     from runtime.instance import Instance
-    from runtime.lifecycle import State
+    from runtime.models.lifecycle import State
     from runtime.registry import discover
     from runtime.settings import Settings
 

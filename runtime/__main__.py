@@ -17,10 +17,10 @@ from runtime.errors import ThawError
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if os.environ.get("AWS_LAMBDA_RUNTIME_API"):
-        from runtime.lambda_loop import main as lambda_main
+        from runtime.aws.lambda_loop import main as lambda_main
 
         return lambda_main()
-    from runtime.server import serve
+    from runtime.http.server import serve
 
     try:
         return serve(

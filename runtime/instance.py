@@ -20,23 +20,23 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.cache import ModelCache
-from runtime.calls import Caller
-from runtime.dispatch import Dispatcher
-from runtime.estimate import Estimator
-from runtime.eviction import DensityPolicy
+from runtime.bundles.sources import open_source
+from runtime.dispatch.calls import Caller
+from runtime.dispatch.dispatcher import Dispatcher
 from runtime.jobs import DeferredStore
 from runtime.jobs.manager import JobManager
-from runtime.lifecycle import State
 from runtime.metrics import Metrics
+from runtime.models.cache import ModelCache
+from runtime.models.estimate import Estimator
+from runtime.models.eviction import DensityPolicy
+from runtime.models.lifecycle import State
 from runtime.registry import Registry, discover
 from runtime.settings import Settings
-from runtime.sources import open_source
 
 log = logging.getLogger("thaw.instance")
 
 # Blocking work (hashing, tensor reads, store calls) runs in threads, and sync
-# handlers in threads of their own (runtime/calls.py); the default pool
+# handlers in threads of their own (runtime/dispatch/calls.py); the default pool
 # (cpu + 4) is too small for 64 waiting requests.
 _THREADS = 64
 

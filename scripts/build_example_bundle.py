@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from runtime.bundles import build_bundle
+from runtime.bundles.manifest import build_bundle
 
 ROOT = Path(__file__).resolve().parent.parent
 

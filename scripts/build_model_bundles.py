@@ -31,8 +31,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from handlers import classify, embed  # noqa: E402  (cheap: handler modules import no torch)
-from runtime.bundles import Manifest, build_bundle, verify_bundle  # noqa: E402
-from runtime.convert import convert_source  # noqa: E402
+from runtime.bundles.convert import convert_source  # noqa: E402
+from runtime.bundles.manifest import Manifest, build_bundle, verify_bundle  # noqa: E402
 from runtime.errors import ThawError  # noqa: E402
 
 # Bump when a recipe's output changes, so existing bundles are rebuilt.

@@ -105,7 +105,7 @@ def main() -> int:
     print(f"== starting thaw serve on 127.0.0.1:{port}")
     started = time.monotonic()
     server = subprocess.Popen(
-        [sys.executable, "-m", "runtime.cli", "serve", "--port", str(port)],
+        [sys.executable, "-m", "runtime.cli.main", "serve", "--port", str(port)],
         env=env,
         cwd=ROOT,
         start_new_session=True,

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from runtime.bundles import Manifest, build_bundle
+from runtime.bundles.manifest import Manifest, build_bundle
 from runtime.instance import Instance
 from runtime.settings import Settings
 
@@ -80,7 +80,7 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.started_at = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runtime.cli", "serve", "--port", str(self.port)],
+            [sys.executable, "-m", "runtime.cli.main", "serve", "--port", str(self.port)],
             env=self.env,
             stdout=open(self.log_path, "ab"),  # noqa: SIM115 - closed with the process
             stderr=subprocess.STDOUT,

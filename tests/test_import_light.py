@@ -8,7 +8,7 @@ import sys
 SCRIPT = """
 import sys
 import runtime
-from runtime.app import create_app
+from runtime.http.app import create_app
 from runtime.registry import discover
 from runtime.settings import Settings
 registry = discover(())          # every shipped handler module

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import runtime.jobs
-from runtime.dispatch import Accepted, Completed
+from runtime.dispatch.dispatcher import Accepted, Completed
 from runtime.instance import Instance
 from runtime.jobs import JobStatus, JobStore
 from runtime.registry import discover

@@ -1,6 +1,6 @@
 """A Llama decoder (SmolLM2) in plain torch, with a per-request KV cache.
 
-Weights use the Hugging Face Llama names (what `runtime.convert` writes from
+Weights use the Hugging Face Llama names (what `runtime.bundles.convert` writes from
 GGUF). The builder fuses q/k/v and gate/up into single matrices and picks the
 compute dtype once; requests then only run matmuls. The model object holds no
 per-request state, so concurrent requests each bring their own `KVCache`.

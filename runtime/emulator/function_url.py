@@ -16,11 +16,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from runtime.aws.events import HttpRequest, event_from_request, response_from_payload
 from runtime.emulator.invocation import Throttled
 from runtime.emulator.pool import Pool
 from runtime.emulator.template import Template
 from runtime.errors import InvalidEvent
-from runtime.events import HttpRequest, event_from_request, response_from_payload
 
 MAX_BODY_BYTES = 6 * 1024 * 1024
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from runtime.bundles.sources.s3 import parse_url
 from runtime.jobs.stores.dynamodb import ACTIVE_INDEX, TTL_ATTRIBUTE, table_spec
-from runtime.sources.s3 import parse_url
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"

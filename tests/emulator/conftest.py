@@ -76,7 +76,7 @@ Resources:
           THAW_HANDLERS: tests.handlers.import_fails
 """
 
-EMULATE = (sys.executable, "-m", "runtime.cli", "emulate", "--port", "0")
+EMULATE = (sys.executable, "-m", "runtime.cli.main", "emulate", "--port", "0")
 _LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
 _REPORT = re.compile(r"^REPORT RequestId: (\S+)\t(.*)$")
 

@@ -12,8 +12,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runtime.auth import KeyRing, bearer_token, hash_line, key_id, parse_key_file, print_hash_line
 from runtime.errors import ConfigError
+from runtime.http.auth import (
+    KeyRing,
+    bearer_token,
+    hash_line,
+    key_id,
+    parse_key_file,
+    print_hash_line,
+)
 from runtime.settings import Settings
 from tests.security.conftest import PROBLEM, Launch, bearer, clean_env
 from tests.support import ServerProcess, free_port
@@ -117,7 +124,7 @@ def test_a_plain_key_in_the_key_file_stops_the_server_without_echoing_it(
     keys_file.write_text(f"{hash_line(FILE_KEY)}\n{PLAIN_KEY}\n")
     env = {**clean_env(tmp_path), "THAW_API_KEYS_FILE": str(keys_file)}
     result = subprocess.run(
-        [sys.executable, "-m", "runtime.cli", "serve", "--port", str(free_port())],
+        [sys.executable, "-m", "runtime.cli.main", "serve", "--port", str(free_port())],
         env=env,
         capture_output=True,
         text=True,

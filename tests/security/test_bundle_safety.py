@@ -21,10 +21,10 @@ import httpx
 import orjson
 import pytest
 
-from runtime.bundles import MANIFEST, MAX_MANIFEST_BYTES, Manifest, build_bundle
+from runtime.bundles.manifest import MANIFEST, MAX_MANIFEST_BYTES, Manifest, build_bundle
+from runtime.bundles.sources import Progress
+from runtime.bundles.sources.local import LocalSource
 from runtime.errors import BundleError, IntegrityError
-from runtime.sources import Progress
-from runtime.sources.local import LocalSource
 from tests.security.conftest import PROBLEM, Launch
 from tests.support import ServerProcess
 

@@ -9,7 +9,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.bundles import Manifest, parse_manifest
+from runtime.bundles.manifest import Manifest, parse_manifest
 from runtime.errors import BundleError
 
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -9,8 +9,8 @@ import httpx
 import pytest
 from starlette.routing import Route
 
-from runtime.app import ROUTES
-from runtime.openapi import OPERATIONS, PROBLEM, build_openapi, http_routes
+from runtime.http.app import ROUTES
+from runtime.http.openapi import OPERATIONS, PROBLEM, build_openapi, http_routes
 from tests.security.conftest import Launch
 from tests.support import ServerProcess
 

@@ -1,0 +1,284 @@
+"""The Lambda Runtime API loop: `python -m runtime` with AWS_LAMBDA_RUNTIME_API set.
+
+    init    build the ASGI app and run its lifespan startup (handler discovery,
+            job store, prewarm); a failure is posted to /runtime/init/error and
+            the process exits 1
+    loop    GET /runtime/invocation/next -> route the event through the same
+            HTTP contract, in process -> POST .../response or .../error ->
+            wait until no background job of this instance runs -> next
+
+Events (see `runtime.aws.events` for the HTTP shape):
+
+    Function URL / HTTP API v2   -> the request as sent; answered with the proxy
+                                    result {statusCode, headers, body, isBase64Encoded}
+    {"handler": N, "input": I, "wait_s"?: S}
+                                 -> {"output": ...} on 200, the job object on 202,
+                                    a Lambda error (errorType = problem slug) otherwise
+    {"job": ID, "wait_s"?: S}    -> the job object (polling without a Function URL)
+
+The deadline handed to the app (`Prefer: wait`) is the smaller of the caller's
+and the time left before `Lambda-Runtime-Deadline-Ms` less a margin of 5 % of
+that time, clamped to [0.2 s, 1 s]: enough to create a job and post the 202
+before Lambda's own timeout kills the instance. A 202'd job keeps running in
+this process; `next` is requested only once the dispatcher is idle, because
+Lambda freezes the instance while it waits on `next`.
+
+With AWS_LAMBDA_MAX_CONCURRENCY = N > 1, N workers share one app, so loaded
+models and the single-flight cache are shared too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from dataclasses import replace
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import orjson
+
+from runtime.aws.events import HttpRequest, HttpResponse, is_http_event, request_from_event
+from runtime.aws.events import result_from_response as proxy_result
+from runtime.aws.lambda_api import FunctionError, LambdaError, RuntimeAPI, user_frames
+from runtime.errors import ThawError
+from runtime.logs import configure_logging
+from runtime.settings import Settings
+
+log = logging.getLogger("thaw.lambda")
+
+MIN_MARGIN_S = 0.2
+MAX_MARGIN_S = 1.0
+MARGIN_FRACTION = 0.05
+# Lambda's only writable disk is /tmp; used where THAW_* leaves these unset.
+_LAMBDA_DEFAULTS = {
+    "THAW_CACHE_DIR": "/tmp/thaw/cache",
+    "THAW_STATE_DIR": "/tmp/thaw/state",
+    "THAW_JOB_STORE": "sqlite:////tmp/thaw/jobs.sqlite3",
+}
+
+
+def budget_s(deadline_ms: int, now_s: float) -> float:
+    """Seconds the app may take: time to Lambda's deadline less the margin.
+
+    No deadline header (a Runtime API that sends none) means no Lambda limit.
+    """
+    if deadline_ms <= 0:
+        return math.inf
+    remaining = deadline_ms / 1000.0 - now_s
+    margin = min(max(remaining * MARGIN_FRACTION, MIN_MARGIN_S), MAX_MARGIN_S)
+    return max(0.0, remaining - margin)
+
+
+def prefer_with_wait(prefer: str | None, limit_s: float, default_s: float) -> str:
+    """`prefer` with its `wait` lowered to `limit_s` (added when absent).
+
+    An unparsable wait is left alone so the app answers its `invalid-prefer`.
+    """
+    parts = [p.strip() for p in (prefer or "").split(",") if p.strip()]
+    out: list[str] = []
+    seen_wait = False
+    for part in parts:
+        name, _, value = part.split(";", 1)[0].partition("=")
+        if name.strip().lower() != "wait":
+            out.append(part)
+            continue
+        seen_wait = True
+        try:
+            caller_s = float(value.strip().strip('"'))
+        except ValueError:
+            out.append(part)
+            continue
+        out.append(f"wait={min(caller_s, limit_s):.3f}")
+    if not seen_wait:
+        out.append(f"wait={min(default_s, limit_s):.3f}")
+    return ", ".join(out)
+
+
+def _problem_error(response: HttpResponse) -> LambdaError:
+    """A problem+json answer as a Lambda error; the slug becomes errorType."""
+    try:
+        problem = orjson.loads(response.body)
+    except orjson.JSONDecodeError:
+        problem = None
+    if not isinstance(problem, dict):
+        return LambdaError("internal", f"the app answered {response.status} without a problem")
+    slug = str(problem.get("type", "internal")).rstrip("/").rsplit("/", 1)[-1] or "internal"
+    message = str(problem.get("detail") or problem.get("title") or response.status)
+    trace = problem.get("stackTrace")
+    frames = [str(f) for f in trace] if isinstance(trace, list) else []
+    return LambdaError(slug, message, frames)
+
+
+class Invoker:
+    """Routes one event through the in-process ASGI app."""
+
+    def __init__(self, client: httpx.AsyncClient, settings: Settings) -> None:
+        self.client = client
+        self.settings = settings
+
+    async def send(self, request: HttpRequest) -> HttpResponse:
+        response = await self.client.request(
+            request.method, request.target, headers=request.raw_headers, content=request.body
+        )
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.headers.raw]
+        return HttpResponse(response.status_code, headers, response.content)
+
+    async def handle(self, event: Any, request_id: str, limit_s: float) -> tuple[bytes, int]:
+        """The response payload for `event` and the app's status; FunctionError for an error."""
+        if is_http_event(event):
+            request = request_from_event(event)
+            headers = [(k, v) for k, v in request.headers if k != "prefer"]
+            prefer = prefer_with_wait(request.header("prefer"), limit_s, self.settings.wait_s)
+            headers.append(("prefer", prefer))
+            if request.header("x-request-id") is None:
+                headers.append(("x-request-id", request_id))
+            request = replace(request, headers=headers)
+            response = await self.send(request)
+            return orjson.dumps(proxy_result(response)), response.status
+        if isinstance(event, dict) and isinstance(event.get("handler"), str):
+            return await self._direct(event, request_id, limit_s)
+        if isinstance(event, dict) and isinstance(event.get("job"), str):
+            wait_s = min(self._caller_wait(event, limit_s), limit_s)
+            path = f"/jobs/{quote(event['job'], safe='')}"
+            response = await self.send(HttpRequest("GET", path, f"wait={wait_s:.3f}"))
+            if response.status != 200:
+                raise FunctionError(_problem_error(response))
+            return response.body, response.status
+        raise FunctionError(
+            LambdaError(
+                "invalid-event",
+                'expected a Function URL / HTTP API v2 event, {"handler": NAME, "input": {...}}'
+                ' or {"job": ID}',
+            )
+        )
+
+    def _caller_wait(self, event: Mapping[str, Any], limit_s: float) -> float:
+        wait = event.get("wait_s", self.settings.wait_s)
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or wait < 0:
+            raise FunctionError(LambdaError("invalid-event", "wait_s must be a number >= 0"))
+        return float(wait)
+
+    async def _direct(
+        self, event: Mapping[str, Any], request_id: str, limit_s: float
+    ) -> tuple[bytes, int]:
+        wait_s = min(self._caller_wait(event, limit_s), limit_s)
+        try:
+            body = orjson.dumps(event.get("input", {}))
+        except TypeError as exc:  # orjson refuses e.g. integers past 64 bits
+            raise FunctionError(LambdaError("invalid-event", f"input: {exc}")) from exc
+        headers = [
+            ("content-type", "application/json"),
+            ("prefer", f"wait={wait_s:.3f}"),
+            ("x-request-id", request_id),
+        ]
+        path = f"/invoke/{quote(event['handler'], safe='')}"
+        response = await self.send(HttpRequest("POST", path, "", headers, body))
+        if response.status == 200:
+            # The body is the handler's JSON already; wrap it without a re-parse.
+            return b'{"output":' + (response.body or b"null") + b"}", 200
+        if response.status == 202:
+            return response.body, 202
+        raise FunctionError(_problem_error(response))
+
+
+async def _worker(api: RuntimeAPI, invoker: Invoker, app: Any, concurrency: int) -> None:
+    while True:
+        invocation = await api.next()
+        started = time.monotonic()
+        if concurrency == 1 and invocation.trace_id:
+            os.environ["_X_AMZN_TRACE_ID"] = invocation.trace_id
+        limit_s = budget_s(invocation.deadline_ms, time.time())
+        payload: bytes | None = None
+        error: LambdaError | None = None
+        status = 0
+        try:
+            try:
+                event = orjson.loads(invocation.event)
+            except orjson.JSONDecodeError as exc:
+                raise FunctionError(LambdaError("invalid-event", f"not JSON: {exc}")) from exc
+            payload, status = await invoker.handle(event, invocation.request_id, limit_s)
+        except FunctionError as exc:
+            error = exc.error
+        except ThawError as exc:
+            error = LambdaError(exc.slug, exc.message)
+        except Exception as exc:
+            # A bug in the runtime, not the handler: answer it and keep the instance.
+            log.exception("invocation %s failed in the runtime", invocation.request_id)
+            error = LambdaError("internal", str(exc))
+        took_ms = (time.monotonic() - started) * 1000.0
+        outcome = str(status) if error is None else error.type
+        # Logged before the post, so the emulator's log tail of this invocation holds it.
+        log.info(
+            "invocation %s %s in %.1f ms",
+            invocation.request_id,
+            outcome,
+            took_ms,
+            extra={"request_id": invocation.request_id, "duration_ms": round(took_ms, 3)},
+        )
+        if error is None and payload is not None:
+            await api.respond(invocation.request_id, payload)
+        else:
+            await api.fail(invocation.request_id, error or LambdaError("internal", "no answer"))
+        # Lambda freezes a one-at-a-time instance while it waits on `next`, so a
+        # 202'd job must end first. With several workers the process is not
+        # frozen; only the worker that handed out a job waits, so it is not lost
+        # to an idle instance being retired.
+        if concurrency == 1 or status == 202:
+            await app.state.dispatcher.wait_idle()
+
+
+def _init_error(exc: BaseException) -> LambdaError:
+    if isinstance(exc, ThawError):
+        return LambdaError(exc.slug, exc.message, user_frames(exc))
+    return LambdaError(f"Runtime.{type(exc).__name__}", str(exc), user_frames(exc))
+
+
+async def run(address: str, concurrency: int = 1, environ: Mapping[str, str] | None = None) -> int:
+    """Serve invocations from the Runtime API at `address` until it goes away."""
+    env = dict(os.environ if environ is None else environ)
+    for key, value in _LAMBDA_DEFAULTS.items():
+        env.setdefault(key, value)
+    async with AsyncExitStack() as stack:
+        api = RuntimeAPI(address)
+        stack.push_async_callback(api.aclose)
+        try:
+            settings = Settings.from_env(env)
+            configure_logging(settings.log_level)
+            from runtime.http.app import create_app
+
+            app = create_app(settings)
+            await stack.enter_async_context(app.router.lifespan_context(app))
+        except Exception as exc:
+            log.error("init failed: %s: %s", type(exc).__name__, exc)
+            await api.init_error(_init_error(exc))
+            return 1
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        client = httpx.AsyncClient(transport=transport, base_url="http://lambda", timeout=None)
+        stack.push_async_callback(client.aclose)
+        invoker = Invoker(client, settings)
+        log.info("ready: %d worker(s) on %s", concurrency, address)
+        workers = [_worker(api, invoker, app, concurrency) for _ in range(concurrency)]
+        try:
+            await asyncio.gather(*workers)
+        except httpx.TransportError as exc:
+            log.info("runtime API unreachable (%s); exiting", exc)
+            return 0
+    return 0
+
+
+def main() -> int:
+    configure_logging("INFO")  # until the settings name the level
+    # One line per invocation is ours; httpx would add three per invocation.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    address = os.environ["AWS_LAMBDA_RUNTIME_API"]
+    try:
+        concurrency = max(1, int(os.environ.get("AWS_LAMBDA_MAX_CONCURRENCY") or 1))
+    except ValueError:
+        concurrency = 1
+    return asyncio.run(run(address, concurrency))

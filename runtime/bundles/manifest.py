@@ -1,0 +1,363 @@
+"""Bundle manifests: parse, validate, identify, build and verify.
+
+A bundle is a directory holding `bundle.json` and data files (safetensors, JSON
+or plain text). Its immutable id is `name@sha256:<hex>` of the canonical
+manifest (sorted keys, no whitespace), so any change to a file's hash, the
+config or the memory plan gives a new id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import stat
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from runtime.errors import BundleError, IntegrityError
+
+if TYPE_CHECKING:
+    # Not at runtime: runtime.bundles.sources imports this module.
+    from runtime.bundles.stamps import VerifiedStamps
+
+MANIFEST = "bundle.json"
+FORMAT_VERSION = 1
+MAX_MANIFEST_BYTES = 1024 * 1024
+DATA_SUFFIXES = frozenset({".safetensors", ".json", ".txt"})
+PICKLE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt"})
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_TOP_FIELDS = {"format", "name", "version", "files", "config", "memory"}
+_FILE_FIELDS = {"path", "size", "sha256"}
+_MEMORY_FIELDS = {"weights_bytes", "per_request_bytes"}
+_HASH_CHUNK = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class BundleFile:
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    version: str
+    files: tuple[BundleFile, ...]
+    config: dict[str, Any] = field(default_factory=dict)
+    weights_bytes: int = 0
+    per_request_bytes: int = 0
+
+    # `id` and `total_bytes` are cached (a manifest is immutable): the one hashes the
+    # canonical form, the other is read by the estimate of every cold request.
+    @cached_property
+    def id(self) -> str:
+        digest = hashlib.sha256(self.canonical()).hexdigest()
+        return f"{self.name}@sha256:{digest}"
+
+    @property
+    def short_id(self) -> str:
+        return self.id[: len(self.name) + 1 + 7 + 12]
+
+    @cached_property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_VERSION,
+            "name": self.name,
+            "version": self.version,
+            "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files],
+            "config": self.config,
+            "memory": {
+                "weights_bytes": self.weights_bytes,
+                "per_request_bytes": self.per_request_bytes,
+            },
+        }
+
+    def canonical(self) -> bytes:
+        return orjson.dumps(self.to_dict(), option=orjson.OPT_SORT_KEYS)
+
+
+def check_relative_path(path: Any, where: str) -> str:
+    """A manifest path: relative POSIX, no `..`, an allowed data suffix."""
+    if not isinstance(path, str) or not path:
+        raise BundleError(f"{where}: path must be a non-empty string")
+    if "\\" in path or "\x00" in path:
+        raise BundleError(f"{where}: path {path!r} has a forbidden character")
+    pure = PurePosixPath(path)
+    if pure.is_absolute():
+        raise BundleError(f"{where}: path {path!r} is absolute")
+    if any(part in ("..", ".", "") for part in path.split("/")):
+        raise BundleError(f"{where}: path {path!r} must not contain '..' or empty parts")
+    suffix = pure.suffix.lower()
+    if suffix in PICKLE_SUFFIXES:
+        raise BundleError(f"{where}: {path!r} is a pickle-based format; use safetensors")
+    if suffix not in DATA_SUFFIXES:
+        raise BundleError(
+            f"{where}: {path!r} has an unsupported type (allowed: .safetensors, .json, .txt)"
+        )
+    if pure.name == MANIFEST:
+        raise BundleError(f"{where}: {path!r} cannot list the manifest itself")
+    return path
+
+
+def _non_negative_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BundleError(f"{where} must be a non-negative integer")
+    return value
+
+
+def parse_manifest(raw: bytes | str) -> Manifest:
+    """Parse and validate manifest text; any defect raises `BundleError`."""
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise BundleError(f"{MANIFEST}: larger than {MAX_MANIFEST_BYTES} bytes")
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BundleError(f"{MANIFEST}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise BundleError(f"{MANIFEST}: must be a JSON object")
+    unknown = sorted(set(data) - _TOP_FIELDS)
+    if unknown:
+        raise BundleError(f"{MANIFEST}: unknown field {unknown[0]!r}")
+    for required in ("format", "name", "version", "files"):
+        if required not in data:
+            raise BundleError(f"{MANIFEST}: missing field {required!r}")
+    if data["format"] != FORMAT_VERSION or isinstance(data["format"], bool):
+        raise BundleError(
+            f"{MANIFEST}: unsupported format {data['format']!r} "
+            f"(this runtime reads {FORMAT_VERSION})"
+        )
+    name = data["name"]
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise BundleError(f"{MANIFEST}: field 'name' must match {_NAME.pattern}")
+    version = data["version"]
+    if not isinstance(version, str) or not version or len(version) > 128:
+        raise BundleError(f"{MANIFEST}: field 'version' must be a non-empty string")
+    files_raw = data["files"]
+    if not isinstance(files_raw, list) or not files_raw:
+        raise BundleError(f"{MANIFEST}: field 'files' must be a non-empty list")
+    files: list[BundleFile] = []
+    seen: set[str] = set()
+    for index, entry in enumerate(files_raw):
+        where = f"{MANIFEST}: files[{index}]"
+        if not isinstance(entry, dict):
+            raise BundleError(f"{where} must be an object")
+        extra = sorted(set(entry) - _FILE_FIELDS)
+        if extra:
+            raise BundleError(f"{where}: unknown field {extra[0]!r}")
+        missing = sorted(_FILE_FIELDS - set(entry))
+        if missing:
+            raise BundleError(f"{where}: missing field {missing[0]!r}")
+        path = check_relative_path(entry["path"], where)
+        if path in seen:
+            raise BundleError(f"{where}: duplicate path {path!r}")
+        seen.add(path)
+        size = _non_negative_int(entry["size"], f"{where}.size")
+        digest = entry["sha256"]
+        if not isinstance(digest, str) or not _SHA256.match(digest):
+            raise BundleError(f"{where}.sha256 must be 64 lowercase hex digits")
+        files.append(BundleFile(path, size, digest))
+    config = data.get("config", {})
+    if not isinstance(config, dict):
+        raise BundleError(f"{MANIFEST}: field 'config' must be an object")
+    memory = data.get("memory", {})
+    if not isinstance(memory, dict):
+        raise BundleError(f"{MANIFEST}: field 'memory' must be an object")
+    extra_mem = sorted(set(memory) - _MEMORY_FIELDS)
+    if extra_mem:
+        raise BundleError(f"{MANIFEST}: unknown field 'memory.{extra_mem[0]}'")
+    weights_bytes = _non_negative_int(
+        memory.get("weights_bytes", sum(f.size for f in files if f.path.endswith(".safetensors"))),
+        f"{MANIFEST}: memory.weights_bytes",
+    )
+    per_request = _non_negative_int(
+        memory.get("per_request_bytes", 0), f"{MANIFEST}: memory.per_request_bytes"
+    )
+    return Manifest(name, version, tuple(files), config, weights_bytes, per_request)
+
+
+def read_manifest(bundle_dir: Path) -> Manifest:
+    path = bundle_dir / MANIFEST
+    try:
+        st = path.lstat()
+    except FileNotFoundError as exc:
+        raise BundleError(f"{path}: no {MANIFEST}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise BundleError(f"{path}: must be a regular file")
+    if st.st_size > MAX_MANIFEST_BYTES:
+        raise BundleError(f"{MANIFEST}: larger than {MAX_MANIFEST_BYTES} bytes")
+    return parse_manifest(path.read_bytes())
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as handle:
+        buffer = bytearray(_HASH_CHUNK)
+        view = memoryview(buffer)
+        while True:
+            n = handle.readinto(buffer)
+            if not n:
+                break
+            digest.update(view[:n])
+    return digest.hexdigest()
+
+
+def _check_regular(bundle_dir: Path, rel: str) -> Path:
+    """Refuse links, devices and anything that escapes the bundle directory."""
+    path = bundle_dir / rel
+    try:
+        st = path.lstat()
+    except FileNotFoundError as exc:
+        raise BundleError(f"{rel}: listed in {MANIFEST} but missing") from exc
+    if stat.S_ISLNK(st.st_mode):
+        raise BundleError(f"{rel}: is a symbolic link; bundle files must be regular files")
+    if not stat.S_ISREG(st.st_mode):
+        raise BundleError(f"{rel}: is not a regular file")
+    if st.st_nlink > 1:
+        raise BundleError(f"{rel}: has {st.st_nlink} hard links; bundle files must have one")
+    root = bundle_dir.resolve()
+    if root not in path.resolve().parents:
+        raise BundleError(f"{rel}: resolves outside the bundle directory")
+    return path
+
+
+def _walk_files(bundle_dir: Path) -> Iterable[str]:
+    for dirpath, dirnames, filenames in os.walk(bundle_dir, followlinks=False):
+        rel_dir = Path(dirpath).relative_to(bundle_dir)
+        for name in filenames + [d for d in dirnames if (Path(dirpath) / d).is_symlink()]:
+            rel = (rel_dir / name).as_posix()
+            yield rel
+
+
+def verify_files(
+    bundle_dir: Path,
+    manifest: Manifest,
+    *,
+    on_progress: Callable[[int], None] | None = None,
+    workers: int = 4,
+    stamps: VerifiedStamps | None = None,
+) -> int:
+    """Check the file set, sizes and sha256 of every listed file (in parallel).
+
+    With `stamps`, a file unchanged since it was last verified here is not
+    hashed again (runtime/bundles/stamps.py). Returns the bytes hashed.
+    """
+    started_ns = time.time_ns()
+    listed = {f.path for f in manifest.files}
+    for rel in _walk_files(bundle_dir):
+        if rel != MANIFEST and rel not in listed and not rel.startswith(".thaw-"):
+            raise BundleError(f"{rel}: present in the bundle but not listed in {MANIFEST}")
+    stats: dict[str, os.stat_result] = {}
+    for f in manifest.files:
+        st = stats[f.path] = _check_regular(bundle_dir, f.path).stat()
+        if st.st_size != f.size:
+            raise IntegrityError(
+                f"{f.path}: size {st.st_size} does not match manifest size {f.size}", file=f.path
+            )
+    key = stamps.key(bundle_dir, manifest.id) if stamps is not None else ""
+    to_hash = [
+        f
+        for f in manifest.files
+        if stamps is None or not stamps.unchanged(key, f.path, stats[f.path])
+    ]
+    hashed = sum(f.size for f in to_hash)
+    if on_progress is not None and hashed < manifest.total_bytes:
+        on_progress(manifest.total_bytes - hashed)
+
+    def check(f: BundleFile) -> None:
+        actual = sha256_file(bundle_dir / f.path)
+        if actual != f.sha256:
+            raise IntegrityError(
+                f"{f.path}: sha256 mismatch (file changed or corrupt)", file=f.path
+            )
+        if on_progress is not None:
+            on_progress(f.size)
+
+    if to_hash:
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(to_hash)))) as pool:
+            for future in [pool.submit(check, f) for f in to_hash]:
+                future.result()
+        if stamps is not None:
+            stamps.record(key, stats, started_ns)
+    return hashed
+
+
+def verify_bundle(bundle_dir: Path) -> Manifest:
+    """Manifest, file set, sizes and hashes. Raises `BundleError` on any defect."""
+    if not bundle_dir.is_dir():
+        raise BundleError(f"{bundle_dir}: not a directory")
+    manifest = read_manifest(bundle_dir)
+    verify_files(bundle_dir, manifest)
+    return manifest
+
+
+def write_manifest(out_dir: Path, manifest: Manifest) -> None:
+    text = orjson.dumps(manifest.to_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+    tmp = out_dir / f".{MANIFEST}.tmp"
+    tmp.write_bytes(text + b"\n")
+    os.replace(tmp, out_dir / MANIFEST)
+
+
+def build_bundle(
+    src: Path,
+    name: str,
+    *,
+    version: str = "1",
+    out: Path | None = None,
+    config: dict[str, Any] | None = None,
+    per_request_bytes: int = 0,
+    weights_bytes: int | None = None,
+) -> Manifest:
+    """Write a bundle from a directory (or one file) of safetensors/JSON/text files.
+
+    Files are copied into `out` (default: `src` itself when it is a directory)
+    and the manifest written last, so a half-built bundle has no manifest.
+    """
+    if not _NAME.match(name):
+        raise BundleError(f"name {name!r} must match {_NAME.pattern}")
+    if not src.exists():
+        raise BundleError(f"{src}: does not exist")
+    sources = sorted(p for p in src.rglob("*") if p.is_file()) if src.is_dir() else [src]
+    root = src if src.is_dir() else src.parent
+    out_dir = out if out is not None else root
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files: list[BundleFile] = []
+    for path in sources:
+        rel = path.relative_to(root).as_posix()
+        if rel == MANIFEST or path.name.startswith("."):
+            continue
+        check_relative_path(rel, str(path))
+        if path.is_symlink():
+            raise BundleError(f"{rel}: is a symbolic link")
+        target = out_dir / rel
+        if target.resolve() != path.resolve():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+        files.append(BundleFile(rel, target.stat().st_size, sha256_file(target)))
+    if not files:
+        raise BundleError(f"{src}: no safetensors, JSON or text files to bundle")
+    if weights_bytes is None:
+        weights_bytes = sum(f.size for f in files if f.path.endswith(".safetensors"))
+    manifest = Manifest(
+        name=name,
+        version=version,
+        files=tuple(files),
+        config=dict(config or {}),
+        weights_bytes=weights_bytes,
+        per_request_bytes=per_request_bytes,
+    )
+    write_manifest(out_dir, manifest)
+    return manifest

@@ -1,0 +1,46 @@
+"""Where bundles come from, and how their files reach local disk verified.
+
+A source names bundles, returns their manifests, and *fetches* a bundle: makes
+every file present on local disk with its sha256 checked (FETCHED), returning
+the directory that holds them. `open_source` picks the implementation from the
+`THAW_BUNDLE_SOURCE` URL; the S3 source (and boto3) is imported only when used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from runtime.bundles.manifest import Manifest
+from runtime.settings import Settings
+
+Progress = Callable[[int], None]
+
+
+class BundleSource(Protocol):
+    def names(self) -> list[str]:
+        """Every bundle name the source holds."""
+        ...
+
+    def manifest(self, name: str) -> Manifest:
+        """The current manifest of `name`; raises UnknownBundle or BundleError."""
+        ...
+
+    def fetch(self, manifest: Manifest, on_progress: Progress) -> Path:
+        """Make every file local and verified; returns the bundle directory."""
+        ...
+
+    def describe(self) -> str: ...
+
+
+def open_source(settings: Settings) -> BundleSource:
+    url = settings.bundle_source
+    if url.startswith("s3://"):
+        from runtime.bundles.sources.s3 import S3Source
+
+        return S3Source.from_settings(settings)
+    from runtime.bundles.sources.local import LocalSource
+    from runtime.bundles.stamps import VerifiedStamps
+
+    return LocalSource(Path(url), VerifiedStamps(settings.state_path / "verified.json"))

@@ -1,0 +1,182 @@
+"""`thaw coldstart HANDLER`: where a cold start's time goes.
+
+Starts a fresh `thaw serve` process on a free 127.0.0.1 port (a plain server,
+not an emulator instance: the numbers are the runtime's own, without the
+emulator's Runtime API hop), then measures
+
+    process start -> healthy    spawn until GET /healthz answers 200
+    first invocation            client-observed total, split by the response's
+                                Server-Timing into queue, fetch, load, init,
+                                warmup and run
+    warm invocations            N more, p50 and p99
+
+A handler without a model pays no fetch/load/init/warmup: those phases are
+reported as 0 and listed under `phases_absent`. The first invocation asks for
+a long wait (`Prefer: wait=600`) so it is answered in one response. The
+process is stopped (its whole process group) however the run ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from runtime.errors import ThawError
+
+PHASES = ("queue", "fetch", "load", "init", "warmup", "run")
+HEALTHY_TIMEOUT_S = 60.0
+FIRST_WAIT_S = 600.0
+
+
+def parse_server_timing(header: str) -> dict[str, float]:
+    """`queue;dur=0.1, fetch;dur=12.0` -> {"queue": 0.1, "fetch": 12.0}; junk is skipped."""
+    timings: dict[str, float] = {}
+    for metric in header.split(","):
+        name, *params = (part.strip() for part in metric.split(";"))
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "dur" and name:
+                with contextlib.suppress(ValueError):
+                    timings[name] = float(value.strip().strip('"'))
+    return timings
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile; 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class _Server:
+    """A `thaw serve` child in its own process group, its output in a temp file."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(prefix="thaw-coldstart-", suffix=".log")  # noqa: SIM115
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "runtime.cli.main", "serve", "--port", str(self.port)],
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def output(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")[-4000:]
+
+    def wait_healthy(self) -> float:
+        deadline = self.started + HEALTHY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ThawError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
+                    return (time.monotonic() - self.started) * 1000.0
+            time.sleep(0.005)
+        raise ThawError(f"server not healthy after {HEALTHY_TIMEOUT_S:g} s:\n{self.output()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10.0)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+def _invoke(client: httpx.Client, url: str, body: bytes, wait_s: float) -> httpx.Response:
+    return client.post(
+        url,
+        content=body,
+        headers={"content-type": "application/json", "prefer": f"wait={wait_s:g}"},
+        timeout=wait_s + 30.0,
+    )
+
+
+def measure(handler: str, event: Any, runs: int) -> dict[str, Any]:
+    """Run the measurement; the server is stopped before this returns or raises."""
+    body = orjson.dumps(event)
+    server = _Server()
+    try:
+        healthy_ms = server.wait_healthy()
+        # A fresh client: the first invocation pays its connection, as a real caller's does.
+        with httpx.Client() as client:
+            url = f"{server.url}/invoke/{handler}"
+            started = time.monotonic()
+            first = _invoke(client, url, body, FIRST_WAIT_S)
+            first_ms = (time.monotonic() - started) * 1000.0
+            if first.status_code != 200:
+                raise ThawError(f"first invocation answered {first.status_code}: {first.text}")
+            timings = parse_server_timing(first.headers.get("server-timing", ""))
+            warm: list[float] = []
+            for _ in range(runs):
+                started = time.monotonic()
+                response = _invoke(client, url, body, FIRST_WAIT_S)
+                warm.append((time.monotonic() - started) * 1000.0)
+                if response.status_code != 200:
+                    raise ThawError(f"warm invocation answered {response.status_code}")
+    finally:
+        server.stop()
+    return {
+        "handler": handler,
+        "server": "thaw serve (fresh process, 127.0.0.1)",
+        "pid": server.proc.pid,
+        "process_start_to_healthy_ms": healthy_ms,
+        "first_invocation_ms": first_ms,
+        "phases_ms": {p: timings.get(p, 0.0) for p in PHASES},
+        "phases_absent": [p for p in PHASES if p not in timings],
+        "warm": {
+            "runs": len(warm),
+            "p50_ms": percentile(warm, 0.50),
+            "p99_ms": percentile(warm, 0.99),
+        },
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    phases = result["phases_ms"]
+    absent = result["phases_absent"]
+    lines = [
+        f"coldstart {result['handler']} ({result['server']})",
+        f"  process start -> healthy  {result['process_start_to_healthy_ms']:10.1f} ms",
+        f"  first invocation          {result['first_invocation_ms']:10.1f} ms",
+    ]
+    for phase in PHASES:
+        note = "  (not paid: no such phase for this handler)" if phase in absent else ""
+        lines.append(f"    {phase:<8}                {phases[phase]:10.1f} ms{note}")
+    warm = result["warm"]
+    lines.append(
+        f"  warm x{warm['runs']:<4}  p50 {warm['p50_ms']:.1f} ms  p99 {warm['p99_ms']:.1f} ms"
+    )
+    return "\n".join(lines)
+
+
+def run_coldstart(handler: str, event: Any, runs: int, as_json: bool) -> int:
+    result = measure(handler, event, max(0, runs))
+    print(orjson.dumps(result).decode() if as_json else render(result))
+    return 0

@@ -1,0 +1,199 @@
+"""The `thaw` command line.
+
+    thaw bundle build SRC --name N [--version V] [--out DIR] [--config JSON|@file]
+    thaw bundle verify PATH
+    thaw invoke HANDLER --event JSON|@file.json
+    thaw serve [--host 127.0.0.1] [--port 8080] [--insecure]
+    thaw emulate [--port 9000] [--template template.yaml] [--max-instances N] [--idle-timeout S]
+    thaw coldstart HANDLER [--event JSON] [--runs N] [--json]
+    thaw keys hash < key            print a THAW_API_KEYS_FILE line for the key on stdin
+
+Every command exits non-zero with a one-line message on error. Heavy modules
+are imported inside the command that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from runtime.errors import ThawError
+
+
+def _read_json_arg(text: str, what: str) -> Any:
+    """JSON given inline or as @path."""
+    raw: bytes | str = text
+    if text.startswith("@"):
+        try:
+            raw = Path(text[1:]).read_bytes()
+        except OSError as exc:
+            raise ThawError(f"{what}: cannot read {text[1:]}: {exc.strerror}") from exc
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ThawError(f"{what}: not valid JSON ({exc})") from exc
+
+
+def _cmd_bundle_build(args: argparse.Namespace) -> int:
+    from runtime.bundles.manifest import build_bundle
+
+    src = Path(args.src)
+    config = _read_json_arg(args.config, "--config") if args.config else {}
+    if not isinstance(config, dict):
+        raise ThawError("--config must be a JSON object")
+    per_request = args.per_request_bytes
+    if src.is_file() and src.suffix.lower() in {".gguf", ".pth", ".pt"}:
+        # Conversions write safetensors into a staging dir; pickle never reaches the bundle.
+        from runtime.bundles.convert import convert_source
+
+        out = Path(args.out) if args.out else Path("bundles") / args.name
+        converted = convert_source(src, out, progress=sys.stderr)
+        config = {**converted.config, **config}
+        if per_request is None:
+            per_request = converted.per_request_bytes
+        manifest = build_bundle(
+            out,
+            args.name,
+            version=args.version,
+            out=out,
+            config=config,
+            per_request_bytes=per_request or 0,
+            weights_bytes=converted.weights_bytes,
+        )
+    else:
+        out = Path(args.out) if args.out else None
+        manifest = build_bundle(
+            src,
+            args.name,
+            version=args.version,
+            out=out,
+            config=config,
+            per_request_bytes=per_request or 0,
+        )
+    target = out if out is not None else src
+    size = f"{len(manifest.files)} files, {manifest.total_bytes} bytes"
+    print(f"built {manifest.id} in {target} ({size})")
+    return 0
+
+
+def _cmd_bundle_verify(args: argparse.Namespace) -> int:
+    from runtime.bundles.manifest import verify_bundle
+
+    manifest = verify_bundle(Path(args.path))
+    print(f"ok {manifest.id} ({len(manifest.files)} files, {manifest.total_bytes} bytes)")
+    return 0
+
+
+def _cmd_invoke(args: argparse.Namespace) -> int:
+    from runtime.cli.invoke import invoke_once
+
+    event = _read_json_arg(args.event, "--event")
+    return invoke_once(args.handler, event)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from runtime.http.server import serve
+
+    return serve(host=args.host, port=args.port, insecure=args.insecure)
+
+
+def _cmd_emulate(args: argparse.Namespace) -> int:
+    from runtime.emulator import run_emulator
+
+    code: int = run_emulator(
+        port=args.port,
+        template=Path(args.template),
+        max_instances=args.max_instances,
+        idle_timeout_s=args.idle_timeout,
+        host=args.host,
+    )
+    return code
+
+
+def _cmd_coldstart(args: argparse.Namespace) -> int:
+    from runtime.cli.coldstart import run_coldstart
+
+    event = _read_json_arg(args.event, "--event") if args.event else {}
+    code: int = run_coldstart(args.handler, event=event, runs=args.runs, as_json=args.json)
+    return code
+
+
+def _cmd_keys_hash(args: argparse.Namespace) -> int:
+    from runtime.http.auth import print_hash_line
+
+    return print_hash_line()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="thaw", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    bundle = sub.add_parser("bundle", help="build and verify model bundles")
+    bsub = bundle.add_subparsers(dest="bundle_command", required=True)
+    build = bsub.add_parser(
+        "build", help="write a bundle from safetensors/JSON/text (or .gguf/.pth)"
+    )
+    build.add_argument("src")
+    build.add_argument("--name", required=True)
+    build.add_argument("--version", default="1")
+    build.add_argument("--out")
+    build.add_argument("--config", help="bundle config: JSON or @file.json")
+    build.add_argument("--per-request-bytes", type=int, default=None)
+    build.set_defaults(func=_cmd_bundle_build)
+    verify = bsub.add_parser("verify", help="check manifest, file set, sizes and hashes")
+    verify.add_argument("path")
+    verify.set_defaults(func=_cmd_bundle_verify)
+
+    invoke = sub.add_parser("invoke", help="run one invocation in-process")
+    invoke.add_argument("handler")
+    invoke.add_argument("--event", default="{}", help="JSON or @file.json")
+    invoke.set_defaults(func=_cmd_invoke)
+
+    serve = sub.add_parser("serve", help="serve the HTTP contract")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument(
+        "--insecure", action="store_true", help="allow a non-loopback bind without API keys"
+    )
+    serve.set_defaults(func=_cmd_serve)
+
+    emulate = sub.add_parser("emulate", help="local Lambda invocation emulator")
+    emulate.add_argument("--host", default="127.0.0.1")
+    emulate.add_argument("--port", type=int, default=9000)
+    emulate.add_argument("--template", default="template.yaml")
+    emulate.add_argument("--max-instances", type=int, default=None)
+    emulate.add_argument("--idle-timeout", type=float, default=300.0)
+    emulate.set_defaults(func=_cmd_emulate)
+
+    cold = sub.add_parser("coldstart", help="cold-start breakdown of one handler")
+    cold.add_argument("handler")
+    cold.add_argument("--event", default=None, help="JSON or @file.json")
+    cold.add_argument("--runs", type=int, default=20)
+    cold.add_argument("--json", action="store_true")
+    cold.set_defaults(func=_cmd_coldstart)
+
+    keys = sub.add_parser("keys", help="API key helpers").add_subparsers(required=True)
+    keys.add_parser("hash", help="read a key on stdin, print its key-file line").set_defaults(
+        func=_cmd_keys_hash
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        result: int = args.func(args)
+        return result
+    except ThawError as exc:
+        print(f"thaw: error: {exc.message}", file=sys.stderr)
+        return 2 if exc.status < 500 else 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,386 @@
+"""The deadline rule: answer every invocation before its deadline.
+
+    READY            -> run
+    not READY        -> estimate remaining load + run time
+        fits         -> wait for the (single-flight) load, then run
+        does not fit -> create a job, answer 202 at once
+    estimate wrong   -> just before the deadline, turn the waiting request into
+                        a job and answer 202; the work goes on
+
+The work of every invocation is started once, at admission, and a request
+that becomes a job keeps that same work, so nothing runs twice. It costs a
+task only where it must wait on the loop: work that needs a load, or an async
+handler that suspends (runtime/dispatch/eager.py). A sync handler whose models are
+ready goes straight to a handler thread, and the thread's callback finishes
+it (runtime/dispatch/calls.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from runtime.context import Context
+from runtime.dispatch import eager
+from runtime.dispatch.calls import Caller, ThreadOutcome, caller_error, handler_error
+from runtime.dispatch.deadlines import Deadlines
+from runtime.errors import Draining, QueueFull, ThawError
+from runtime.jobs import Job
+from runtime.jobs.manager import JobManager
+from runtime.metrics import HandlerStats, Metrics
+from runtime.models.cache import Lease, ModelCache
+from runtime.models.estimate import Estimator
+from runtime.models.lifecycle import LOAD_PHASES
+from runtime.registry import HandlerSpec, Registry
+from runtime.settings import Settings
+
+log = logging.getLogger("thaw.dispatch")
+# Looked up once: `logging.getLogger` takes the logging module's lock on every call.
+HANDLER_LOG = logging.getLogger("thaw.handler")
+
+# The first `import torch` of a process holds the GIL for a few hundred ms
+# (torch._C's module init), freezing the event loop and every deadline timer
+# with it. While that import is still ahead, waiting requests keep this much
+# more in hand.
+FRAMEWORK_STALL_S = 0.4
+
+
+@dataclass
+class Completed:
+    output: Any
+    timings_ms: dict[str, float]
+
+
+@dataclass
+class Accepted:
+    job: Job
+    retry_after_s: float
+
+
+def _settle(settled: asyncio.Future[None]) -> None:
+    if not settled.done():
+        settled.set_result(None)
+
+
+class Work:
+    """What one invocation is doing, for Server-Timing and the job's phase.
+
+    A plain slotted class: one is made per request, and a dataclass with a
+    default factory costs several times as much to build.
+    """
+
+    __slots__ = ("handler", "leases", "phase", "running", "settled", "timings_ms")
+
+    def __init__(self, handler: str, phase: str = "queued") -> None:
+        self.handler = handler
+        self.phase = phase
+        # In phase order (queue, fetch, load, init, warmup, run), as Server-Timing lists them.
+        self.timings_ms: dict[str, float] = {}
+        self.running = False
+        # The models it holds, let go of as its last step, or when it is cancelled.
+        self.leases: list[Lease] = []
+        # Made by whoever waits for the work; set when the work ends (or, if it
+        # never ran, when it was cancelled).
+        self.settled: asyncio.Future[None] | None = None
+
+    def release(self) -> None:
+        """Let go of the models it holds (once)."""
+        leases, self.leases = self.leases, []
+        for lease in leases:
+            lease.release()
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        registry: Registry,
+        cache: ModelCache,
+        jobs: JobManager,
+        estimator: Estimator,
+        metrics: Metrics,
+        caller: Caller,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.cache = cache
+        self.jobs = jobs
+        self.estimator = estimator
+        self.metrics = metrics
+        self.caller = caller
+        self.draining = False
+        self.pending: dict[str, int] = defaultdict(int)
+        # Outcomes of the work in flight: tasks, or futures a handler thread settles.
+        self.in_flight: set[asyncio.Future[Any]] = set()
+        self.deadlines = Deadlines()
+        for name in registry.handlers:
+            self.handler_stats(name)
+        jobs.execute = self._execute_job
+        jobs.can_run = lambda handler: handler in registry.handlers
+
+    def handler_stats(self, name: str) -> HandlerStats:
+        found = self.metrics.handlers.get(name)
+        if found is None:
+            found = self.metrics.handler(name)
+            # Read at scrape time, so the warm path does not take the gauge's lock twice.
+            self.metrics.queue_depth.labels(name).set_function(lambda: self.pending[name])
+        return found
+
+    # ---- the deadline rule ------------------------------------------------------
+
+    async def invoke(
+        self,
+        name: str,
+        event: Any,
+        *,
+        wait_s: float | None = None,
+        respond_async: bool = False,
+        request_id: str,
+        key_id: str | None = None,
+    ) -> Completed | Accepted:
+        received = time.monotonic()
+        spec = self.registry.handler(name)
+        if self.draining:
+            raise Draining("this instance is draining and takes no new work")
+        stats = self.handler_stats(name)
+        if self.pending[name] >= self.settings.max_queue:
+            stats.count("throttled")
+            raise QueueFull(
+                f"handler {name!r} has {self.pending[name]} requests queued "
+                f"(limit {self.settings.max_queue})",
+                retry_after_s=max(1.0, await self._estimate_s(spec)),
+            )
+        wait = self.settings.wait_s if wait_s is None else wait_s
+        deadline_at = received + wait
+        ctx = Context(
+            request_id=request_id, handler=name, deadline_at=deadline_at, logger=HANDLER_LOG
+        )
+        cold = bool(spec.uses) and not all(map(self.cache.is_ready, spec.uses))
+        work = Work(name, "loading" if cold else "queued")
+        # Warm: nothing to load, so the estimate is the run time (no cache lookups).
+        estimate_s = await self._estimate_s(spec) if cold else self.estimator.run_s(name)
+        # The margin never eats more than a quarter of a short deadline, so a
+        # warm request with `wait=0.1` still runs instead of becoming a job.
+        answer_by = deadline_at - min(self.settings.deadline_margin_s, wait * 0.25)
+        if spec.uses and self.cache.device is None:
+            answer_by -= FRAMEWORK_STALL_S
+        if respond_async or estimate_s > answer_by - time.monotonic():
+            # Record the job before starting the work, so the answer is not
+            # delayed by what the work does first (a cold load imports torch).
+            job = await self._record(spec, event, work, key_id)
+            self._follow(spec, job, self._start(spec, event, ctx, work), work)
+            return Accepted(job, retry_after_s=max(1.0, estimate_s))
+        outcome = self._start(spec, event, ctx, work)
+        if outcome.done() or await self._settled_by(work, outcome, answer_by):
+            output = outcome.result()
+            stats.count("sync")
+            return Completed(output, work.timings_ms)
+        # The estimate was wrong: answer 202 now; the same work goes on.
+        job = await self._record(spec, event, work, key_id)
+        self._follow(spec, job, outcome, work)
+        return Accepted(job, retry_after_s=max(1.0, await self._estimate_s(spec)))
+
+    async def _settled_by(self, work: Work, outcome: asyncio.Future[Any], answer_by: float) -> bool:
+        """Wait until `answer_by` at the latest for the work to settle; True when it is done.
+
+        The work settles `work.settled` itself as its last step, so the waiting
+        request resumes in the next turn of the loop rather than two turns later
+        (outcome set -> its callbacks -> a waiter's callbacks). The outcome's done
+        callback settles it too, for work cancelled before it ever ran.
+        """
+        work.settled = asyncio.get_running_loop().create_future()
+        await self.deadlines.wait(work.settled, answer_by)
+        return outcome.done()
+
+    async def _record(self, spec: HandlerSpec, event: Any, work: Work, key_id: str | None) -> Job:
+        job = await self.jobs.record(spec.name, event, phase=work.phase, key_id=key_id)
+        self.handler_stats(spec.name).count("async")
+        return job
+
+    def _follow(
+        self, spec: HandlerSpec, job: Job, outcome: asyncio.Future[Any], work: Work
+    ) -> None:
+        self.jobs.follow(job, outcome, lambda: (work.phase, self._progress(spec)))
+
+    async def _estimate_s(self, spec: HandlerSpec) -> float:
+        ready_s = 0.0
+        for name in spec.uses:
+            ready_s = max(ready_s, await self.cache.estimate_ready_s(name))
+        return ready_s + self.estimator.run_s(spec.name)
+
+    def _progress(self, spec: HandlerSpec) -> dict[str, Any] | None:
+        for name in spec.uses:
+            entry = self.cache.entries.get(name)
+            if entry is not None and entry.lifecycle.loading and entry.manifest is not None:
+                return {
+                    "bundle": name,
+                    "state": str(entry.lifecycle.state),
+                    "bytes": entry.progress_bytes,
+                    "total_bytes": entry.manifest.total_bytes,
+                }
+        return None
+
+    # ---- executing work ---------------------------------------------------------
+
+    def _start(
+        self, spec: HandlerSpec, event: Any, ctx: Context, work: Work
+    ) -> asyncio.Future[Any]:
+        """Start the work now: the future of its outcome."""
+        stats = self.handler_stats(spec.name)
+        self.pending[spec.name] += 1
+        leases = None if spec.is_async else self.cache.leases_now(spec.uses)
+        if leases is None:
+            outcome = eager.start(self._execute(spec, event, ctx, work, stats))
+        else:
+            work.leases = leases
+            outcome = self._in_thread(spec, event, ctx, work, stats)
+        if outcome.done():
+            self._finished(spec.name, work, stats, outcome)
+        else:
+            self.in_flight.add(outcome)
+            outcome.add_done_callback(partial(self._finished, spec.name, work, stats))
+        return outcome
+
+    def _finished(
+        self, name: str, work: Work, stats: HandlerStats, outcome: asyncio.Future[Any]
+    ) -> None:
+        self.in_flight.discard(outcome)
+        self.pending[name] -= 1
+        if work.leases:
+            # Cancelled: its models are let go of at once, though a handler
+            # thread may still run (it keeps its own reference to the model).
+            work.release()
+        if work.settled is not None:
+            _settle(work.settled)
+        if not outcome.cancelled() and outcome.exception() is not None:
+            stats.count("error")
+
+    def _in_thread(
+        self, spec: HandlerSpec, event: Any, ctx: Context, work: Work, stats: HandlerStats
+    ) -> asyncio.Future[Any]:
+        """A sync handler whose models are ready, with no task: `_ran_in_thread` finishes it."""
+        outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        run_started = self._running(work, time.monotonic(), {})
+        models = [lease.model for lease in work.leases]
+        then = partial(self._ran_in_thread, spec, ctx, work, stats, outcome, run_started)
+        try:
+            self.caller.submit(spec, event, models, ctx, then)
+        except Draining as exc:
+            outcome.set_exception(exc)
+        return outcome
+
+    def _ran_in_thread(
+        self,
+        spec: HandlerSpec,
+        ctx: Context,
+        work: Work,
+        stats: HandlerStats,
+        outcome: asyncio.Future[Any],
+        run_started: float,
+        done: ThreadOutcome,
+    ) -> None:
+        if outcome.done():  # cancelled (drain, a job's lost lease): nobody waits for it
+            return
+        if done.cancelled():  # never ran: the handler threads were shut down
+            outcome.cancel()
+        elif (exc := done.exception()) is not None:
+            outcome.set_exception(caller_error(spec, ctx, exc))
+        else:
+            self._ran(spec, work, stats, run_started)
+            outcome.set_result(done.result())
+        if work.leases:
+            work.release()
+        if work.settled is not None:
+            _settle(work.settled)
+
+    def _running(self, work: Work, started: float, load_ms: dict[str, float]) -> float:
+        """Mark `work` running (its queue and load times recorded); when it started to run."""
+        work.phase = "running"
+        work.running = True
+        run_started = time.monotonic()
+        timings = work.timings_ms
+        timings["queue"] = max(0.0, (run_started - started) * 1000 - sum(load_ms.values()))
+        if load_ms:
+            timings.update(load_ms)
+        return run_started
+
+    def _ran(self, spec: HandlerSpec, work: Work, stats: HandlerStats, run_started: float) -> None:
+        run_s = time.monotonic() - run_started
+        work.timings_ms["run"] = run_s * 1000
+        self.estimator.record_run(spec.name, run_s)
+        stats.observe_run(run_s)
+
+    async def _execute(
+        self, spec: HandlerSpec, event: Any, ctx: Context, work: Work, stats: HandlerStats
+    ) -> Any:
+        """Work that may wait: for its models (cold), or for an async handler."""
+        started = time.monotonic()
+        load_ms: dict[str, float] = {}
+        try:
+            if spec.uses:
+                work.phase = "loading"
+                cold = [n for n in spec.uses if not self.cache.is_ready(n)]
+                if len(spec.uses) == 1:
+                    # One bundle needs no gather (which wraps each awaitable in a task).
+                    work.leases.append(await self.cache.acquire(spec.uses[0]))
+                else:
+                    results = await asyncio.gather(
+                        *(self.cache.acquire(n) for n in spec.uses), return_exceptions=True
+                    )
+                    work.leases = [r for r in results if isinstance(r, Lease)]
+                    for r in results:
+                        if isinstance(r, BaseException):
+                            raise r
+                for name in cold:
+                    phases = self.cache.entries[name].lifecycle.phase_ms
+                    for phase in LOAD_PHASES:
+                        load_ms[phase] = load_ms.get(phase, 0.0) + phases.get(phase, 0.0)
+            run_started = self._running(work, started, load_ms)
+            models = [lease.model for lease in work.leases]
+            try:
+                output = await self.caller.call(spec, event, models, ctx)
+            except ThawError:  # a sync handler's error arrives mapped already
+                raise
+            except (Exception, SystemExit) as exc:
+                # SystemExit too: an async handler calling sys.exit() (as argparse
+                # and click do) must not stop the event loop and the server with it.
+                raise handler_error(spec, ctx, exc) from exc
+            self._ran(spec, work, stats, run_started)
+            return output
+        finally:
+            if work.leases:
+                work.release()
+            if work.settled is not None:
+                _settle(work.settled)
+
+    def _execute_job(self, job: Job) -> asyncio.Future[Any]:
+        """Run a recovered job's stored input on this instance."""
+        spec = self.registry.handler(job.handler)
+        ctx = Context(request_id=job.id, handler=job.handler, logger=HANDLER_LOG)
+        return self._start(spec, job.input, ctx, Work(job.handler))
+
+    # ---- drain ------------------------------------------------------------------
+
+    async def wait_idle(self) -> None:
+        """Returns once no invocation or job of this instance is running."""
+        while self.in_flight:
+            await asyncio.wait(set(self.in_flight))
+        await self.jobs.wait_idle()
+
+    async def drain(self, grace_s: float) -> None:
+        """Refuse new work, let in-flight work finish for `grace_s`, abort the rest."""
+        self.draining = True
+        if self.in_flight:
+            await asyncio.wait(set(self.in_flight), timeout=grace_s)
+        await self.jobs.abort_all()
+        for outcome in list(self.in_flight):
+            outcome.cancel()
+        if self.in_flight:
+            await asyncio.wait(set(self.in_flight), timeout=5.0)
+        await self.cache.unload_all()

@@ -1,0 +1,385 @@
+"""The OpenAPI 3.1 description of the HTTP contract, built from the route table.
+
+Paths and methods come from the routes (`runtime.http.app.ROUTES`, passed in, so
+this module never imports the app); what each operation takes and answers
+comes from `OPERATIONS`, keyed by the endpoint's function name, which is also
+the operationId; the summary is the endpoint docstring's first line.
+`build_openapi` refuses a route without an entry and an entry without a
+route, so the description cannot drift from the code.
+
+`POST /jobs/{handler}` and `GET|DELETE /jobs/{job_id}` are one template to
+OpenAPI's eye; they are kept as two path items, as the routes are, so each
+operation names its parameter for what it is (the common tools accept this).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from importlib import metadata
+from typing import Any
+
+from starlette.routing import BaseRoute, Route
+
+from runtime.errors import (
+    BadRequest,
+    NotFound,
+    PayloadTooLarge,
+    QueueFull,
+    ThawError,
+    Unauthorized,
+    Unavailable,
+)
+
+PROBLEM = "application/problem+json"
+_PARAM = re.compile(r"{([^}:]+)(?::[^}]+)?}")
+_PREFERENCE = r"(respond-async|wait=[0-9]{1,3}(\.[0-9]{1,3})?)"
+
+
+def _ref(kind: str, name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/{kind}/{name}"}
+
+
+def _problem(description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    response: dict[str, Any] = {
+        "description": description,
+        "content": {PROBLEM: {"schema": _ref("schemas", "Problem")}},
+    }
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+def _json(schema: dict[str, Any], description: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": schema}},
+        **extra,
+    }
+
+
+_RETRY_AFTER = {"description": "Seconds to wait before retrying", "schema": {"type": "integer"}}
+
+SCHEMAS: dict[str, Any] = {
+    "Problem": {
+        "type": "object",
+        "description": "RFC 9457 problem details; `type` ends in the error's slug.",
+        "required": ["type", "title", "status", "detail"],
+        "properties": {
+            "type": {"type": "string"},
+            "title": {"type": "string"},
+            "status": {"type": "integer"},
+            "detail": {"type": "string"},
+            "instance": {"type": "string"},
+        },
+        "additionalProperties": True,
+    },
+    "JobError": {
+        "type": "object",
+        "required": ["type", "message"],
+        "properties": {
+            "type": {"type": "string", "description": "the problem slug"},
+            "message": {"type": "string"},
+            "retryable": {"type": "boolean"},
+        },
+        "additionalProperties": True,
+    },
+    "Job": {
+        "type": "object",
+        "required": ["id", "handler", "status", "phase", "attempts", "created_at", "updated_at"],
+        "properties": {
+            "id": {"type": "string", "pattern": "^[A-Za-z0-9_-]{22,}$"},
+            "handler": {"type": "string"},
+            "status": {
+                "type": "string",
+                "enum": ["queued", "running", "succeeded", "failed", "cancelled"],
+            },
+            "phase": {"type": "string"},
+            "attempts": {"type": "integer", "minimum": 0},
+            "created_at": {"type": "string", "format": "date-time"},
+            "updated_at": {"type": "string", "format": "date-time"},
+            "progress": {"type": "object"},
+            "output": {"description": "the handler's output, once `succeeded`"},
+            "error": _ref("schemas", "JobError"),
+        },
+    },
+    "Model": {
+        "type": "object",
+        "required": ["name", "state", "loads", "hits"],
+        "properties": {
+            "name": {"type": "string"},
+            "id": {"type": ["string", "null"], "description": "name@sha256:<manifest hash>"},
+            "version": {"type": ["string", "null"]},
+            "state": {"type": "string"},
+            "bytes": {"type": ["integer", "null"]},
+            "phase_ms": {"type": "object", "additionalProperties": {"type": "number"}},
+            "loads": {"type": "integer"},
+            "hits": {"type": "integer"},
+            "in_flight": {"type": "integer"},
+            "pinned": {"type": "boolean"},
+            "last_used_at": {"type": ["number", "null"]},
+            "error": {"type": ["object", "null"]},
+            "progress": {"type": "object"},
+            "estimate": {"type": "object"},
+            "memory": {"type": "object"},
+        },
+    },
+    "Models": {
+        "type": "object",
+        "required": ["models"],
+        "properties": {
+            "models": {"type": "array", "items": _ref("schemas", "Model")},
+            "budget_bytes": {"type": ["integer", "null"]},
+            "reserved_bytes": {"type": "integer"},
+        },
+    },
+    "Status": {
+        "type": "object",
+        "required": ["status"],
+        "properties": {
+            "status": {"type": "string"},
+            "waiting": {"type": "array", "items": {"type": "string"}},
+        },
+    },
+}
+
+PARAMETERS: dict[str, Any] = {
+    "Prefer": {
+        "name": "Prefer",
+        "in": "header",
+        "description": (
+            "RFC 7240. `wait=<seconds>`: the caller's deadline (default THAW_WAIT_S); "
+            "`respond-async`: always answer 202 with a job. Other preferences are ignored."
+        ),
+        # What is guaranteed to be understood; other preferences are ignored, not refused.
+        "schema": {"type": "string", "pattern": f"^{_PREFERENCE}(, ?{_PREFERENCE})*$"},
+        "examples": {
+            "deadline": {"value": "wait=5"},
+            "async": {"value": "respond-async"},
+        },
+    },
+    "RequestId": {
+        "name": "X-Request-Id",
+        "in": "header",
+        "description": "Used as the request id when it matches ^[A-Za-z0-9._:-]{1,128}$.",
+        "schema": {"type": "string"},
+    },
+}
+
+# One response per error class the contract names; the status comes from the class.
+_ERRORS: dict[type[ThawError], tuple[str, str]] = {
+    BadRequest: (
+        "BadRequest",
+        "invalid-json, invalid-prefer, invalid-input (names the field) or bad-request "
+        "(e.g. nesting deeper than THAW_MAX_JSON_DEPTH)",
+    ),
+    Unauthorized: ("Unauthorized", "missing or wrong API key"),
+    NotFound: ("NotFound", "unknown handler, bundle, job or route"),
+    PayloadTooLarge: ("PayloadTooLarge", "body over THAW_MAX_BODY_BYTES"),
+    QueueFull: ("QueueFull", "the handler's queue is full"),
+    ThawError: ("InternalError", "handler-error, bundle-invalid, integrity or internal"),
+    Unavailable: ("Unavailable", "draining, load-failed or insufficient-memory"),
+}
+
+
+def _error_responses() -> dict[str, Any]:
+    responses: dict[str, Any] = {}
+    for cls, (name, description) in _ERRORS.items():
+        headers: dict[str, Any] = {}
+        if cls is Unauthorized:
+            headers["WWW-Authenticate"] = {
+                "description": 'Bearer realm="thaw"',
+                "schema": {"type": "string"},
+            }
+        if cls in (QueueFull, Unavailable):
+            headers["Retry-After"] = _RETRY_AFTER
+        responses[name] = _problem(f"{cls.status}: {description}", headers)
+    return responses
+
+
+_JOB_HEADERS = {
+    "Location": {"description": "/jobs/{id}", "schema": {"type": "string"}, "required": True},
+    "Retry-After": _RETRY_AFTER,
+    "Preference-Applied": {"schema": {"type": "string"}},
+}
+_ACCEPTED = _json(_ref("schemas", "Job"), "a job; poll its Location", headers=_JOB_HEADERS)
+_EVENT_BODY = {
+    "required": False,
+    "description": "the JSON event handed to the handler (an empty body is `{}`)",
+    "content": {"application/json": {"schema": {}}},
+}
+_NAME = {"type": "string", "minLength": 1}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    by_status = {cls.status: name for cls, (name, _) in _ERRORS.items()}
+    return {str(status): _ref("responses", by_status[status]) for status in statuses}
+
+
+# Per endpoint: parameters (path parameters come from the route), body, responses.
+OPERATIONS: dict[str, dict[str, Any]] = {
+    "invoke": {
+        "parameters": [_ref("parameters", "Prefer"), _ref("parameters", "RequestId")],
+        "requestBody": _EVENT_BODY,
+        "responses": {
+            "200": _json(
+                {},
+                "the handler's output",
+                headers={
+                    "Server-Timing": {
+                        "description": "queue, fetch, load, init, warmup, run (ms)",
+                        "schema": {"type": "string"},
+                    },
+                    "X-Request-Id": {"schema": {"type": "string"}},
+                },
+            ),
+            "202": _ACCEPTED,
+            **_errors(400, 404, 413, 429, 500, 503),
+        },
+    },
+    "submit_job": {
+        "parameters": [_ref("parameters", "RequestId")],
+        "requestBody": _EVENT_BODY,
+        "responses": {"202": _ACCEPTED, **_errors(400, 404, 413, 429, 500, 503)},
+    },
+    "get_job": {
+        "parameters": [
+            {
+                "name": "wait",
+                "in": "query",
+                "description": "long-poll up to this many seconds (at most 60) for a final state",
+                "schema": {"type": "number", "minimum": 0},
+            }
+        ],
+        "responses": {
+            "200": _json(_ref("schemas", "Job"), "the job"),
+            **_errors(400, 404, 500),
+        },
+    },
+    "cancel_job": {
+        "responses": {
+            "200": _json(_ref("schemas", "Job"), "the job, cancelled unless already final"),
+            **_errors(404, 500),
+        },
+    },
+    "list_models": {
+        "responses": {"200": _json(_ref("schemas", "Models"), "every bundle"), **_errors(500)},
+    },
+    "load_model": {
+        "responses": {
+            "202": _json(_ref("schemas", "Model"), "loading in the background"),
+            **_errors(404, 500, 503),
+        },
+    },
+    "unload_model": {
+        "responses": {"200": _json(_ref("schemas", "Model"), "unloaded"), **_errors(404, 500)},
+    },
+    "healthz": {
+        "security": [],
+        "responses": {"200": _json(_ref("schemas", "Status"), "the process serves")},
+    },
+    "readyz": {
+        "security": [],
+        "responses": {
+            "200": _json(_ref("schemas", "Status"), "ready"),
+            "503": _json(_ref("schemas", "Status"), "warming or draining"),
+        },
+    },
+    "drain": {
+        "responses": {"202": _json(_ref("schemas", "Status"), "draining"), **_errors(500)},
+    },
+    "metrics": {
+        "responses": {
+            "200": {
+                "description": "Prometheus text format",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            },
+            **_errors(500),
+        },
+    },
+    "openapi_document": {
+        "responses": {"200": _json({"type": "object"}, "this document"), **_errors(500)},
+    },
+}
+
+
+def _version() -> str:
+    try:
+        return metadata.version("thaw")
+    except metadata.PackageNotFoundError:
+        return "0"
+
+
+def _summary(endpoint: Any) -> str:
+    doc = (getattr(endpoint, "__doc__", None) or "").strip()
+    return doc.splitlines()[0] if doc else endpoint.__name__
+
+
+def _operation(route: Route, auth: bool) -> dict[str, Any]:
+    name = route.endpoint.__name__
+    if name not in OPERATIONS:
+        raise KeyError(
+            f"route {route.path} ({name}) has no entry in runtime.http.openapi.OPERATIONS"
+        )
+    fragment = dict(OPERATIONS[name])
+    responses = dict(fragment.pop("responses"))
+    open_endpoint = fragment.get("security") == []
+    if auth and not open_endpoint:
+        responses.update(_errors(401))
+    if not auth:
+        fragment.pop("security", None)
+    path_params = [
+        {"name": p, "in": "path", "required": True, "schema": _NAME}
+        for p in _PARAM.findall(route.path)
+    ]
+    return {
+        "operationId": name,
+        "summary": _summary(route.endpoint),
+        **fragment,
+        "parameters": path_params + list(fragment.get("parameters", [])),
+        "responses": responses,
+    }
+
+
+def http_routes(routes: Iterable[BaseRoute]) -> list[Route]:
+    return [r for r in routes if isinstance(r, Route) and r.include_in_schema]
+
+
+def build_openapi(routes: Sequence[BaseRoute], *, auth: bool) -> dict[str, Any]:
+    """The OpenAPI document for `routes`; with `auth`, every operation but the probes
+    requires a bearer key."""
+    paths: dict[str, dict[str, Any]] = {}
+    used: set[str] = set()
+    for route in http_routes(routes):
+        used.add(route.endpoint.__name__)
+        for method in sorted((route.methods or set()) - {"HEAD"}):
+            paths.setdefault(_PARAM.sub(r"{\1}", route.path), {})[method.lower()] = _operation(
+                route, auth
+            )
+    unused = set(OPERATIONS) - used
+    if unused:
+        raise KeyError(f"runtime.http.openapi.OPERATIONS describes no route: {sorted(unused)}")
+    document: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Thaw",
+            "version": _version(),
+            "description": "Serverless function runtime for GPU inference: the HTTP contract.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": SCHEMAS,
+            "parameters": PARAMETERS,
+            "responses": _error_responses(),
+        },
+    }
+    if auth:
+        document["components"]["securitySchemes"] = {
+            "apiKey": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "a THAW_API_KEYS key (its sha256 may be in THAW_API_KEYS_FILE)",
+            }
+        }
+        document["security"] = [{"apiKey": []}]
+    return document

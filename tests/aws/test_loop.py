@@ -1,0 +1,171 @@
+"""The Lambda loop end to end: a real `python -m runtime` against a fake Runtime API."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+
+from tests.aws.conftest import LambdaProcess
+from tests.aws.fake_runtime_api import FakeRuntimeAPI
+
+Start = Callable[..., LambdaProcess]
+HANDLERS = "tests.handlers.echo,tests.handlers.raises,tests.handlers.slow_builder"
+
+
+def http_event(method: str, path: str, body: bytes = b"", **extra: object) -> dict[str, object]:
+    event: dict[str, object] = {
+        "version": "2.0",
+        "routeKey": "$default",
+        "rawPath": path,
+        "rawQueryString": "",
+        "headers": {"content-type": "application/json"},
+        "requestContext": {"http": {"method": method, "path": path}},
+        "body": base64.b64encode(body).decode(),
+        "isBase64Encoded": True,
+    }
+    event.update(extra)
+    return event
+
+
+def test_direct_event_is_answered_with_output(
+    start_runtime: Start, runtime_api: FakeRuntimeAPI
+) -> None:
+    start_runtime(THAW_HANDLERS=HANDLERS)
+    request_id = runtime_api.push({"handler": "echo", "input": {"text": "hi", "n": [1, 2]}})
+    posted = runtime_api.result(request_id)
+    assert posted.kind == "response"
+    assert posted.json() == {"output": {"text": "hi", "n": [1, 2]}}
+
+
+def test_handler_error_becomes_a_lambda_error(
+    start_runtime: Start, runtime_api: FakeRuntimeAPI
+) -> None:
+    start_runtime(THAW_HANDLERS=HANDLERS)
+    failing = runtime_api.push({"handler": "raises", "input": {"message": "no luck"}})
+    unknown = runtime_api.push({"handler": "nope"})
+    not_ours = runtime_api.push({"Records": []})
+
+    posted = runtime_api.result(failing)
+    assert posted.kind == "error"
+    assert posted.headers["lambda-runtime-function-error-type"] == "handler-error"
+    error = posted.json()
+    assert error["errorType"] == "handler-error"
+    assert error["errorMessage"] == "ValueError: no luck"
+    assert isinstance(error["stackTrace"], list)
+    assert runtime_api.result(unknown).json()["errorType"] == "unknown-handler"
+    assert runtime_api.result(not_ours).json()["errorType"] == "invalid-event"
+
+
+def test_import_failure_is_posted_to_init_error(
+    start_runtime: Start, runtime_api: FakeRuntimeAPI
+) -> None:
+    process = start_runtime(THAW_HANDLERS="tests.handlers.import_fails")
+    posted = runtime_api.init_error()
+    error = posted.json()
+    assert error["errorType"] == "config"
+    assert "thaw_test_module_that_does_not_exist" in error["errorMessage"]
+    assert posted.headers["lambda-runtime-function-error-type"] == "config"
+    # User frames only: the failing module, never the runtime's own code.
+    trace = "".join(error["stackTrace"])
+    assert "tests/handlers/import_fails.py" in trace
+    assert "/runtime/" not in trace
+    assert process.wait() != 0
+
+
+def test_http_event_round_trip_keeps_status_headers_and_body(
+    start_runtime: Start, runtime_api: FakeRuntimeAPI
+) -> None:
+    start_runtime(THAW_HANDLERS=HANDLERS)
+    payload = {"text": "héllo", "raw": [0, 255]}
+    ok = runtime_api.push(
+        http_event(
+            "POST",
+            "/invoke/echo",
+            orjson.dumps(payload),
+            rawQueryString="trace=1&trace=2",
+            cookies=["session=abc", "theme=dark"],
+            headers={"content-type": "application/json", "x-request-id": "req-42"},
+        )
+    )
+    missing = runtime_api.push(http_event("GET", "/jobs/does-not-exist"))
+
+    result = runtime_api.result(ok).json()
+    assert result["statusCode"] == 200
+    assert result["headers"]["content-type"] == "application/json"
+    assert result["headers"]["x-request-id"] == "req-42"
+    assert "run;dur=" in result["headers"]["server-timing"]
+    body = result["body"]
+    decoded = base64.b64decode(body) if result["isBase64Encoded"] else body.encode()
+    assert orjson.loads(decoded) == payload
+
+    problem = runtime_api.result(missing).json()
+    assert problem["statusCode"] == 404
+    assert problem["headers"]["content-type"] == "application/problem+json"
+    assert orjson.loads(problem["body"])["type"].endswith("/unknown-job")
+
+
+def test_short_deadline_gives_a_job_that_ends_before_the_next_event(
+    start_runtime: Start, runtime_api: FakeRuntimeAPI, tiny_bundles: Path
+) -> None:
+    start_runtime(THAW_HANDLERS=HANDLERS, THAW_BUNDLE_SOURCE=str(tiny_bundles))
+    # Lambda allows 0.6 s; the model takes seconds to load: the answer must be a 202.
+    cold = runtime_api.push(
+        http_event("POST", "/invoke/predict", b'{"x": 2}', headers={"prefer": "wait=30"}),
+        deadline_s=0.6,
+    )
+    result = runtime_api.result(cold).json()
+    assert result["statusCode"] == 202
+    location = result["headers"]["location"]
+    assert location.startswith("/jobs/")
+    assert int(result["headers"]["retry-after"]) >= 1
+    job_id = location.removeprefix("/jobs/")
+
+    # The job keeps running in the instance, and `next` waits for it: the
+    # following event sees a finished job without waiting at all.
+    poll = runtime_api.push({"job": job_id, "wait_s": 0})
+    job = runtime_api.result(poll).json()
+    assert job["status"] == "succeeded", job
+    assert job["output"]["y"] != 0
+    delivered_at = dict(runtime_api.deliveries)[poll]
+    assert delivered_at >= runtime_api.result(cold).at
+
+
+def test_direct_event_wait_s_gives_the_job_object(
+    start_runtime: Start, runtime_api: FakeRuntimeAPI, tiny_bundles: Path
+) -> None:
+    start_runtime(THAW_HANDLERS=HANDLERS, THAW_BUNDLE_SOURCE=str(tiny_bundles))
+    request_id = runtime_api.push({"handler": "predict", "input": {"x": 1}, "wait_s": 0.1})
+    job = runtime_api.result(request_id).json()
+    assert job["handler"] == "predict"
+    assert job["status"] in {"queued", "running"}
+    # The next event waits for the job, so the model is warm by then.
+    warm = runtime_api.push({"handler": "predict", "input": {"x": 1}, "wait_s": 5})
+    assert "y" in runtime_api.result(warm).json()["output"]
+
+
+def test_concurrent_workers_share_one_model_load(
+    start_runtime: Start, runtime_api: FakeRuntimeAPI, tiny_bundles: Path
+) -> None:
+    start_runtime(
+        THAW_HANDLERS=HANDLERS,
+        THAW_BUNDLE_SOURCE=str(tiny_bundles),
+        AWS_LAMBDA_MAX_CONCURRENCY="4",
+    )
+    ids = [
+        runtime_api.push({"handler": "predict", "input": {"x": i, "run_s": 0.2}, "wait_s": 20})
+        for i in range(4)
+    ]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        posted = list(pool.map(runtime_api.result, ids))
+    outputs = [p.json()["output"] for p in posted]
+    assert len({o["pid"] for o in outputs}) == 1
+    assert sorted(o["y"] / outputs[1]["y"] for o in outputs[1:]) == [1.0, 2.0, 3.0]
+    # All four were taken before the first answer: they ran side by side.
+    first_answer = min(p.at for p in posted)
+    assert all(at <= first_answer for _, at in runtime_api.deliveries[:4])
+    loads = (tiny_bundles.parent / "loads.log").read_text().splitlines()
+    assert len(loads) == 1

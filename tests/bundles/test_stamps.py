@@ -1,0 +1,93 @@
+"""Local bundles: a file verified once and unchanged since is not hashed again; any change is."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime.bundles.manifest import Manifest, verify_files
+from runtime.bundles.sources import open_source
+from runtime.bundles.sources.local import LocalSource
+from runtime.bundles.stamps import RACY_S, VerifiedStamps
+from runtime.errors import IntegrityError
+from runtime.settings import Settings
+from tests.support import make_bundle
+
+
+@pytest.fixture(scope="module")
+def settled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Bundles whose files were last changed more than RACY_S ago (built once, then waited)."""
+    root = tmp_path_factory.mktemp("settled")
+    for name in ("trusted", "tampered", "sourced"):
+        make_bundle(root, name, shards=2, floats_per_shard=4096)
+    time.sleep(RACY_S + 0.2)
+    return root
+
+
+def _manifest(root: Path, name: str) -> Manifest:
+    return LocalSource(root).manifest(name)
+
+
+def test_an_unchanged_file_is_hashed_once_across_processes(settled: Path, tmp_path: Path) -> None:
+    manifest = _manifest(settled, "trusted")
+    stamps_file = tmp_path / "verified.json"
+    hashed = verify_files(settled / "trusted", manifest, stamps=VerifiedStamps(stamps_file))
+    assert hashed == manifest.total_bytes
+    # A second process (a new object reading the same file) trusts the stamps.
+    progress: list[int] = []
+    again = verify_files(
+        settled / "trusted",
+        manifest,
+        stamps=VerifiedStamps(stamps_file),
+        on_progress=progress.append,
+    )
+    assert again == 0
+    assert sum(progress) == manifest.total_bytes, "trusted bytes still count as fetched"
+
+
+def test_a_file_changed_after_it_was_stamped_is_hashed_and_refused(
+    settled: Path, tmp_path: Path
+) -> None:
+    manifest = _manifest(settled, "tampered")
+    stamps = VerifiedStamps(tmp_path / "verified.json")
+    verify_files(settled / "tampered", manifest, stamps=stamps)
+    shard = settled / "tampered" / manifest.files[0].path
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF  # same size, different content
+    shard.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="sha256 mismatch"):
+        verify_files(settled / "tampered", manifest, stamps=stamps)
+    with pytest.raises(IntegrityError, match="sha256 mismatch"):
+        verify_files(settled / "tampered", manifest, stamps=VerifiedStamps(stamps.path))
+
+
+def test_a_freshly_written_bundle_is_not_stamped(tmp_path: Path) -> None:
+    # Its files may still change within the filesystem's timestamp granularity.
+    manifest = make_bundle(tmp_path, "fresh")
+    stamps = VerifiedStamps(tmp_path / "verified.json")
+    assert verify_files(tmp_path / "fresh", manifest, stamps=stamps) == manifest.total_bytes
+    assert verify_files(tmp_path / "fresh", manifest, stamps=stamps) == manifest.total_bytes
+    assert not stamps.path.exists()
+
+
+def test_an_unreadable_stamps_file_costs_a_hash_and_is_rewritten(
+    settled: Path, tmp_path: Path
+) -> None:
+    manifest = _manifest(settled, "trusted")
+    stamps_file = tmp_path / "verified.json"
+    stamps_file.write_bytes(b'{"not": ["what", "we", "wrote"]')
+    hashed = verify_files(settled / "trusted", manifest, stamps=VerifiedStamps(stamps_file))
+    assert hashed == manifest.total_bytes
+    assert verify_files(settled / "trusted", manifest, stamps=VerifiedStamps(stamps_file)) == 0
+
+
+def test_the_runtime_source_keeps_stamps_in_the_state_dir(settled: Path, tmp_path: Path) -> None:
+    settings = Settings(bundle_source=str(settled), state_dir=str(tmp_path / "state"))
+    source = open_source(settings)
+    source.fetch(source.manifest("sourced"), lambda n: None)
+    assert (tmp_path / "state" / "verified.json").is_file()
+    assert isinstance(source, LocalSource) and source.stamps is not None
+    manifest = source.manifest("sourced")
+    assert verify_files(settled / "sourced", manifest, stamps=source.stamps) == 0

@@ -1,0 +1,72 @@
+"""`thaw invoke`: output JSON on stdout, a phase table on stderr, clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support import make_bundle
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def invoke(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "runtime.cli.main", "invoke", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+def test_invoke_echo(thaw_env: dict[str, str]) -> None:
+    result = invoke("echo", "--event", '{"x": 1}', env=thaw_env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"x": 1}
+    for phase in ("fetch", "load", "init", "warmup", "run"):
+        assert phase in result.stderr
+
+
+def test_invoke_model_backed_example(thaw_env: dict[str, str]) -> None:
+    result = invoke("fahrenheit", "--event", '{"celsius": [100, -40, 0]}', env=thaw_env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"fahrenheit": [212.0, -40.0, 32.0]}
+    table = {
+        line.split()[0]: float(line.split()[1]) for line in result.stderr.strip().splitlines()[1:]
+    }
+    assert table["load"] > 0 and table["init"] > 0 and table["warmup"] > 0 and table["run"] > 0
+
+
+def test_invoke_event_from_file(thaw_env: dict[str, str], tmp_path: Path) -> None:
+    event = tmp_path / "event.json"
+    event.write_text('{"celsius": [37]}')
+    result = invoke("fahrenheit", "--event", f"@{event}", env=thaw_env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["fahrenheit"][0] == 98.5999984741211
+
+
+def test_invoke_errors_are_one_clear_line(thaw_env: dict[str, str], tmp_path: Path) -> None:
+    unknown = invoke("nope", env=thaw_env)
+    assert unknown.returncode != 0
+    assert "no handler named 'nope'" in unknown.stderr
+    bad_json = invoke("echo", "--event", "{x", env=thaw_env)
+    assert bad_json.returncode != 0 and "--event: not valid JSON" in bad_json.stderr
+    bad_input = invoke("fahrenheit", "--event", '{"celsius": "hot"}', env=thaw_env)
+    assert bad_input.returncode != 0 and "celsius" in bad_input.stderr
+
+
+def test_invoke_integrity_failure_is_reported(thaw_env: dict[str, str], tmp_path: Path) -> None:
+    manifest = make_bundle(tmp_path / "bundles", "alpha")
+    shard = tmp_path / "bundles" / "alpha" / manifest.files[0].path
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+    env = {**thaw_env, "THAW_BUNDLE_SOURCE": str(tmp_path / "bundles")}
+    env["THAW_HANDLERS"] = "tests.handlers.loadlog"
+    result = invoke("alpha", env=env)
+    assert result.returncode == 1
+    assert "integrity" in result.stderr and manifest.files[0].path in result.stderr

@@ -1,0 +1,73 @@
+"""The dispatcher's warm path with eager start, in-process over a real job store.
+
+An async handler that finishes in its first step is answered without a task;
+one that waits past the deadline still becomes a job that later succeeds;
+errors at the first step are counted and leave nothing pending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from runtime.dispatch.dispatcher import Accepted, Completed
+from runtime.errors import HandlerError
+from runtime.instance import Instance
+from runtime.jobs import JobStatus
+from runtime.settings import Settings
+from tests.support import running_instance
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def instance(tmp_path: Path) -> AsyncIterator[Instance]:
+    settings = Settings(
+        bundle_source=str(tmp_path / "bundles"),
+        cache_dir=str(tmp_path / "cache"),
+        state_dir=str(tmp_path / "state"),
+        job_store=f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
+        handlers=("tests.handlers.sleepy", "tests.handlers.raises", "handlers.echo"),
+    )
+    async with running_instance(settings) as inst:
+        yield inst
+
+
+async def test_a_handler_that_never_waits_is_answered_without_a_task(instance: Instance) -> None:
+    dispatcher = instance.dispatcher
+    outcome = await dispatcher.invoke("echo", {"x": 1}, request_id="r1")
+    assert isinstance(outcome, Completed) and outcome.output == {"x": 1}
+    assert set(outcome.timings_ms) == {"queue", "run"}
+    assert not dispatcher.in_flight and dispatcher.pending["echo"] == 0
+
+
+async def test_a_warm_handler_past_its_deadline_becomes_a_job_that_succeeds(
+    instance: Instance,
+) -> None:
+    dispatcher = instance.dispatcher
+    outcome = await dispatcher.invoke("sleepy", {"s": 0.6}, wait_s=0.3, request_id="r2")
+    assert isinstance(outcome, Accepted)
+    assert dispatcher.pending["sleepy"] == 1, "the same work goes on behind the job"
+    job = await instance.jobs.get(outcome.job.id, key_id=None, wait_s=5.0)
+    assert job.status is JobStatus.SUCCEEDED
+    assert job.output["slept_s"] == 0.6
+    assert not dispatcher.in_flight and dispatcher.pending["sleepy"] == 0
+
+
+async def test_a_handler_error_is_counted_and_leaves_nothing_pending(instance: Instance) -> None:
+    dispatcher = instance.dispatcher
+    outcomes = dispatcher.handler_stats("raises").outcomes
+    before = outcomes["error"]
+    with pytest.raises(HandlerError, match="ValueError: nope"):
+        await dispatcher.invoke("raises", {"message": "nope"}, request_id="r3")
+    await asyncio.sleep(0)  # the task's done callback (bookkeeping) runs in the next turn
+    assert outcomes["error"] == before + 1
+    assert not dispatcher.in_flight and dispatcher.pending["raises"] == 0
