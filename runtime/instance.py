@@ -23,8 +23,8 @@ from typing import Any
 from runtime.bundles.sources import open_source
 from runtime.dispatch.calls import Caller
 from runtime.dispatch.dispatcher import Dispatcher
-from runtime.jobs import DeferredStore
 from runtime.jobs.manager import JobManager
+from runtime.jobs.store import DeferredStore
 from runtime.metrics import Metrics
 from runtime.models.cache import ModelCache
 from runtime.models.estimate import Estimator

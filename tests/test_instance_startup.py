@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-import runtime.jobs
+import runtime.jobs.store
 from runtime.dispatch.dispatcher import Accepted, Completed
 from runtime.instance import Instance
-from runtime.jobs import JobStatus, JobStore
+from runtime.jobs.job import JobStatus
+from runtime.jobs.store import JobStore
 from runtime.registry import discover
 from runtime.settings import Settings
 
@@ -40,7 +41,7 @@ def settings_for(tmp_path: Path, **overrides: Any) -> Settings:
 @pytest.fixture
 def slow_open(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Opening a store takes 0.5 s; returns the times each open began."""
-    real_open = runtime.jobs.open_store
+    real_open = runtime.jobs.store.open_store
     began: list[float] = []
 
     def open_store(url: str, *, ttl_s: float) -> JobStore:
@@ -48,7 +49,7 @@ def slow_open(monkeypatch: pytest.MonkeyPatch) -> list[float]:
         time.sleep(0.5)
         return real_open(url, ttl_s=ttl_s)
 
-    monkeypatch.setattr(runtime.jobs, "open_store", open_store)
+    monkeypatch.setattr(runtime.jobs.store, "open_store", open_store)
     return began
 
 

@@ -30,7 +30,7 @@ from runtime.dispatch import eager
 from runtime.dispatch.calls import Caller, ThreadOutcome, caller_error, handler_error
 from runtime.dispatch.deadlines import Deadlines
 from runtime.errors import Draining, QueueFull, ThawError
-from runtime.jobs import Job
+from runtime.jobs.job import Job
 from runtime.jobs.manager import JobManager
 from runtime.metrics import HandlerStats, Metrics
 from runtime.models.cache import Lease, ModelCache

@@ -21,6 +21,9 @@ An instance's environment, later entries winning:
    instance, and every instance shares one job store,
 4. any other THAW_* set in the emulator's environment (so `THAW_WAIT_S=1 thaw emulate` works),
 5. Lambda's platform variables (AWS_LAMBDA_RUNTIME_API, AWS_LAMBDA_FUNCTION_NAME, ...).
+
+May import runtime.aws (Function URL events) and below; it never loads a model
+itself: instances are separate processes.
 """
 
 from __future__ import annotations

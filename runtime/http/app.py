@@ -37,7 +37,7 @@ from runtime.errors import (
 from runtime.http.auth import AuthMiddleware, KeyRing
 from runtime.http.prefer import parse_prefer
 from runtime.instance import Instance
-from runtime.jobs import Job
+from runtime.jobs.job import Job
 from runtime.settings import Settings
 
 log = logging.getLogger("thaw.app")

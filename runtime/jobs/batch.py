@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from runtime.errors import Conflict
-from runtime.jobs import Job
+from runtime.jobs.job import Job
 
 CreateMany = Callable[[Sequence[Job]], list[Conflict | None]]
 

@@ -21,8 +21,9 @@ from functools import partial
 from typing import Any, TypeVar
 
 from runtime.errors import ThawError, UnknownJob
-from runtime.jobs import Job, JobStatus, JobStore, new_job_id
 from runtime.jobs.batch import CreateBatcher
+from runtime.jobs.job import Job, JobStatus, new_job_id
+from runtime.jobs.store import JobStore
 from runtime.metrics import Metrics
 
 log = logging.getLogger("thaw.jobs")

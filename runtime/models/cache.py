@@ -28,7 +28,7 @@ from functools import partial
 from typing import Any
 
 from runtime.bundles.manifest import Manifest
-from runtime.bundles.sources import BundleSource
+from runtime.bundles.sources.source import BundleSource
 from runtime.errors import InsufficientMemory, UnknownBundle
 from runtime.metrics import Metrics
 from runtime.models import weights as weights_mod

@@ -16,7 +16,7 @@ import pytest
 from runtime.dispatch.dispatcher import Accepted, Completed
 from runtime.errors import HandlerError
 from runtime.instance import Instance
-from runtime.jobs import JobStatus
+from runtime.jobs.job import JobStatus
 from runtime.settings import Settings
 from tests.support import running_instance
 

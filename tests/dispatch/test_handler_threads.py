@@ -22,7 +22,7 @@ import pytest
 from runtime.dispatch.dispatcher import Accepted, Completed
 from runtime.errors import Draining, HandlerError
 from runtime.instance import Instance
-from runtime.jobs import JobStatus
+from runtime.jobs.job import JobStatus
 from runtime.models.lifecycle import State
 from runtime.settings import Settings
 from tests.handlers import gated

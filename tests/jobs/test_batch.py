@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import pytest
 
 from runtime.errors import Conflict
-from runtime.jobs import Job, new_job_id
 from runtime.jobs.batch import CreateBatcher
+from runtime.jobs.job import Job, new_job_id
 from runtime.jobs.stores.sqlite import SQLiteJobStore
 
 pytestmark = pytest.mark.anyio

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from runtime.errors import ConfigError, PayloadTooLarge
-from runtime.jobs import Job, JobStatus, new_job_id, open_store
+from runtime.jobs.job import Job, JobStatus, new_job_id
+from runtime.jobs.store import open_store
 from runtime.jobs.stores.dynamodb import TTL_ATTRIBUTE, DynamoDBJobStore
 from tests import aws_fixtures
 from tests.aws_fixtures import client, make_bucket, make_jobs_table

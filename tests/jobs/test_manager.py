@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from runtime.errors import LoadFailed
-from runtime.jobs import JobStatus
+from runtime.jobs.job import JobStatus
 from runtime.jobs.manager import JobManager
 from runtime.jobs.stores.sqlite import SQLiteJobStore
 from runtime.metrics import Metrics

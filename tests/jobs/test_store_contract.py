@@ -1,6 +1,6 @@
 """One contract, every job store: SQLite (a temp file) and DynamoDB + S3 (a moto server).
 
-Each test states one rule of `runtime.jobs.JobStore` and runs against both
+Each test states one rule of `runtime.jobs.store.JobStore` and runs against both
 stores. A store is opened through a factory so a test can open a second
 instance on the same data (another Lambda instance, or a restart).
 """
@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from runtime.errors import Conflict
-from runtime.jobs import LOST_ERROR, Job, JobStatus, JobStore, new_job_id
+from runtime.jobs.job import LOST_ERROR, Job, JobStatus, new_job_id
+from runtime.jobs.store import JobStore
 from runtime.jobs.stores.dynamodb import DynamoDBJobStore
 from runtime.jobs.stores.sqlite import SQLiteJobStore
 from tests import aws_fixtures

@@ -22,8 +22,8 @@ import orjson
 import pytest
 
 from runtime.bundles.manifest import MANIFEST, MAX_MANIFEST_BYTES, Manifest, build_bundle
-from runtime.bundles.sources import Progress
 from runtime.bundles.sources.local import LocalSource
+from runtime.bundles.sources.source import Progress
 from runtime.errors import BundleError, IntegrityError
 from tests.security.conftest import PROBLEM, Launch
 from tests.support import ServerProcess

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runtime.jobs import new_job_id
+from runtime.jobs.job import new_job_id
 from tests.security.conftest import PROBLEM, Launch, bearer, key_id_of
 from tests.support import ServerProcess
 

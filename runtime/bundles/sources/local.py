@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from runtime.bundles.manifest import MANIFEST, Manifest, read_manifest, verify_files
-from runtime.bundles.sources import Progress
+from runtime.bundles.sources.source import Progress
 from runtime.bundles.stamps import VerifiedStamps
 from runtime.errors import BundleError, UnknownBundle
 

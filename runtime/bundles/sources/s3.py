@@ -47,7 +47,8 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from runtime.bundles.manifest import MANIFEST, MAX_MANIFEST_BYTES, Manifest, parse_manifest
-from runtime.bundles.sources import Progress, nodecache
+from runtime.bundles.sources import nodecache
+from runtime.bundles.sources.source import Progress
 from runtime.bundles.sources.transfer import FileTransfer
 from runtime.errors import BundleError, ConfigError, LoadFailed, UnknownBundle
 from runtime.settings import Settings

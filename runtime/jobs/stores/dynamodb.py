@@ -35,7 +35,7 @@ import orjson
 from botocore.exceptions import ClientError
 
 from runtime.errors import ConfigError, Conflict
-from runtime.jobs import LOST_ERROR, Job, JobStatus
+from runtime.jobs.job import LOST_ERROR, Job, JobStatus
 from runtime.jobs.stores.payloads import FIELDS, Payloads, translated
 
 ACTIVE_INDEX = "active-created_at"
@@ -110,7 +110,8 @@ def _client(service: str) -> Any:
 
 
 def _condition_failed(exc: ClientError) -> bool:
-    return exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException"
+    code: object = exc.response.get("Error", {}).get("Code")
+    return code == "ConditionalCheckFailedException"
 
 
 class DynamoDBJobStore:

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from runtime.errors import ConfigError, Conflict
-from runtime.jobs import LOST_ERROR, Job, JobStatus
+from runtime.jobs.job import LOST_ERROR, Job, JobStatus
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (

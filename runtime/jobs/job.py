@@ -1,0 +1,86 @@
+"""The job record and its wire form.
+
+A job is created when a request cannot be answered before its deadline; this
+module owns what a job is (`Job`, `JobStatus`, its id and its public object),
+not where it is kept (runtime/jobs/store.py).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def final(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+def new_job_id() -> str:
+    """192 random bits from the OS CSPRNG, URL-safe."""
+    return secrets.token_urlsafe(24)
+
+
+def rfc3339(epoch_s: float) -> str:
+    return (
+        datetime.fromtimestamp(epoch_s, UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+@dataclass
+class Job:
+    id: str
+    handler: str
+    input: Any
+    status: JobStatus = JobStatus.QUEUED
+    phase: str = "queued"
+    attempts: int = 0
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    expires_at: float = 0.0
+    output: Any = None
+    error: dict[str, Any] | None = None
+    owner: str | None = None
+    lease_until: float | None = None
+    # Id (not the secret) of the API key that created the job; None when auth is off.
+    key_id: str | None = None
+    progress: dict[str, Any] | None = None
+
+    def public(self) -> dict[str, Any]:
+        """The job object of the HTTP contract."""
+        created = rfc3339(self.created_at)
+        body: dict[str, Any] = {
+            "id": self.id,
+            "handler": self.handler,
+            "status": str(self.status),
+            "phase": self.phase,
+            "attempts": self.attempts,
+            "created_at": created,
+            # A job just created (every 202) has not been updated since.
+            "updated_at": (
+                created if self.updated_at == self.created_at else rfc3339(self.updated_at)
+            ),
+        }
+        if self.progress:
+            body["progress"] = self.progress
+        if self.status is JobStatus.SUCCEEDED:
+            body["output"] = self.output
+        if self.error is not None:
+            body["error"] = self.error
+        return body
+
+
+LOST_ERROR = "worker-lost"

@@ -1,0 +1,165 @@
+"""The job store contract, and the store named by `THAW_JOB_STORE`.
+
+Stores are synchronous (SQLite and boto3 are); async callers run them in a
+thread. `open_store` picks one from the URL; `DeferredStore` opens it on
+first use, so /healthz never waits for it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from runtime.errors import ConfigError, Conflict
+from runtime.jobs.job import Job, JobStatus
+
+
+class JobStore(Protocol):
+    """The contract every job store meets (one test suite runs against all)."""
+
+    def create(self, job: Job) -> None:
+        """Insert a new job; its id must be unused."""
+        ...
+
+    def create_many(self, jobs: Sequence[Job]) -> list[Conflict | None]:
+        """Insert new jobs in one write where the store can; per job, None or its Conflict."""
+        ...
+
+    def get(self, job_id: str) -> Job | None:
+        """The job, or None if unknown or expired."""
+        ...
+
+    def claim(self, job_id: str, owner: str, lease_s: float, max_attempts: int) -> Job | None:
+        """Take the job to run it.
+
+        Succeeds (returns the job, now `running`, attempts + 1, leased to
+        `owner`) when it is queued, or running with a lapsed lease and fewer
+        than `max_attempts` attempts. A lapsed job out of attempts is failed
+        with error type `worker-lost`. Otherwise returns None.
+        """
+        ...
+
+    def heartbeat(self, job_id: str, owner: str, lease_s: float) -> bool:
+        """Renew the lease; False when `owner` no longer holds a running job."""
+        ...
+
+    def set_phase(
+        self, job_id: str, owner: str, phase: str, progress: dict[str, Any] | None = None
+    ) -> bool: ...
+
+    def finish(
+        self,
+        job_id: str,
+        owner: str,
+        status: JobStatus,
+        output: Any = None,
+        error: dict[str, Any] | None = None,
+    ) -> bool:
+        """Record the final state, only if `owner` still holds the running job."""
+        ...
+
+    def cancel(self, job_id: str) -> Job | None:
+        """Queued or running -> cancelled; returns the job as it now is."""
+        ...
+
+    def lapsed(self, limit: int = 100) -> list[str]:
+        """Ids of running jobs whose lease has lapsed, and of queued jobs, oldest first."""
+        ...
+
+    def purge_expired(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+def _check_scheme(url: str) -> None:
+    if not url.startswith(("sqlite://", "dynamodb://")):
+        raise ConfigError(f"THAW_JOB_STORE={url!r}: expected sqlite:///path or dynamodb://table")
+
+
+def open_store(url: str, *, ttl_s: float) -> JobStore:
+    _check_scheme(url)
+    if url.startswith("sqlite://"):
+        from runtime.jobs.stores.sqlite import SQLiteJobStore
+
+        return SQLiteJobStore.from_url(url, ttl_s=ttl_s)
+    from runtime.jobs.stores.dynamodb import DynamoDBJobStore
+
+    return DynamoDBJobStore.from_url(url, ttl_s=ttl_s)
+
+
+class DeferredStore:
+    """The store of `url`, opened by `open()` or by the first call that needs it.
+
+    Opening is I/O (SQLite's schema, boto3's import and client) that /healthz
+    does not need, so a server opens it in a worker thread once it listens.
+    A call arriving before that finished waits for it (in its own worker
+    thread: every store call runs in one). The URL's scheme is checked at once.
+    """
+
+    def __init__(self, url: str, *, ttl_s: float) -> None:
+        _check_scheme(url)
+        self.url = url
+        self.ttl_s = ttl_s
+        self._store: JobStore | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def opened(self) -> bool:
+        return self._store is not None
+
+    def open(self) -> JobStore:
+        """The store, opened on the first call (once, however many threads ask)."""
+        store = self._store
+        if store is None:
+            with self._lock:
+                if self._store is None:
+                    self._store = open_store(self.url, ttl_s=self.ttl_s)
+                store = self._store
+        return store
+
+    def create(self, job: Job) -> None:
+        self.open().create(job)
+
+    def create_many(self, jobs: Sequence[Job]) -> list[Conflict | None]:
+        return self.open().create_many(jobs)
+
+    def get(self, job_id: str) -> Job | None:
+        return self.open().get(job_id)
+
+    def claim(self, job_id: str, owner: str, lease_s: float, max_attempts: int) -> Job | None:
+        return self.open().claim(job_id, owner, lease_s, max_attempts)
+
+    def heartbeat(self, job_id: str, owner: str, lease_s: float) -> bool:
+        return self.open().heartbeat(job_id, owner, lease_s)
+
+    def set_phase(
+        self, job_id: str, owner: str, phase: str, progress: dict[str, Any] | None = None
+    ) -> bool:
+        return self.open().set_phase(job_id, owner, phase, progress)
+
+    def finish(
+        self,
+        job_id: str,
+        owner: str,
+        status: JobStatus,
+        output: Any = None,
+        error: dict[str, Any] | None = None,
+    ) -> bool:
+        return self.open().finish(job_id, owner, status, output, error)
+
+    def cancel(self, job_id: str) -> Job | None:
+        return self.open().cancel(job_id)
+
+    def lapsed(self, limit: int = 100) -> list[str]:
+        return self.open().lapsed(limit)
+
+    def purge_expired(self) -> int:
+        return self.open().purge_expired()
+
+    def close(self) -> None:
+        """Close the store if it was opened (never opens one just to close it)."""
+        with self._lock:
+            store = self._store
+        if store is not None:
+            store.close()
