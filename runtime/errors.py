@@ -8,6 +8,8 @@
     │   ├── InvalidPrefer          400 invalid-prefer
     │   └── InvalidEvent           400 invalid-event   (a Lambda event of no known shape)
     ├── Unauthorized               401 unauthorized
+    ├── MethodNotAllowed           405 method-not-allowed (Allow)
+    ├── RequestTimeout             408 request-timeout (a body not received in time)
     ├── NotFound                   404 not-found
     │   ├── UnknownHandler         404 unknown-handler
     │   ├── UnknownBundle          404 unknown-bundle
@@ -16,12 +18,16 @@
     ├── PayloadTooLarge            413 payload-too-large
     ├── QueueFull                  429 queue-full      (Retry-After)
     ├── HandlerError               500 handler-error   (user code raised)
+    │   ├── HandlerTimeout         500 handler-timeout (ran past THAW_RUN_TIMEOUT_S)
+    │   └── InvalidOutput          500 invalid-output  (not JSON, or a non-finite number)
     ├── BundleError                500 bundle-invalid  (manifest or layout defect)
     │   └── IntegrityError         500 integrity       (size or sha256 mismatch)
     ├── LoadFailed                 503 load-failed     (a load failed; retried after back-off)
     ├── Unavailable                503 unavailable
     │   ├── Draining               503 drained
-    │   └── InsufficientMemory     503 insufficient-memory
+    │   ├── InsufficientMemory     503 insufficient-memory
+    │   ├── StorageUnavailable     503 storage-unavailable (the job store cannot write)
+    │   └── Overloaded             503 overloaded      (too many request bytes buffered)
     └── Cancelled                  409 cancelled
 
 Each class knows its HTTP status, its problem type slug and its title. The slug
@@ -121,6 +127,26 @@ class Unauthorized(ThawError):
     title = "Unauthorized"
 
 
+class MethodNotAllowed(ThawError):
+    """The path exists but not for this method; `allow` lists the methods it has."""
+
+    status = 405
+    slug = "method-not-allowed"
+    title = "Method not allowed"
+
+    def __init__(self, message: str, *, allow: list[str], **extra: Any) -> None:
+        super().__init__(message, allow=allow, **extra)
+        self.allow = allow
+
+
+class RequestTimeout(ThawError):
+    """The request body did not arrive within THAW_BODY_TIMEOUT_S."""
+
+    status = 408
+    slug = "request-timeout"
+    title = "Request timeout"
+
+
 class NotFound(ThawError):
     """The named thing does not exist."""
 
@@ -188,6 +214,20 @@ class HandlerError(ThawError):
     title = "Handler error"
 
 
+class HandlerTimeout(HandlerError):
+    """A handler ran past THAW_RUN_TIMEOUT_S."""
+
+    slug = "handler-timeout"
+    title = "Handler timed out"
+
+
+class InvalidOutput(HandlerError):
+    """A handler's output cannot be sent: not JSON, or a non-finite number."""
+
+    slug = "invalid-output"
+    title = "Invalid handler output"
+
+
 class BundleError(ThawError):
     """A bundle's manifest or layout is defective."""
 
@@ -229,3 +269,18 @@ class InsufficientMemory(Unavailable):
 
     slug = "insufficient-memory"
     title = "Insufficient memory"
+
+
+class StorageUnavailable(Unavailable):
+    """The job store cannot write (full disk, a replaced or unreadable file, an
+    unreachable table): nothing that needs a durable record is accepted."""
+
+    slug = "storage-unavailable"
+    title = "Job storage unavailable"
+
+
+class Overloaded(Unavailable):
+    """Too many request bytes are buffered across connections (THAW_MAX_BUFFERED_BYTES)."""
+
+    slug = "overloaded"
+    title = "Overloaded"

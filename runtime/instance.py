@@ -23,6 +23,7 @@ from typing import Any
 from runtime.bundles.sources import open_source
 from runtime.dispatch.calls import Caller
 from runtime.dispatch.dispatcher import Dispatcher
+from runtime.health import Health
 from runtime.jobs.manager import JobManager
 from runtime.jobs.store import DeferredStore
 from runtime.metrics import Metrics
@@ -30,6 +31,7 @@ from runtime.models.cache import ModelCache
 from runtime.models.estimate import Estimator
 from runtime.models.eviction import DensityPolicy
 from runtime.models.lifecycle import State
+from runtime.models.loading import PhaseLimits
 from runtime.registry import Registry, discover
 from runtime.settings import Settings
 
@@ -52,13 +54,19 @@ class Instance:
     jobs: JobManager
     dispatcher: Dispatcher
     caller: Caller
+    health: Health
     id: str
+    # Ends the process once a drain is done: set by the entry point (the server
+    # stops uvicorn, the Lambda loop stops taking events); None keeps it running.
+    exit_hook: Callable[[], object] | None = None
     _background: set[asyncio.Task[None]] = field(default_factory=set)
+    _drain: asyncio.Task[None] | None = None
 
     @classmethod
     def create(cls, settings: Settings, registry: Registry | None = None) -> Instance:
         registry = registry if registry is not None else discover(settings.handlers)
         metrics = Metrics()
+        health = Health()
         caller = Caller(_THREADS)
         estimator = Estimator(
             settings.state_path,
@@ -76,6 +84,8 @@ class Instance:
             retry_backoff_s=settings.retry_backoff_s,
             policy=DensityPolicy(min_residency_s=settings.min_residency_s),
             pinned=settings.prewarm,
+            limits=PhaseLimits(stall_s=settings.phase_stall_s),
+            health=health,
         )
         store = DeferredStore(settings.job_store, ttl_s=settings.job_ttl_s)
         instance_id = f"{socket.gethostname()}-{secrets.token_hex(4)}"
@@ -94,8 +104,9 @@ class Instance:
             estimator=estimator,
             metrics=metrics,
             caller=caller,
+            health=health,
         )
-        return cls(
+        instance = cls(
             settings,
             registry,
             metrics,
@@ -105,8 +116,11 @@ class Instance:
             jobs,
             dispatcher,
             caller,
+            health,
             instance_id,
         )
+        health.on_wedged = lambda condition: instance.begin_drain(condition.detail)
+        return instance
 
     async def start(self, *, background: bool = True) -> None:
         """Start the instance; with `background`, prepare it and begin prewarm and
@@ -183,9 +197,34 @@ class Instance:
         if recovered:
             log.info("recovered %d lapsed job(s)", recovered)
 
+    async def wait_idle(self) -> None:
+        """Returns once no invocation or job of this instance is running."""
+        await self.dispatcher.wait_idle()
+
+    @property
+    def draining(self) -> bool:
+        return self.dispatcher.draining
+
+    def begin_drain(self, reason: str) -> bool:
+        """Readiness off and no new work now; in-flight work gets the drain grace,
+        then the rest is aborted and `exit_hook` ends the process. Idempotent:
+        False when a drain had begun already."""
+        if self._drain is not None:
+            return False
+        self.dispatcher.draining = True
+        log.info("draining (%s): grace %.1f s", reason, self.settings.drain_grace_s)
+
+        async def drain_then_exit() -> None:
+            await self.dispatcher.drain(self.settings.drain_grace_s)
+            if self.exit_hook is not None:
+                self.exit_hook()
+
+        self._drain = asyncio.get_running_loop().create_task(drain_then_exit())
+        return True
+
     def ready(self) -> bool:
-        """Prewarm set READY and not draining."""
-        if self.dispatcher.draining:
+        """Prewarm set READY, healthy, and not draining."""
+        if self.dispatcher.draining or not self.health.ok:
             return False
         return all(
             name in self.cache.entries and self.cache.entries[name].lifecycle.state is State.READY
@@ -193,7 +232,10 @@ class Instance:
         )
 
     async def stop(self) -> None:
-        await self.dispatcher.drain(self.settings.drain_grace_s)
+        if self._drain is not None:
+            await asyncio.shield(self._drain)
+        else:
+            await self.dispatcher.drain(self.settings.drain_grace_s)
         self.caller.shutdown()
         for task in list(self._background):
             task.cancel()

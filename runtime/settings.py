@@ -67,6 +67,10 @@ class Settings:
     handlers: tuple[str, ...] = ()
     max_queue: int = 64
     max_body_bytes: int = 6 * 1024 * 1024
+    # A request body must arrive whole within this long (408 otherwise).
+    body_timeout_s: float = 30.0
+    # Request bytes buffered across all connections; past it 503 + Retry-After.
+    max_buffered_bytes: int = 256 * 1024 * 1024
     # Deepest nesting of arrays/objects accepted in a JSON body (orjson stops at 1024).
     max_json_depth: int = 64
     drain_grace_s: float = 30.0
@@ -77,6 +81,10 @@ class Settings:
     default_bandwidth_bytes_s: float = 200e6
     default_init_s: float = 2.0
     fetch_stall_s: float = 30.0
+    # A load phase (fetch, load, init, one warm-up example) making no progress this long fails.
+    phase_stall_s: float = 300.0
+    # A handler run longer than this fails with handler-timeout (a sync one wedges the instance).
+    run_timeout_s: float = 900.0
     fetch_concurrency: int = 8
     min_residency_s: float = 30.0
     # Secrets: kept out of the settings' repr so no log line can carry them.
@@ -97,7 +105,7 @@ class Settings:
             try:
                 if f.name == "memory_budget":
                     values[f.name] = _parse_bytes(raw) if raw.strip() else 0
-                elif f.name == "max_body_bytes":
+                elif f.name in ("max_body_bytes", "max_buffered_bytes"):
                     values[f.name] = _parse_bytes(raw)
                 elif isinstance(default, tuple):
                     values[f.name] = _split_list(raw)
@@ -127,6 +135,10 @@ class Settings:
             raise ConfigError("THAW_MAX_BODY_BYTES must be >= 1")
         if self.max_json_depth < 1:
             raise ConfigError("THAW_MAX_JSON_DEPTH must be >= 1")
+        if self.phase_stall_s <= 0:
+            raise ConfigError("THAW_PHASE_STALL_S must be > 0")
+        if self.run_timeout_s <= 0:
+            raise ConfigError("THAW_RUN_TIMEOUT_S must be > 0")
 
     @property
     def cache_path(self) -> Path:

@@ -37,18 +37,22 @@ import time
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
 import orjson
 
+from runtime import process
 from runtime.aws.events import HttpRequest, HttpResponse, is_http_event, request_from_event
 from runtime.aws.events import result_from_response as proxy_result
 from runtime.aws.lambda_api import FunctionError, LambdaError, RuntimeAPI, user_frames
 from runtime.errors import ThawError
 from runtime.logs import configure_logging
 from runtime.settings import Settings
+
+if TYPE_CHECKING:
+    from runtime.instance import Instance
 
 log = logging.getLogger("thaw.lambda")
 
@@ -187,7 +191,7 @@ class Invoker:
         raise FunctionError(_problem_error(response))
 
 
-async def _worker(api: RuntimeAPI, invoker: Invoker, app: Any, concurrency: int) -> None:
+async def _worker(api: RuntimeAPI, invoker: Invoker, instance: Instance, concurrency: int) -> None:
     while True:
         invocation = await api.next()
         started = time.monotonic()
@@ -230,7 +234,7 @@ async def _worker(api: RuntimeAPI, invoker: Invoker, app: Any, concurrency: int)
         # frozen; only the worker that handed out a job waits, so it is not lost
         # to an idle instance being retired.
         if concurrency == 1 or status == 202:
-            await app.state.dispatcher.wait_idle()
+            await instance.wait_idle()
 
 
 def _init_error(exc: BaseException) -> LambdaError:
@@ -262,13 +266,22 @@ async def run(address: str, concurrency: int = 1, environ: Mapping[str, str] | N
         client = httpx.AsyncClient(transport=transport, base_url="http://lambda", timeout=None)
         stack.push_async_callback(client.aclose)
         invoker = Invoker(client, settings)
+        instance: Instance = app.state.instance
         log.info("ready: %d worker(s) on %s", concurrency, address)
-        workers = [_worker(api, invoker, app, concurrency) for _ in range(concurrency)]
+        workers = asyncio.gather(
+            *(_worker(api, invoker, instance, concurrency) for _ in range(concurrency))
+        )
+        # A drain (the instance wedged: a thread of user code is stuck) ends the
+        # loop and the process, non-zero, so Lambda replaces the environment.
+        instance.exit_hook = workers.cancel
         try:
-            await asyncio.gather(*workers)
+            await workers
         except httpx.TransportError as exc:
             log.info("runtime API unreachable (%s); exiting", exc)
             return 0
+        except asyncio.CancelledError:
+            log.warning("drained; exiting so the platform starts a fresh environment")
+            return 1
     return 0
 
 
@@ -281,4 +294,6 @@ def main() -> int:
         concurrency = max(1, int(os.environ.get("AWS_LAMBDA_MAX_CONCURRENCY") or 1))
     except ValueError:
         concurrency = 1
-    return asyncio.run(run(address, concurrency))
+    code = process.run(run(address, concurrency))
+    process.exit_past_stuck_threads(code)
+    return code

@@ -29,7 +29,9 @@ from runtime.context import Context
 from runtime.dispatch import eager
 from runtime.dispatch.calls import Caller, ThreadOutcome, caller_error, handler_error
 from runtime.dispatch.deadlines import Deadlines
-from runtime.errors import Draining, QueueFull, ThawError
+from runtime.dispatch.overruns import Overruns
+from runtime.errors import Draining, HandlerTimeout, QueueFull, ThawError
+from runtime.health import Health
 from runtime.jobs.job import Job
 from runtime.jobs.manager import JobManager
 from runtime.metrics import HandlerStats, Metrics
@@ -62,6 +64,20 @@ class Accepted:
     retry_after_s: float
 
 
+def _result(outcome: asyncio.Future[Any]) -> Any:
+    """The work's output for its waiting caller; work cut off by a drain is `drained`."""
+    if outcome.cancelled():
+        raise Draining("the instance drained before this request finished; send it again")
+    return outcome.result()
+
+
+def _timeout(work: Work, limit_s: float) -> HandlerTimeout:
+    return HandlerTimeout(
+        f"handler {work.handler!r} did not finish within {limit_s:g} s (THAW_RUN_TIMEOUT_S)",
+        handler=work.handler,
+    )
+
+
 def _settle(settled: asyncio.Future[None]) -> None:
     if not settled.done():
         settled.set_result(None)
@@ -74,10 +90,21 @@ class Work:
     default factory costs several times as much to build.
     """
 
-    __slots__ = ("handler", "leases", "phase", "running", "settled", "timings_ms")
+    __slots__ = (
+        "handler",
+        "leases",
+        "outcome",
+        "overran",
+        "phase",
+        "running",
+        "settled",
+        "spec",
+        "timings_ms",
+    )
 
-    def __init__(self, handler: str, phase: str = "queued") -> None:
-        self.handler = handler
+    def __init__(self, spec: HandlerSpec, phase: str = "queued") -> None:
+        self.spec = spec
+        self.handler = spec.name
         self.phase = phase
         # In phase order (queue, fetch, load, init, warmup, run), as Server-Timing lists them.
         self.timings_ms: dict[str, float] = {}
@@ -87,6 +114,10 @@ class Work:
         # Made by whoever waits for the work; set when the work ends (or, if it
         # never ran, when it was cancelled).
         self.settled: asyncio.Future[None] | None = None
+        # The future of its outcome (a task when it had to wait on the loop).
+        self.outcome: asyncio.Future[Any] | None = None
+        # Its handler ran past THAW_RUN_TIMEOUT_S.
+        self.overran = False
 
     def release(self) -> None:
         """Let go of the models it holds (once)."""
@@ -106,8 +137,10 @@ class Dispatcher:
         estimator: Estimator,
         metrics: Metrics,
         caller: Caller,
+        health: Health,
     ) -> None:
         self.settings = settings
+        self.health = health
         self.registry = registry
         self.cache = cache
         self.jobs = jobs
@@ -119,6 +152,7 @@ class Dispatcher:
         # Outcomes of the work in flight: tasks, or futures a handler thread settles.
         self.in_flight: set[asyncio.Future[Any]] = set()
         self.deadlines = Deadlines()
+        self.overruns: Overruns[Work] = Overruns(settings.run_timeout_s, self._overran)
         for name in registry.handlers:
             self.handler_stats(name)
         jobs.execute = self._execute_job
@@ -156,29 +190,41 @@ class Dispatcher:
                 f"(limit {self.settings.max_queue})",
                 retry_after_s=max(1.0, await self._estimate_s(spec)),
             )
-        wait = self.settings.wait_s if wait_s is None else wait_s
-        deadline_at = received + wait
-        ctx = Context(
-            request_id=request_id, handler=name, deadline_at=deadline_at, logger=HANDLER_LOG
-        )
-        cold = bool(spec.uses) and not all(map(self.cache.is_ready, spec.uses))
-        work = Work(name, "loading" if cold else "queued")
-        # Warm: nothing to load, so the estimate is the run time (no cache lookups).
-        estimate_s = await self._estimate_s(spec) if cold else self.estimator.run_s(name)
-        # The margin never eats more than a quarter of a short deadline, so a
-        # warm request with `wait=0.1` still runs instead of becoming a job.
-        answer_by = deadline_at - min(self.settings.deadline_margin_s, wait * 0.25)
-        if spec.uses and self.cache.device is None:
-            answer_by -= FRAMEWORK_STALL_S
-        if respond_async or estimate_s > answer_by - time.monotonic():
-            # Record the job before starting the work, so the answer is not
-            # delayed by what the work does first (a cold load imports torch).
-            job = await self._record(spec, event, work, key_id)
-            self._follow(spec, job, self._start(spec, event, ctx, work), work)
-            return Accepted(job, retry_after_s=max(1.0, estimate_s))
-        outcome = self._start(spec, event, ctx, work)
+        # The slot is taken before the first await, so that concurrent requests
+        # see it: the limit holds however many arrive at once. `_start` keeps it
+        # for the work; anything failing before that gives it back.
+        self.pending[name] += 1
+        started = False
+        try:
+            wait = self.settings.wait_s if wait_s is None else wait_s
+            deadline_at = received + wait
+            ctx = Context(
+                request_id=request_id, handler=name, deadline_at=deadline_at, logger=HANDLER_LOG
+            )
+            cold = bool(spec.uses) and not all(map(self.cache.is_ready, spec.uses))
+            work = Work(spec, "loading" if cold else "queued")
+            # Warm: nothing to load, so the estimate is the run time (no cache lookups).
+            estimate_s = await self._estimate_s(spec) if cold else self.estimator.run_s(name)
+            # The margin never eats more than a quarter of a short deadline, so a
+            # warm request with `wait=0.1` still runs instead of becoming a job.
+            answer_by = deadline_at - min(self.settings.deadline_margin_s, wait * 0.25)
+            if spec.uses and self.cache.device is None:
+                answer_by -= FRAMEWORK_STALL_S
+            if respond_async or estimate_s > answer_by - time.monotonic():
+                # Record the job before starting the work, so the answer is not
+                # delayed by what the work does first (a cold load imports torch).
+                job = await self._record(spec, event, work, key_id)
+                outcome = self._start(spec, event, ctx, work)
+                started = True
+                self._follow(spec, job, outcome, work)
+                return Accepted(job, retry_after_s=max(1.0, estimate_s))
+            outcome = self._start(spec, event, ctx, work)
+            started = True
+        finally:
+            if not started:
+                self.pending[name] -= 1
         if outcome.done() or await self._settled_by(work, outcome, answer_by):
-            output = outcome.result()
+            output = _result(outcome)
             stats.count("sync")
             return Completed(output, work.timings_ms)
         # The estimate was wrong: answer 202 now; the same work goes on.
@@ -231,15 +277,15 @@ class Dispatcher:
     def _start(
         self, spec: HandlerSpec, event: Any, ctx: Context, work: Work
     ) -> asyncio.Future[Any]:
-        """Start the work now: the future of its outcome."""
+        """Start the work now (its queue slot taken already): the future of its outcome."""
         stats = self.handler_stats(spec.name)
-        self.pending[spec.name] += 1
         leases = None if spec.is_async else self.cache.leases_now(spec.uses)
         if leases is None:
             outcome = eager.start(self._execute(spec, event, ctx, work, stats))
         else:
             work.leases = leases
             outcome = self._in_thread(spec, event, ctx, work, stats)
+        work.outcome = outcome
         if outcome.done():
             self._finished(spec.name, work, stats, outcome)
         else:
@@ -251,6 +297,7 @@ class Dispatcher:
         self, name: str, work: Work, stats: HandlerStats, outcome: asyncio.Future[Any]
     ) -> None:
         self.in_flight.discard(outcome)
+        self.overruns.forget(work)
         self.pending[name] -= 1
         if work.leases:
             # Cancelled: its models are let go of at once, though a handler
@@ -260,6 +307,21 @@ class Dispatcher:
             _settle(work.settled)
         if not outcome.cancelled() and outcome.exception() is not None:
             stats.count("error")
+
+    def _overran(self, work: Work) -> None:
+        """`work`'s handler ran past THAW_RUN_TIMEOUT_S: it fails with `handler-timeout`."""
+        outcome = work.outcome
+        if outcome is None or outcome.done():
+            return
+        work.overran = True
+        limit_s = self.settings.run_timeout_s
+        if not work.spec.is_async:
+            # Its thread cannot be stopped, and keeps the model and memory it holds.
+            self.health.wedge(f"handler {work.handler!r} ran past THAW_RUN_TIMEOUT_S={limit_s:g}")
+        if isinstance(outcome, asyncio.Task):
+            outcome.cancel()  # `_execute` turns this into HandlerTimeout
+        else:
+            outcome.set_exception(_timeout(work, limit_s))
 
     def _in_thread(
         self, spec: HandlerSpec, event: Any, ctx: Context, work: Work, stats: HandlerStats
@@ -304,6 +366,7 @@ class Dispatcher:
         work.phase = "running"
         work.running = True
         run_started = time.monotonic()
+        self.overruns.watch(work, run_started)
         timings = work.timings_ms
         timings["queue"] = max(0.0, (run_started - started) * 1000 - sum(load_ms.values()))
         if load_ms:
@@ -353,6 +416,10 @@ class Dispatcher:
                 raise handler_error(spec, ctx, exc) from exc
             self._ran(spec, work, stats, run_started)
             return output
+        except asyncio.CancelledError:
+            if work.overran:
+                raise _timeout(work, self.settings.run_timeout_s) from None
+            raise
         finally:
             if work.leases:
                 work.release()
@@ -363,7 +430,8 @@ class Dispatcher:
         """Run a recovered job's stored input on this instance."""
         spec = self.registry.handler(job.handler)
         ctx = Context(request_id=job.id, handler=job.handler, logger=HANDLER_LOG)
-        return self._start(spec, job.input, ctx, Work(job.handler))
+        self.pending[spec.name] += 1
+        return self._start(spec, job.input, ctx, Work(spec))
 
     # ---- drain ------------------------------------------------------------------
 

@@ -283,7 +283,12 @@ async def list_models(request: Request) -> Response:
                 await cache.manifest_of(name)
         views.append(cache.describe(entry))
     return JSONResponse(
-        {"models": views, "budget_bytes": cache.budget, "reserved_bytes": cache.reserved_bytes()}
+        {
+            "models": views,
+            "budget_bytes": cache.budget.limit,
+            "reserved_bytes": cache.reserved_bytes(),
+            "waiting_for_memory": cache.budget.waiting(),
+        }
     )
 
 
@@ -297,7 +302,7 @@ async def load_model(request: Request) -> Response:
     """Prewarm a bundle in the background (202)."""
     instance = _instance(request)
     name = _known_bundle(instance, request.path_params["name"])
-    if instance.dispatcher.draining:
+    if instance.draining:
         raise Draining("this instance is draining")
     instance.spawn(instance.prewarm(name))
     await asyncio.sleep(0)
@@ -318,28 +323,24 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    """200 once the prewarm set is READY and the instance is not draining."""
+    """200 once the prewarm set is READY and the instance is healthy and not draining."""
     instance = _instance(request)
     if instance.ready():
         return JSONResponse({"status": "ready"})
     waiting = [n for n in instance.settings.prewarm if not instance.cache.is_ready(n)]
-    body = {"status": "draining" if instance.dispatcher.draining else "warming", "waiting": waiting}
+    if instance.draining:
+        status = "draining"
+    elif not instance.health.ok:
+        status = "unhealthy"
+    else:
+        status = "warming"
+    body = {"status": status, "waiting": waiting, "conditions": instance.health.describe()}
     return JSONResponse(body, status_code=503)
 
 
 async def drain(request: Request) -> Response:
     """Readiness off, in-flight work finishes, the rest is aborted, then the process exits."""
-    instance = _instance(request)
-    if not instance.dispatcher.draining:
-        instance.dispatcher.draining = True
-
-        async def finish() -> None:
-            await instance.dispatcher.drain(instance.settings.drain_grace_s)
-            exit_hook = getattr(request.app.state, "request_exit", None)
-            if exit_hook is not None:
-                exit_hook()
-
-        instance.spawn(finish())
+    _instance(request).begin_drain("POST /drain")
     return JSONResponse({"status": "draining"}, status_code=202)
 
 

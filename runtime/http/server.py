@@ -14,6 +14,7 @@ from types import FrameType
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from runtime import process
 from runtime.errors import ConfigError
 from runtime.http.app import create_app
 from runtime.logs import configure_logging
@@ -45,23 +46,43 @@ class _H11Protocol(H11Protocol):
 
 
 class _Server(uvicorn.Server):
-    """uvicorn, telling us when it listens so background loads start after that."""
+    """uvicorn, telling us when it listens (background loads start after that), and
+    draining on SIGTERM while it keeps serving.
 
-    def __init__(self, config: uvicorn.Config, on_listening: Callable[[], None]) -> None:
+    SIGTERM is the platform asking for a drain: the listener stays open through
+    the grace, so a load balancer sees /readyz go 503 and new requests get 503
+    `drained` instead of connection refused; the drain's end stops the server
+    (exit 0). A second SIGTERM, or SIGINT, stops it at once as uvicorn does.
+    """
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        on_listening: Callable[[], None],
+        on_sigterm: Callable[[], bool],
+    ) -> None:
         super().__init__(config)
         self._on_listening = on_listening
+        self._on_sigterm = on_sigterm
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
         if not self.should_exit:
             self._on_listening()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        loop = self._loop
+        if sig == signal.SIGTERM and loop is not None and not self.should_exit:
+            # A signal handler may only hand work to the loop, never run it.
+            loop.call_soon_threadsafe(self._sigterm)
+            return
         super().handle_exit(sig, frame)
-        if sig == signal.SIGTERM:
-            # SIGTERM is the platform asking for a drain, which ends in exit 0;
-            # uvicorn would re-raise it after shutdown and die by the signal.
-            self._captured_signals.remove(sig)
+
+    def _sigterm(self) -> None:
+        if not self._on_sigterm():  # a drain is under way already: stop now
+            self.should_exit = True
 
 
 def serve(host: str = "127.0.0.1", port: int = 8080, insecure: bool = False) -> int:
@@ -81,7 +102,8 @@ def serve(host: str = "127.0.0.1", port: int = 8080, insecure: bool = False) -> 
         access_log=False,
         lifespan="on",
         log_config=None,
-        timeout_graceful_shutdown=int(settings.drain_grace_s) + 1,
+        # The drain already gave in-flight work its grace; what is left is closing.
+        timeout_graceful_shutdown=1,
         http=_H11Protocol,
         timeout_keep_alive=5,
         h11_max_incomplete_event_size=64 * 1024,
@@ -97,13 +119,21 @@ def serve(host: str = "127.0.0.1", port: int = 8080, insecure: bool = False) -> 
         failed.append(exc)
         request_exit()
 
-    server = _Server(
-        config, on_listening=lambda: app.state.instance.start_background(on_error=start_failed)
-    )
-    app.state.request_exit = request_exit
-    server.run()
+    def on_listening() -> None:
+        instance = app.state.instance
+        instance.exit_hook = request_exit
+        instance.start_background(on_error=start_failed)
+
+    def on_sigterm() -> bool:
+        instance = getattr(app.state, "instance", None)
+        return instance is not None and instance.begin_drain("SIGTERM")
+
+    server = _Server(config, on_listening=on_listening, on_sigterm=on_sigterm)
+    process.run(server.serve())
+    code = 1 if failed else 0
+    process.exit_past_stuck_threads(code)
     logging.getLogger("thaw.server").info("stopped")
-    return 1 if failed else 0
+    return code
 
 
 if __name__ == "__main__":

@@ -1,16 +1,16 @@
-"""The model cache: entries, admission, leases, the memory budget and eviction.
+"""The model cache: entries, leases, eviction and unload.
 
 `ModelCache` is the face the dispatcher, the app and the instance use: it keeps
-one `Entry` per bundle name (runtime/models/entry.py), admits requests on READY
-bundles and hands them a `Lease`, and starts loads through its `Loader`
-(runtime/models/loading.py: single flight, the load pipeline, retry back-off).
+one `Entry` per bundle name (runtime/models/entry.py), hands requests a
+`Lease` on READY bundles once the memory budget admits them
+(runtime/models/budget.py: reservations, admission in arrival order), and
+starts loads through its `Loader` (runtime/models/loading.py: single flight,
+the load pipeline, retry back-off, no-progress deadlines).
 
-Memory: the budget counts each resident or loading bundle's weights plus its
-per-request bytes for every admitted request (at least one). Loads make room
-by evicting idle, unpinned bundles in the policy's order (runtime/models/eviction.py;
-cost-aware by default), and the policy hears of every load, hit and
-eviction; a request beyond what fits waits for a slot. A bundle that can
-never fit fails at once.
+It is also the budget's `Evictor`: when a load or a request needs room, the
+budget asks it to evict idle, unpinned bundles in the policy's order
+(runtime/models/eviction.py; cost-aware by default), and the policy hears of
+every load, hit and eviction.
 
 Time for last use, reload cost and back-off comes from `clock` (a seam: the
 eviction simulator passes a simulated clock).
@@ -29,14 +29,16 @@ from typing import Any
 
 from runtime.bundles.manifest import Manifest
 from runtime.bundles.sources.source import BundleSource
-from runtime.errors import InsufficientMemory, UnknownBundle
+from runtime.errors import UnknownBundle
+from runtime.health import Health
 from runtime.metrics import Metrics
 from runtime.models import weights as weights_mod
+from runtime.models.budget import MemoryBudget
 from runtime.models.entry import Entry
 from runtime.models.estimate import Estimator
 from runtime.models.eviction import DensityPolicy, EvictionPolicy
 from runtime.models.lifecycle import State
-from runtime.models.loading import Loader, Runner
+from runtime.models.loading import Loader, PhaseLimits, Runner
 from runtime.registry import Registry
 
 log = logging.getLogger("thaw.cache")
@@ -44,6 +46,8 @@ log = logging.getLogger("thaw.cache")
 
 class Lease:
     """A model in use by one request; releasing it frees its admission slot."""
+
+    __slots__ = ("_cache", "_released", "entry", "model")
 
     def __init__(self, cache: ModelCache, entry: Entry) -> None:
         self._cache = cache
@@ -73,31 +77,41 @@ class ModelCache:
         retry_backoff_s: float = 1.0,
         policy: EvictionPolicy | None = None,
         pinned: tuple[str, ...] = (),
+        limits: PhaseLimits | None = None,
+        health: Health | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.source = source
         self.registry = registry
         self.estimator = estimator
         self.metrics = metrics
-        self.runner = runner
-        self.requested_device = device
-        self.device: str | None = None
-        self.configured_budget = memory_budget
-        self.budget: int | None = memory_budget or None
-        self.retry_backoff_s = retry_backoff_s
         self.policy: EvictionPolicy = policy if policy is not None else DensityPolicy()
         self.clock = clock
         self.entries: dict[str, Entry] = {}
-        self._changed = asyncio.Condition()
-        # Coroutines parked in `_changed.wait()`: a release notifies only when
-        # someone waits, so the warm path does not start a task per request.
-        self._waiting = 0
+        self.budget = MemoryBudget(memory_budget or None, clock=clock)
+        self.budget.bind(self)
         self._pinned = set(pinned)
         self._hit_counters: dict[str, Any] = {}
         # Manifest reads in flight: a burst of cold requests estimating one
         # bundle shares a single read instead of queueing one thread each.
         self._manifest_reads: dict[str, asyncio.Future[Manifest]] = {}
-        self._loader = Loader(self)
+        self._loader = Loader(
+            source=source,
+            registry=registry,
+            estimator=estimator,
+            metrics=metrics,
+            budget=self.budget,
+            policy=self.policy,
+            runner=runner,
+            entry_of=self.entry,
+            requested_device=device,
+            retry_backoff_s=retry_backoff_s,
+            limits=limits if limits is not None else PhaseLimits(),
+            health=health if health is not None else Health(),
+            clock=clock,
+        )
+        # Read at scrape time, not set on every request.
+        metrics.resident_bytes.set_function(self.budget.reserved_bytes)
 
     # ---- lookup -------------------------------------------------------------
 
@@ -114,21 +128,13 @@ class ModelCache:
         entry = self.entries.get(name)
         return entry is not None and entry.lifecycle.state is State.READY
 
+    @property
+    def device(self) -> str | None:
+        """The device models load onto; None until the first load resolved it."""
+        return self._loader.device
+
     def reserved_bytes(self) -> int:
-        return sum(e.charge() for e in self.entries.values())
-
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
-        self.metrics.resident_bytes.set(self.reserved_bytes())
-
-    async def _wait_changed(self) -> None:
-        """`_changed.wait()` (the caller holds the condition), counted for `_release`."""
-        self._waiting += 1
-        try:
-            await self._changed.wait()
-        finally:
-            self._waiting -= 1
+        return self.budget.reserved_bytes()
 
     def _hit_counter(self, name: str) -> Any:
         counter = self._hit_counters.get(name)
@@ -159,21 +165,25 @@ class ModelCache:
 
     async def estimate_ready_s(self, name: str) -> float:
         """Seconds until `name` is READY (0 when it is)."""
-        return await self._loader.estimate_ready_s(self.entry(name))
+        entry = self.entry(name)
+        if entry.lifecycle.state is State.READY:
+            return 0.0
+        return self._loader.estimate_ready_s(entry, await self.manifest_of(name))
 
     # ---- acquire / release --------------------------------------------------
 
     async def acquire(self, name: str) -> Lease:
-        """Wait until `name` is READY and a request slot fits the budget."""
+        """Wait until `name` is READY and the budget admits one more request of it."""
         entry = self.entry(name)
+        budget = self.budget
         while True:
             state = entry.lifecycle.state
             if state is State.READY:
                 # The common case (room for one more request) needs no await.
-                if self._fits_now(entry) or await self._admit(entry):
+                if budget.try_admit(name) or await budget.admit(name):
                     return self._lease(entry)
-                continue
-            await self.ensure_loading(entry)
+                continue  # it left memory while we waited: load it again
+            await self._loader.ensure_loading(entry)
             task = entry.task
             if task is not None:
                 entry.waiting += 1
@@ -182,9 +192,10 @@ class ModelCache:
                     await asyncio.shield(task)
                 finally:
                     entry.waiting -= 1
-            elif entry.lifecycle.state is State.DRAINING:
-                async with self._changed:
-                    await self._wait_changed()
+                    if entry.waiting == 0:
+                        budget.reconsider()  # no longer held for its waiters
+            elif entry.unloading is not None:
+                await asyncio.shield(entry.unloading)
 
     def leases_now(self, names: Sequence[str]) -> list[Lease] | None:
         """Leases of all of `names` at once; None where `acquire` would have to wait.
@@ -196,14 +207,20 @@ class ModelCache:
         for name in names:
             entry = self.entries.get(name)
             if entry is None or entry.lifecycle.state is not State.READY:
-                return None
-            if not self._fits_now(entry):
-                return None
+                break
             entries.append(entry)
-        return [self._lease(entry) for entry in entries]
+        else:
+            admitted: list[Entry] = []
+            for entry in entries:
+                if not self.budget.try_admit(entry.name):
+                    for taken in admitted:
+                        self.budget.release(taken.name)
+                    return None
+                admitted.append(entry)
+            return [self._lease(entry) for entry in entries]
+        return None
 
     def _lease(self, entry: Entry) -> Lease:
-        entry.inflight += 1
         entry.hits += 1
         entry.last_used_at = self.clock()
         entry.last_used_wall = time.time()
@@ -211,35 +228,16 @@ class ModelCache:
         self.policy.on_hit(entry.candidate(), entry.last_used_at)
         return Lease(self, entry)
 
-    def _fits_now(self, entry: Entry) -> bool:
-        """One more request of `entry` is covered by what it already holds."""
-        return entry.inflight == 0 or entry.per_request_bytes == 0 or self.budget is None
-
-    async def _admit(self, entry: Entry) -> bool:
-        """True when one more request of `entry` fits; waits for room otherwise."""
-        if self._fits_now(entry):
-            return True
-        assert self.budget is not None
-        async with self._changed:
-            while entry.lifecycle.state is State.READY:
-                if self.reserved_bytes() + entry.per_request_bytes <= self.budget:
-                    return True
-                if await self._evict_for(entry.per_request_bytes, exclude=entry.name):
-                    continue
-                await self._wait_changed()
-        return False
-
     def _release(self, entry: Entry) -> None:
-        entry.inflight -= 1
         entry.last_used_at = self.clock()
         entry.last_used_wall = time.time()
-        if self._waiting:
-            asyncio.get_running_loop().create_task(self._notify())
-        elif entry.per_request_bytes:
-            # Nobody to wake, but the admitted request's bytes left the budget.
-            self.metrics.resident_bytes.set(self.reserved_bytes())
+        self.budget.release(entry.name)
 
-    # ---- loading (runtime/models/loading.py) --------------------------------------
+    def in_flight(self, name: str) -> int:
+        """Requests of `name` holding a lease now."""
+        return self.budget.admitted(name)
+
+    # ---- loading (runtime/models/loading.py) -----------------------------------
 
     async def ensure_loading(self, entry: Entry) -> None:
         """Start the single-flight load of `entry` unless it is loading or loaded."""
@@ -249,89 +247,104 @@ class ModelCache:
         """The model object of `name` once built (INITIALIZED or later), loading it if needed."""
         return await self._loader.wait_built(name)
 
-    # ---- eviction -----------------------------------------------------------
+    # ---- eviction (the budget's Evictor) ----------------------------------------
 
-    async def _make_room(self, entry: Entry) -> None:
-        assert entry.manifest is not None and self.budget is not None
-        need = entry.manifest.weights_bytes + entry.manifest.per_request_bytes
-        if need > self.budget:
-            raise InsufficientMemory(
-                f"bundle {entry.name!r} needs {need} bytes (weights "
-                f"{entry.manifest.weights_bytes} + per request {entry.manifest.per_request_bytes}) "
-                f"but the whole memory budget is {self.budget} bytes",
-                need_bytes=need,
-                budget_bytes=self.budget,
-            )
-        async with self._changed:
-            while self.reserved_bytes() + need > self.budget:
-                if await self._evict_for(need, exclude=entry.name):
-                    continue
-                # Everything resident is busy or pinned: wait for a release.
-                await self._wait_changed()
-            entry.reserved = True
-        self.metrics.resident_bytes.set(self.reserved_bytes())
-
-    async def _evict_for(self, need: int, *, exclude: str) -> bool:
-        """Evict idle bundles until `need` more bytes fit; True if anything was evicted."""
-        assert self.budget is not None
-        now = self.clock()
-        candidates = [
-            e.candidate()
+    def _evictable(self, exclude: str) -> list[Entry]:
+        budget = self.budget
+        return [
+            e
             for e in self.entries.values()
             if e.name != exclude
             and e.lifecycle.state is State.READY
-            and e.inflight == 0
+            and budget.reservation(e.name) is not None
+            and budget.admitted(e.name) == 0
             and e.waiting == 0
             and not e.pinned
         ]
-        if self.reserved_bytes() + need - sum(c.size_bytes for c in candidates) > self.budget:
+
+    def evict_for(self, need_bytes: int, exclude: str) -> bool:
+        budget = self.budget
+        assert budget.limit is not None
+        idle = self._evictable(exclude)
+        freeable = sum(e.weights_bytes + e.per_request_bytes for e in idle)
+        if budget.reserved_bytes() + need_bytes - freeable > budget.limit:
             # Evicting every idle bundle would still not make room: evict none
             # (each would only have to be loaded again) and wait for releases.
             return False
+        now = self.clock()
+        by_name = {e.name: e for e in idle}
         evicted = False
-        for candidate in self.policy.order(candidates, now):
-            if self.reserved_bytes() + need <= self.budget:
+        for candidate in self.policy.order([e.candidate() for e in idle], now):
+            if budget.reserved_bytes() + need_bytes <= budget.limit:
                 break
-            self._unload_now(self.entries[candidate.name], reason="evicted")
+            self._unload_now(by_name[candidate.name], reason="evicted")
             self.policy.on_evict(candidate, now)
             evicted = True
         return evicted
 
+    def unevictable_bytes(self, exclude: str) -> int:
+        return sum(
+            e.weights_bytes + e.per_request_bytes
+            for e in self.entries.values()
+            if e.pinned and e.name != exclude and self.budget.reservation(e.name) is not None
+        )
+
+    def busy(self) -> bool:
+        # Bundles holding memory now that will free it or become evictable: a load
+        # past its wait for room, a loaded bundle its waiters are about to take, an
+        # unload under way.
+        return any(
+            (e.task is not None or e.waiting or e.unloading is not None)
+            and self.budget.reservation(e.name) is not None
+            for e in self.entries.values()
+        )
+
     def _unload_now(self, entry: Entry, *, reason: str) -> None:
         """READY and idle -> UNLOADED, synchronously (the caller holds no await)."""
         entry.lifecycle.advance(State.DRAINING)
-        entry.model = None
-        entry.built.clear()
-        entry.reserved = False
+        self.budget.close(entry.name)
+        self._forget(entry)
         entry.lifecycle.advance(State.UNLOADED)
-        if self.device is not None:
-            weights_mod.release(self.device)
+        device = self.device
+        if device is not None:
+            weights_mod.release(device)
         if reason == "evicted":
             self.metrics.cache_events.labels(entry.name, "eviction").inc()
         log.info("%s %s", reason, entry.name)
 
-    async def unload(self, name: str) -> None:
-        """Drain `name` (in-flight requests finish), then free its memory."""
-        entry = self.entry(name)
-        if entry.task is not None:
-            try:
-                await asyncio.shield(entry.task)
-            except Exception:  # the load failed: nothing to unload
-                return
-        if entry.lifecycle.state is not State.READY:
-            return
-        entry.lifecycle.advance(State.DRAINING)
-        async with self._changed:
-            while entry.inflight > 0:
-                await self._wait_changed()
+    def _forget(self, entry: Entry) -> None:
         entry.model = None
         entry.built.clear()
-        entry.reserved = False
-        entry.lifecycle.advance(State.UNLOADED)
-        if self.device is not None:
-            await asyncio.to_thread(weights_mod.release, self.device)
-        await self._notify()
-        log.info("unloaded %s", name)
+        self.budget.unreserve(entry.name)
+
+    async def unload(self, name: str) -> None:
+        """Drain `name` (in-flight requests finish), then free its memory.
+
+        A load under way is abandoned (its waiters get `load-failed`), so an
+        unload answers at once whatever a builder does.
+        """
+        entry = self.entry(name)
+        if entry.task is not None:
+            await self._loader.abandon(entry, "unloaded while loading")
+        if entry.unloading is not None:
+            await asyncio.shield(entry.unloading)
+            return
+        if entry.lifecycle.state is not State.READY:
+            return
+        entry.unloading = asyncio.get_running_loop().create_future()
+        try:
+            entry.lifecycle.advance(State.DRAINING)
+            self.budget.close(name)
+            await self.budget.idle(name)
+            self._forget(entry)
+            entry.lifecycle.advance(State.UNLOADED)
+            device = self.device
+            if device is not None:
+                await asyncio.to_thread(weights_mod.release, device)
+            log.info("unloaded %s", name)
+        finally:
+            done, entry.unloading = entry.unloading, None
+            done.set_result(None)
 
     async def unload_all(self) -> None:
         await asyncio.gather(*(self.unload(n) for n in list(self.entries)), return_exceptions=True)
@@ -340,6 +353,8 @@ class ModelCache:
 
     def describe(self, entry: Entry) -> dict[str, Any]:
         view = entry.view()
+        view["in_flight"] = self.in_flight(entry.name)
+        view["waiting_for_memory"] = self.budget.waiting(entry.name)
         if entry.manifest is not None:
             view["estimate"] = self.estimator.describe(entry.manifest)
             view["memory"] = self.memory_plan(entry)
@@ -347,15 +362,16 @@ class ModelCache:
 
     def memory_plan(self, entry: Entry) -> dict[str, Any]:
         assert entry.manifest is not None
+        budget = self.budget
         plan: dict[str, Any] = {
             "weights_bytes": entry.weights_bytes,
             "per_request_bytes": entry.per_request_bytes,
-            "budget_bytes": self.budget,
+            "budget_bytes": budget.limit,
         }
-        if self.budget is not None and entry.per_request_bytes > 0:
-            others = sum(e.charge() for e in self.entries.values() if e is not entry)
-            room = self.budget - others - entry.weights_bytes
-            plan["admitted_concurrency"] = max(0, room // entry.per_request_bytes)
+        if budget.limit is not None and entry.per_request_bytes > 0:
+            plan["admitted_concurrency"] = budget.admitted_concurrency(
+                entry.name, entry.weights_bytes, entry.per_request_bytes
+            )
         else:
             plan["admitted_concurrency"] = None  # bounded by the queue, not memory
         return plan

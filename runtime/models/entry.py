@@ -1,10 +1,11 @@
 """One bundle's state in the model cache: `Entry`.
 
 Each bundle name has one `Entry` for the life of the instance: its lifecycle,
-manifest and model object, the task of its load (if one runs), its admitted and
-waiting requests, and the figures eviction and the views read (hits, loads,
-reload cost, last use). It also says what it charges against the memory
-budget, what evicting it would free, and how it looks in /models.
+manifest and model object, the task of its load (if one runs), the requests
+waiting for its load (what it holds of memory, and its requests in flight,
+are the memory budget's: runtime/models/budget.py), and the figures eviction and the views read
+(hits, loads, reload cost, last use). It also says what evicting it would free,
+and how it looks in /models.
 
 Entries are changed on the event loop thread only, by the cache and its loader.
 """
@@ -29,14 +30,16 @@ class Entry:
     manifest: Manifest | None = None
     model: Any = None
     task: asyncio.Task[None] | None = None
+    # Set (with LoadFailed) to abandon the load under way.
+    abort: asyncio.Future[None] | None = None
+    # Settled when an unload under way is done.
+    unloading: asyncio.Future[None] | None = None
     built: asyncio.Event = field(default_factory=asyncio.Event)
-    inflight: int = 0
     # Requests waiting for this entry's load. Once it is READY they acquire it
     # as soon as they run; until then it counts as in use, or a load waiting
     # for room could evict it under them, and their reload evict that load's
     # bundle in turn, forever.
     waiting: int = 0
-    reserved: bool = False
     pinned: bool = False
     loads: int = 0
     hits: int = 0
@@ -48,6 +51,8 @@ class Entry:
     # last_load_s minus waits a reload would not repeat: the eviction policy's cost.
     reload_s: float = 0.0
     progress_bytes: int = 0
+    # time.monotonic() of the load's last sign of progress (the no-progress deadline).
+    progress_at: float = 0.0
     estimated_load_s: float | None = None
 
     @property
@@ -57,11 +62,6 @@ class Entry:
     @property
     def per_request_bytes(self) -> int:
         return self.manifest.per_request_bytes if self.manifest else 0
-
-    def charge(self) -> int:
-        if not self.reserved:
-            return 0
-        return self.weights_bytes + max(1, self.inflight) * self.per_request_bytes
 
     def candidate(self) -> Candidate:
         """This entry as the eviction policy sees it: what evicting it would free when idle."""
@@ -86,7 +86,6 @@ class Entry:
             "phase_ms": {k: round(v, 3) for k, v in lc.phase_ms.items()},
             "loads": self.loads,
             "hits": self.hits,
-            "in_flight": self.inflight,
             "pinned": self.pinned,
             "last_used_at": self.last_used_wall,
             "error": lc.error,

@@ -8,12 +8,22 @@ worker threads.
 
 The device is resolved (importing torch) once per instance, overlapping the
 first fetch; it also fixes the memory budget when none was configured. Memory
-for the weights is reserved in the cache's budget (evicting if needed) before
-they are read. A failed or cancelled load releases everything, goes to FAILED
-and may be tried again after an exponential back-off.
+for the weights is reserved in the budget (runtime/models/budget.py, which
+evicts if needed) before they are read. A failed or cancelled load releases
+everything, goes to FAILED and may be tried again after an exponential
+back-off.
 
-The `Loader` is a part of its `ModelCache`: it reads the cache's dependencies
-and entries and changes them on the event loop thread only.
+No progress, no end: each phase (fetch, load, init, each warm-up example)
+fails with `load-failed`, naming the phase, once it has made no progress for
+`PhaseLimits.stall_s` (fetch progress is bytes arriving). Waiting requests
+and jobs get that error at once. A builder or warm-up left running in its
+thread cannot be stopped and keeps what it holds, so the instance is then
+wedged (runtime/health.py): it drains and exits for the platform to replace
+it. An unload during a load abandons the load the same way, so `DELETE
+/models/{name}` answers at once whatever a builder does.
+
+The loader owns the entries' load state and changes it on the event loop
+thread only; the cache hands it what it needs in its constructor.
 """
 
 from __future__ import annotations
@@ -23,30 +33,73 @@ import logging
 import time
 import traceback
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
+from runtime.bundles.sources.source import BundleSource
 from runtime.context import Context
 from runtime.errors import HandlerError, LoadFailed, ThawError
+from runtime.health import Health
+from runtime.metrics import Metrics
 from runtime.models import weights as weights_mod
+from runtime.models.budget import MemoryBudget
 from runtime.models.entry import Entry
+from runtime.models.estimate import Estimator
+from runtime.models.eviction import EvictionPolicy
 from runtime.models.lifecycle import LOAD_PHASES, State
-from runtime.registry import HandlerSpec
-
-if TYPE_CHECKING:
-    from runtime.models.cache import ModelCache
+from runtime.registry import HandlerSpec, Registry
 
 log = logging.getLogger("thaw.cache")
+T = TypeVar("T")
 
 # Runs a handler function with its models; the dispatcher owns how (threads, torch modes).
 Runner = Callable[[HandlerSpec, dict[str, Any], list[Any], Context], Awaitable[Any]]
 
+# Phases whose stall leaves user code running in a thread that cannot be stopped.
+_USER_CODE_PHASES = frozenset({"init", "warmup"})
+
+
+@dataclass(frozen=True)
+class PhaseLimits:
+    # A load phase that makes no progress for this long fails (THAW_PHASE_STALL_S).
+    stall_s: float = 300.0
+
 
 class Loader:
-    """Loads bundles for one `ModelCache`, one task per entry."""
+    """Loads bundles, one task per entry."""
 
-    def __init__(self, cache: ModelCache) -> None:
-        self._cache = cache
+    def __init__(
+        self,
+        *,
+        source: BundleSource,
+        registry: Registry,
+        estimator: Estimator,
+        metrics: Metrics,
+        budget: MemoryBudget,
+        policy: EvictionPolicy,
+        runner: Runner,
+        entry_of: Callable[[str], Entry],
+        requested_device: str,
+        retry_backoff_s: float,
+        limits: PhaseLimits,
+        health: Health,
+        clock: Callable[[], float],
+    ) -> None:
+        self.source = source
+        self.registry = registry
+        self.estimator = estimator
+        self.metrics = metrics
+        self.budget = budget
+        self.policy = policy
+        self.runner = runner
+        self.entry_of = entry_of
+        self.requested_device = requested_device
+        self.retry_backoff_s = retry_backoff_s
+        self.limits = limits
+        self.health = health
+        self.clock = clock
+        self.device: str | None = None
         self._device_task: asyncio.Future[str] | None = None
 
     async def ensure_loading(self, entry: Entry) -> None:
@@ -55,7 +108,7 @@ class Loader:
         if entry.task is not None or state in (State.READY, State.DRAINING):
             return
         if state is State.FAILED:
-            wait_s = entry.retry_at - self._cache.clock()
+            wait_s = entry.retry_at - self.clock()
             if wait_s > 0:
                 cause = entry.lifecycle.error or {}
                 raise LoadFailed(
@@ -68,11 +121,12 @@ class Loader:
             entry.lifecycle.advance(State.STORED)
         elif state is State.UNLOADED:
             entry.lifecycle.advance(State.STORED)
+        entry.abort = asyncio.get_running_loop().create_future()
         entry.task = asyncio.get_running_loop().create_task(self._load(entry))
 
     async def wait_built(self, name: str) -> Any:
         """The model object of `name` once built (INITIALIZED or later), loading it if needed."""
-        entry = self._cache.entry(name)
+        entry = self.entry_of(name)
         if entry.model is None:
             await self.ensure_loading(entry)
             task = entry.task
@@ -86,22 +140,29 @@ class Loader:
                 raise LoadFailed(f"bundle {name!r} failed to load")
         return entry.model
 
-    async def estimate_ready_s(self, entry: Entry) -> float:
+    async def abandon(self, entry: Entry, reason: str) -> None:
+        """Fail the load under way now (its waiters get `load-failed`); returns once
+        its task has cleaned up."""
+        task = entry.task
+        if task is None:
+            return
+        if entry.abort is not None and not entry.abort.done():
+            entry.abort.set_exception(LoadFailed(f"bundle {entry.name!r}: {reason}"))
+        await asyncio.wait({task})
+
+    def estimate_ready_s(self, entry: Entry, manifest: Any) -> float:
         """Seconds until `entry` is READY (0 when it is)."""
         if entry.lifecycle.state is State.READY:
             return 0.0
-        manifest = await self._cache.manifest_of(entry.name)
         in_state_s = time.monotonic() - entry.lifecycle.entered_at
         state = entry.lifecycle.state if entry.task is not None else State.STORED
-        remaining = self._cache.estimator.remaining_s(manifest, state, in_state_s)
-        if self._cache.device is None and state in (State.STORED, State.FETCHED):
+        remaining = self.estimator.remaining_s(manifest, state, in_state_s)
+        if self.device is None and state in (State.STORED, State.FETCHED):
             # This process has not imported torch yet: the first load pays for it.
-            remaining += self._cache.estimator.framework_s()
+            remaining += self.estimator.framework_s()
         return remaining
 
     def _resolve_budget(self, device: str) -> int:
-        if self._cache.configured_budget:
-            return self._cache.configured_budget
         free = weights_mod.device_memory_free(device)
         if free is not None:
             return int(free * 0.9)
@@ -109,57 +170,110 @@ class Loader:
 
     async def _device_ready(self) -> str:
         """Resolve the device (importing torch) once per instance, shared by all loads."""
-        cache = self._cache
         if self._device_task is None:
+            estimator = self.estimator
+            requested = self.requested_device
 
             def resolve() -> str:
                 started = time.monotonic()
-                device = weights_mod.resolve_device(cache.requested_device)
-                cache.estimator.record_framework(time.monotonic() - started)
+                device = weights_mod.resolve_device(requested)
+                estimator.record_framework(time.monotonic() - started)
                 return device
 
             self._device_task = asyncio.ensure_future(asyncio.to_thread(resolve))
         device = await asyncio.shield(self._device_task)
-        if cache.device is None:
-            cache.device = device
-            cache.budget = self._resolve_budget(device)
+        if self.device is None:
+            self.device = device
+            if self.budget.limit is None:
+                self.budget.set_limit(self._resolve_budget(device))
         return device
 
+    # ---- watching a phase ---------------------------------------------------------
+
+    async def _watch(
+        self, entry: Entry, phase: str, work: Awaitable[T], *, stall: bool = True
+    ) -> T:
+        """`work`'s result, unless the load is abandoned or (with `stall`) `work`
+        makes no progress for `stall_s` first; then LoadFailed naming `phase`."""
+        future = asyncio.ensure_future(work)
+        abort = entry.abort
+        assert abort is not None
+        entry.progress_at = time.monotonic()
+        stall_s = self.limits.stall_s
+        while True:
+            timeout = (entry.progress_at + stall_s - time.monotonic()) if stall else None
+            if timeout is not None and timeout <= 0:
+                future.cancel()  # a thread goes on; a coroutine (warm-up, memory wait) stops
+                if phase in _USER_CODE_PHASES:
+                    self.health.wedge(
+                        f"{phase} of bundle {entry.name!r} made no progress for {stall_s:g} s"
+                    )
+                raise LoadFailed(
+                    f"bundle {entry.name!r}: {phase} made no progress for {stall_s:g} s "
+                    f"(THAW_PHASE_STALL_S)",
+                    phase=phase,
+                )
+            watched: set[asyncio.Future[Any]] = {future, abort}
+            done, _ = await asyncio.wait(
+                watched, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if future in done:
+                return future.result()
+            if abort in done:
+                future.cancel()
+                abort.result()  # raises the abandonment's LoadFailed
+
+    async def _in_thread(self, entry: Entry, phase: str, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await self._watch(entry, phase, loop.run_in_executor(None, fn, *args))
+
+    # ---- the load ---------------------------------------------------------------
+
     async def _load(self, entry: Entry) -> None:
-        cache = self._cache
         lc = entry.lifecycle
         lc.restart_clock()
         weights: dict[str, Any] | None = None
         available: dict[str, Any] = {}
-        started = cache.clock()
+        started = self.clock()
         # Waits a reload would not repeat (the framework import) or that are not
         # the bundle's own (memory held by others); left out of its reload cost.
         waited_s = 0.0
         try:
-            manifest = await asyncio.to_thread(cache.source.manifest, entry.name)
+            manifest = await self._in_thread(entry, "fetch", self.source.manifest, entry.name)
             entry.manifest = manifest
-            entry.estimated_load_s = cache.estimator.remaining_s(manifest, State.STORED, 0.0)
+            entry.estimated_load_s = self.estimator.remaining_s(manifest, State.STORED, 0.0)
             # Importing torch overlaps with fetching and verifying files.
             device_task = asyncio.ensure_future(self._device_ready())
-            cache.metrics.cache_events.labels(entry.name, "miss").inc()
+            device_task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self.metrics.cache_events.labels(entry.name, "miss").inc()
             entry.progress_bytes = 0
 
             def progress(n: int) -> None:
+                # Called from the fetch's threads; the loop only reads these (for
+                # /models and the stall check), so a lost update costs nothing.
                 entry.progress_bytes += n
+                entry.progress_at = time.monotonic()
 
-            device_task.add_done_callback(lambda t: t.cancelled() or t.exception())
-            bundle_dir: Path = await asyncio.to_thread(cache.source.fetch, manifest, progress)
+            bundle_dir: Path = await self._in_thread(
+                entry, "fetch", self.source.fetch, manifest, progress
+            )
             lc.advance(State.FETCHED)
-            waited_from = cache.clock()
-            device = await device_task
-            await cache._make_room(entry)
-            waited_s = cache.clock() - waited_from
-            weights = await asyncio.to_thread(
-                weights_mod.load_weights, bundle_dir, manifest, device
+            waited_from = self.clock()
+            device = await self._watch(entry, "load", device_task)
+            # Waiting for others' memory is not this load stalling: no stall bound.
+            await self._watch(
+                entry,
+                "load",
+                self.budget.reserve(entry.name, manifest.weights_bytes, manifest.per_request_bytes),
+                stall=False,
+            )
+            waited_s = self.clock() - waited_from
+            weights = await self._in_thread(
+                entry, "load", weights_mod.load_weights, bundle_dir, manifest, device
             )
             lc.advance(State.LOADED)
-            builder = cache.registry.builder(entry.name)
-            assert builder is not None  # entry() checked
+            builder = self.registry.builder(entry.name)
+            assert builder is not None  # the cache checked it before making the entry
             files = {f.path: bundle_dir / f.path for f in manifest.files}
             available.update(
                 {
@@ -171,7 +285,7 @@ class Loader:
                 }
             )
             try:
-                entry.model = await asyncio.to_thread(builder.call, available)
+                entry.model = await self._in_thread(entry, "init", builder.call, available)
             except ThawError:
                 raise
             except Exception as exc:
@@ -189,58 +303,67 @@ class Loader:
             await self._warm(entry)
             lc.advance(State.WARMED)
             lc.advance(State.READY)
-            entry.loads += 1
-            entry.failures = 0
-            now = cache.clock()
-            entry.last_load_s = now - started
-            entry.reload_s = max(0.0, entry.last_load_s - waited_s)
-            entry.last_used_at = now
-            cache.policy.on_load(entry.candidate(), now)
-            cache.estimator.record_load(manifest, lc.phase_ms, persist=False)
-            # The file write goes to a thread: waiters wake when this task ends.
-            asyncio.get_running_loop().run_in_executor(None, cache.estimator.persist)
-            for phase in LOAD_PHASES:
-                if phase in lc.phase_ms:
-                    cache.metrics.load_phase_seconds.labels(entry.name, phase).observe(
-                        lc.phase_ms[phase] / 1000
-                    )
-            if entry.estimated_load_s is not None:
-                cache.metrics.estimate_error_seconds.labels(entry.name).observe(
-                    entry.last_load_s - entry.estimated_load_s
-                )
-            log.info(
-                "loaded %s in %.1f ms (%s)",
-                manifest.short_id,
-                entry.last_load_s * 1000,
-                ", ".join(f"{p} {lc.phase_ms.get(p, 0.0):.1f}" for p in LOAD_PHASES),
-            )
+            self._loaded(entry, manifest, started, waited_s)
         except BaseException as exc:
             # Cancellation is not an Exception: clean up on anything.
             weights = None
             available.clear()
             entry.model = None
             entry.built.clear()
-            entry.reserved = False
-            if entry.manifest is not None and cache.device is not None:
-                await asyncio.to_thread(weights_mod.release, cache.device)
+            self.budget.unreserve(entry.name)
+            if entry.manifest is not None and self.device is not None:
+                await asyncio.to_thread(weights_mod.release, self.device)
             error = (
                 exc.to_job_error()
                 if isinstance(exc, ThawError)
                 else {"type": "internal", "message": f"{type(exc).__name__}: {exc}"}
             )
+            if isinstance(exc, ThawError) and "phase" in exc.extra:
+                error["phase"] = exc.extra["phase"]
             if lc.state is not State.FAILED:
                 lc.advance(State.FAILED, error=error)
             entry.failures += 1
-            entry.retry_at = cache.clock() + cache.retry_backoff_s * 2 ** (entry.failures - 1)
+            entry.retry_at = self.clock() + self.retry_backoff_s * 2 ** (entry.failures - 1)
             log.warning("load of %s failed: %s", entry.name, error["message"])
             raise
         finally:
             entry.task = None
-            await cache._notify()
+            entry.abort = None
+            # A READY bundle is evictable now, a failed one holds nothing: either
+            # may be what the head of the memory queue waits for.
+            self.budget.reconsider()
+
+    def _loaded(self, entry: Entry, manifest: Any, started: float, waited_s: float) -> None:
+        lc = entry.lifecycle
+        entry.loads += 1
+        entry.failures = 0
+        now = self.clock()
+        entry.last_load_s = now - started
+        entry.reload_s = max(0.0, entry.last_load_s - waited_s)
+        entry.last_used_at = now
+        self.policy.on_load(entry.candidate(), now)
+        self.estimator.record_load(manifest, lc.phase_ms, persist=False)
+        # The file write goes to a thread: waiters wake when this task ends.
+        asyncio.get_running_loop().run_in_executor(None, self.estimator.persist)
+        for phase in LOAD_PHASES:
+            if phase in lc.phase_ms:
+                self.metrics.load_phase_seconds.labels(entry.name, phase).observe(
+                    lc.phase_ms[phase] / 1000
+                )
+        if entry.estimated_load_s is not None:
+            self.metrics.estimate_error_seconds.labels(entry.name).observe(
+                entry.last_load_s - entry.estimated_load_s
+            )
+        log.info(
+            "loaded %s in %.1f ms (%s)",
+            manifest.short_id,
+            entry.last_load_s * 1000,
+            ", ".join(f"{p} {lc.phase_ms.get(p, 0.0):.1f}" for p in LOAD_PHASES),
+        )
 
     async def _warm(self, entry: Entry) -> None:
         """Run every warm-up example of every handler that uses this bundle."""
-        for spec in self._cache.registry.users_of(entry.name):
+        for spec in self.registry.users_of(entry.name):
             if not spec.warmup:
                 continue
             models = [
@@ -252,7 +375,11 @@ class Loader:
                     request_id=f"warmup-{spec.name}-{index}", handler=spec.name, warmup=True
                 )
                 try:
-                    await self._cache.runner(spec, dict(example), models, ctx)
+                    await self._watch(
+                        entry, "warmup", self.runner(spec, dict(example), models, ctx)
+                    )
+                except LoadFailed:
+                    raise
                 except ThawError as exc:
                     raise HandlerError(
                         f"warm-up {index} of handler {spec.name!r} failed: {exc.message}"

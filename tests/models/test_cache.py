@@ -147,7 +147,7 @@ async def test_flipped_byte_fails_integrity_then_recovers(tmp_path: Path) -> Non
             await call(instance, "alpha")
         entry = instance.cache.entries["alpha"]
         assert entry.lifecycle.state is State.FAILED
-        assert entry.model is None and not entry.reserved
+        assert entry.model is None and instance.cache.budget.reservation("alpha") is None
         assert entry.lifecycle.error is not None
         assert entry.lifecycle.error["type"] == "integrity"
         assert instance.cache.reserved_bytes() == 0
@@ -219,7 +219,7 @@ async def test_budget_evicts_lru_idle_never_in_use_and_refuses_too_large(tmp_pat
         busy = asyncio.ensure_future(call(instance, "alpha", {"sleep_s": 1.0}))
         await asyncio.sleep(0.3)
         await call(instance, "beta")
-        assert cache.entries["alpha"].inflight == 1
+        assert cache.in_flight("alpha") == 1
         await call(instance, "gamma")
         assert cache.entries["beta"].lifecycle.state is State.UNLOADED
         assert cache.entries["alpha"].lifecycle.state is State.READY

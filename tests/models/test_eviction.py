@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from runtime.bundles.manifest import BundleFile, Manifest
-from runtime.errors import InsufficientMemory, UnknownBundle
+from runtime.errors import InsufficientMemory, LoadFailed, UnknownBundle
 from runtime.metrics import Metrics
 from runtime.models.cache import Lease, ModelCache
 from runtime.models.estimate import Estimator
@@ -137,8 +137,15 @@ def test_gdsf_orders_a_candidate_it_never_heard_of() -> None:
 class FakeSource:
     """Bundles with a size and a reload cost; fetch advances `clock` by the cost."""
 
-    def __init__(self, sizes: dict[str, int], cost_s: dict[str, float], clock: Any = None):
+    def __init__(
+        self,
+        sizes: dict[str, int],
+        cost_s: dict[str, float],
+        clock: Any = None,
+        per_request: dict[str, int] | None = None,
+    ):
         self.sizes = sizes
+        self.per_request = per_request or {}
         self.cost_s = cost_s
         self.clock = clock
         self.root = Path(tempfile.gettempdir())
@@ -151,7 +158,13 @@ class FakeSource:
             raise UnknownBundle(name)
         # No safetensors shard: nothing is read, the builder makes the model.
         files = (BundleFile("config.json", 1, "0" * 64),)
-        return Manifest(name, "1", files, weights_bytes=self.sizes[name])
+        return Manifest(
+            name,
+            "1",
+            files,
+            weights_bytes=self.sizes[name],
+            per_request_bytes=self.per_request.get(name, 0),
+        )
 
     def fetch(self, manifest: Manifest, on_progress: Any) -> Path:
         if self.clock is not None:
@@ -187,6 +200,7 @@ def make_cache(
     clock: Any = None,
     policy: EvictionPolicy | None = None,
     pinned: tuple[str, ...] = (),
+    per_request: dict[str, int] | None = None,
 ) -> tuple[ModelCache, Counter[str]]:
     builds: Counter[str] = Counter()
 
@@ -203,7 +217,7 @@ def make_cache(
     registry = Registry(builders={n: builder_for(n) for n in sizes}, handlers={})
     kwargs: dict[str, Any] = {} if clock is None else {"clock": clock}
     cache = ModelCache(
-        source=FakeSource(sizes, cost_s or {}, clock),
+        source=FakeSource(sizes, cost_s or {}, clock, per_request),
         registry=registry,
         estimator=Estimator(state, default_bandwidth_bytes_s=1e9, default_init_s=0.1),
         metrics=Metrics(),
@@ -329,23 +343,31 @@ def test_nothing_is_evicted_when_eviction_cannot_make_room(tmp_path: Path) -> No
 # ---- the state machine ------------------------------------------------------------------
 
 SIZES = {"a": 40, "b": 30, "c": 50, "pin": 20, "huge": 150}
+# Request slots: a second request of `a` needs 10 more bytes, and so on.
+PER_REQUEST = {"a": 10, "b": 15, "c": 0, "pin": 5, "huge": 0}
 BUDGET = 100
-_TRANSIENT = (State.LOADED, State.INITIALIZED, State.WARMED)
 
 
 class CacheMachine(RuleBasedStateMachine):
     """Any sequence of acquire/release/unload either raises the documented error
     or does what was asked; work that must wait (for memory, for a drain) waits
-    only while waiting is justified, and finishes once the leases are returned."""
+    only while waiting is justified, and finishes once the leases are returned.
+
+    Liveness: whenever nothing is loading and nothing is in flight (no lease is
+    held), nobody is waiting, whether for a load's room or a request's slot."""
 
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.state_dir = Path(tempfile.mkdtemp(prefix="thaw-eviction-"))
-        self.cache, self.builds = make_cache(SIZES, self.state_dir, budget=BUDGET, pinned=("pin",))
+        self.cache, self.builds = make_cache(
+            SIZES, self.state_dir, budget=BUDGET, pinned=("pin",), per_request=PER_REQUEST
+        )
         self.leases: list[Lease] = []
         self.pending: list[tuple[str, str, asyncio.Task[Any]]] = []  # (kind, name, task)
         self.pinned_ready = False
+        # Bundles whose load an unload abandoned: their waiting acquires fail.
+        self.abandoned: set[str] = set()
 
     # -- helpers --
 
@@ -353,25 +375,22 @@ class CacheMachine(RuleBasedStateMachine):
         entry = self.cache.entries.get(name)
         return entry.lifecycle.state if entry else None
 
-    def held_bytes(self, exclude: str) -> int:
-        """Bytes no eviction can free: in use or awaited, pinned, or reserved by a load."""
-        total = 0
-        for e in self.cache.entries.values():
-            if e.name == exclude or not e.reserved:
-                continue
-            if e.inflight or e.waiting or e.pinned or e.lifecycle.state is not State.READY:
-                total += e.charge()
-        return total
+    def loading(self) -> bool:
+        """A load under way and not queued for memory (which is waiting, not loading)."""
+        return any(
+            e.task is not None and self.cache.budget.waiting(e.name) == 0
+            for e in self.cache.entries.values()
+        )
 
     def justified_wait(self, kind: str, name: str) -> bool:
+        """Waiting is justified only while something holds memory that will be given
+        back: a lease (in flight), or a load under way."""
         entry = self.cache.entries[name]
-        state = entry.lifecycle.state
-        if state is State.DRAINING:
-            return entry.inflight > 0  # the drain waits for leases we hold
-        if entry.task is None or state is not State.FETCHED or SIZES[name] > BUDGET:
-            return False  # no load, or one still fetching, or one bound to fail at once
-        # The load (which an acquire or unload awaits) waits for room.
-        return self.held_bytes(name) + SIZES[name] > BUDGET
+        if entry.lifecycle.state is State.DRAINING:
+            return self.cache.in_flight(name) > 0  # the drain waits for leases we hold
+        if SIZES[name] + PER_REQUEST[name] > BUDGET:
+            return False  # bound to fail at once
+        return bool(self.leases) or self.loading()
 
     def settle(self) -> None:
         """Run the loop until nothing can progress: no load mid-way, no wait unjustified."""
@@ -381,16 +400,11 @@ class CacheMachine(RuleBasedStateMachine):
             for _ in range(2000):
                 await asyncio.sleep(0.002)
                 self.collect()
-                busy = any(
-                    (e.task is not None and e.lifecycle.state in _TRANSIENT)
-                    or (e.task is not None and not self.justified_wait("acquire", e.name))
-                    for e in self.cache.entries.values()
-                )
                 waiting_wrongly = any(
                     not task.done() and not self.justified_wait(kind, name)
                     for kind, name, task in self.pending
                 )
-                stable = 0 if busy or waiting_wrongly else stable + 1
+                stable = 0 if self.loading() or waiting_wrongly else stable + 1
                 if stable >= 3:
                     return
             raise AssertionError(f"cache never settled: {states(self.cache)} {self.pending}")
@@ -413,7 +427,11 @@ class CacheMachine(RuleBasedStateMachine):
             if not task.done():
                 still.append((kind, name, task))
                 continue
-            result = task.result()  # no pending work may fail
+            if kind == "acquire" and name in self.abandoned and task.exception() is not None:
+                # An unload during the load abandons it: its waiters get load-failed.
+                assert isinstance(task.exception(), LoadFailed), task.exception()
+                continue
+            result = task.result()  # no other pending work may fail
             if kind == "acquire":
                 assert isinstance(result, Lease) and result.model.name == name
                 self.leases.append(result)
@@ -426,21 +444,23 @@ class CacheMachine(RuleBasedStateMachine):
         builds_before = self.builds[name]
         tasks = [self.loop.create_task(self.cache.acquire(name)) for _ in range(k)]
         self.settle()
-        if SIZES[name] > BUDGET:
+        if SIZES[name] + PER_REQUEST[name] > BUDGET:
             for task in tasks:
                 with pytest.raises(InsufficientMemory):
                     task.result()
             return
-        if all(t.done() for t in tasks):
-            leases = [t.result() for t in tasks]
-            assert len({id(lease.model) for lease in leases}) == 1, "one model for all"
+        leases = [t.result() for t in tasks if t.done()]
+        assert len({id(lease.model) for lease in leases}) <= 1, "one model for all"
+        if leases:
             assert leases[0].model.name == name
             assert self.entry_state(name) is State.READY
-            self.leases += leases
-        else:
-            assert not any(t.done() for t in tasks), "concurrent callers share one outcome"
+        self.leases += leases
+        waiting = [t for t in tasks if not t.done()]
+        if waiting:
+            # Some may be admitted and others wait for a request slot; never both
+            # admitted and waiting for the load itself.
             assert self.justified_wait("acquire", name), states(self.cache)
-            self.pending += [("acquire", name, t) for t in tasks]
+            self.pending += [("acquire", name, t) for t in waiting]
         assert self.builds[name] - builds_before <= 1, "single flight: at most one build"
 
     @rule(pick=st.integers(0, 1000))
@@ -453,6 +473,9 @@ class CacheMachine(RuleBasedStateMachine):
 
     @rule(name=st.sampled_from(sorted(SIZES)))
     def unload(self, name: str) -> None:
+        entry = self.cache.entries.get(name)
+        if entry is not None and entry.task is not None:
+            self.abandoned.add(name)
         task = self.loop.create_task(self.cache.unload(name))
         self.settle()
         if task.done():
@@ -475,10 +498,20 @@ class CacheMachine(RuleBasedStateMachine):
         assert self.cache.reserved_bytes() <= BUDGET
 
     @invariant()
+    def nobody_waits_while_nothing_moves(self) -> None:
+        if not self.leases and not self.loading():
+            assert not [p for p in self.pending if not p[2].done()], (
+                "waiting with nothing in flight or loading",
+                states(self.cache),
+                self.pending,
+            )
+            assert self.cache.budget.waiting() == 0
+
+    @invariant()
     def in_use_is_never_evicted(self) -> None:
         for lease in self.leases:
             entry = lease.entry
-            assert entry.inflight > 0
+            assert self.cache.in_flight(entry.name) > 0
             assert entry.lifecycle.state in (State.READY, State.DRAINING)
             assert entry.model is lease.model
 
@@ -495,14 +528,15 @@ class CacheMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
-            # Liveness: with every lease returned, all waiting work finishes.
-            for _ in range(10):
+            # Liveness: with every lease returned, all waiting work finishes. Each
+            # round gives back what the last one admitted; every round must admit
+            # someone until nobody waits.
+            while self.pending or self.leases:
+                before = len(self.pending)
                 self.give_back(self.leases)
                 self.leases = []
                 self.settle()
-                if not self.pending and not self.leases:
-                    break
-            assert not self.pending, self.pending
+                assert len(self.pending) < before or not self.pending, self.pending
             self.loop.run_until_complete(self.cache.unload_all())
         finally:
             # After a failure loads may still be running (or livelocked): stop them all
