@@ -259,7 +259,8 @@ class Loader:
             )
             lc.advance(State.FETCHED)
             waited_from = self.clock()
-            device = await self._watch(entry, "load", device_task)
+            # The framework import is the process's, not this bundle's: not its stall.
+            device = await self._watch(entry, "load", device_task, stall=False)
             # Waiting for others' memory is not this load stalling: no stall bound.
             await self._watch(
                 entry,
