@@ -16,18 +16,23 @@ seconds, then once.
 The stamps are one JSON file in the state directory, shared by every process
 of the node (an emulator's instances, a restarted server). It is rewritten
 whole (write, then rename); concurrent writers lose only each other's
-newest stamps, which costs a hash, never trust.
+newest stamps, which costs a hash, never trust. An unwritable state directory
+costs the saved stamps (they are kept in memory; the next process hashes
+again), never the load: it is logged once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+log = logging.getLogger("thaw.bundles")
 
 RACY_S = 2.0
 # Bundle versions remembered; the oldest are forgotten first.
@@ -47,6 +52,8 @@ class VerifiedStamps:
         self.path = path
         self._lock = threading.Lock()
         self._stamps: dict[str, dict[str, Stamp]] | None = None
+        # Whether the last write failed (logged when that starts and when it ends).
+        self._unwritable = False
 
     @staticmethod
     def key(bundle_dir: Path, manifest_id: str) -> str:
@@ -87,8 +94,24 @@ class VerifiedStamps:
             while len(known) > MAX_BUNDLES:
                 known.pop(next(iter(known)))
             body = orjson.dumps(known)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}")
-        with contextlib.suppress(OSError):
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             temp.write_bytes(body)
             temp.replace(self.path)
+        except OSError as exc:
+            # The stamps only spare a hash: the verified load goes on without them.
+            with contextlib.suppress(OSError):
+                temp.unlink()
+            with self._lock:
+                first, self._unwritable = not self._unwritable, True
+            if first:
+                log.warning(
+                    "verified-file stamps cannot be saved (%s); they are kept in memory only",
+                    exc,
+                )
+            return
+        with self._lock:
+            recovered, self._unwritable = self._unwritable, False
+        if recovered:
+            log.info("verified-file stamps are saved again to %s", self.path)

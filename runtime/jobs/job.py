@@ -84,3 +84,8 @@ class Job:
 
 
 LOST_ERROR = "worker-lost"
+
+# What a client is told to wait (Retry-After) before retrying a request the job
+# store refused: long enough not to hammer a full disk, short enough to notice
+# that it was freed.
+STORE_RETRY_AFTER_S = 5.0

@@ -4,27 +4,45 @@ The work of a job is an asyncio task (started by the dispatcher). The manager
 writes the job record, renews its lease while the work runs, and records the
 outcome. Recovery is *lease based*: a job whose instance died stops being
 heartbeated; the next instance that looks at it (a poll of `GET /jobs/{id}`,
-or the sweep at start-up) claims it and runs its stored input again, up to
+or the maintenance sweep) claims it and runs its stored input again, up to
 `THAW_JOB_MAX_ATTEMPTS`. The store's conditional writes make the claim
-exclusive.
+exclusive. On the dead instance's own node there is no need to wait for the
+lease: an instance whose lock file in `<state_dir>/owners/` is unlocked is dead
+(runtime/jobs/owners.py), and its running jobs are claimed at once.
+
+Storage faults. A store that cannot serve raises `StorageUnavailable`; the
+manager then holds the `job-store` health condition (readiness off, logged when
+it starts and when it ends) until a write succeeds again, probing with a small
+write meanwhile, so readiness comes back with no traffic. An outcome that cannot
+be written is kept in memory and written again, with back-off, until the store
+takes it, and the job's lease is renewed meanwhile; the sweep never claims a
+job this instance still holds, even one whose lease lapsed while the store was
+down, so a finished output is never lost nor computed twice. A job record that
+vanished (a database deleted or replaced under the instance) is written again
+by the instance that holds the job.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any, TypeVar
 
-from runtime.errors import ThawError, UnknownJob
+from runtime.errors import Conflict, StorageUnavailable, ThawError, UnknownJob
+from runtime.health import Health
 from runtime.jobs.batch import CreateBatcher
 from runtime.jobs.job import Job, JobStatus, new_job_id
+from runtime.jobs.owners import OwnerLock
 from runtime.jobs.store import JobStore
 from runtime.metrics import Metrics
+from runtime.outputs import encode_output
 
 log = logging.getLogger("thaw.jobs")
 T = TypeVar("T")
@@ -35,10 +53,22 @@ DRAINED_ERROR = {
     "retryable": True,
 }
 
+# The health condition held while the job store cannot serve.
+STORE_CONDITION = "job-store"
+# Back-off between tries of an outcome write (and of the probe): short at first,
+# as most outages are brief; capped so an outcome lands soon after space is freed.
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 2.0
+# How long a drain waits for outcomes the store does not take before giving up
+# on them (the process is about to exit; their jobs run again elsewhere).
+FINAL_WRITE_GRACE_S = 5.0
+
 # Re-runs a stored job's input on this instance (provided by the dispatcher).
 Execute = Callable[[Job], "asyncio.Future[Any]"]
 # What the job is doing right now: (phase, progress or None).
 Probe = Callable[[], tuple[str, dict[str, Any] | None]]
+# A job's final (status, output, error).
+Outcome = tuple[JobStatus, Any, dict[str, Any] | None]
 
 
 @dataclass(slots=True)
@@ -52,6 +82,23 @@ class LocalJob:
     released: bool = False
     # The task recording the outcome: held here, as the loop keeps only weak references.
     finisher: asyncio.Task[None] | None = None
+    # The outcome once the work ended: kept here until the store has it.
+    outcome: Outcome | None = None
+
+
+def outcome_of(work: asyncio.Future[Any], handler: str) -> Outcome:
+    try:
+        output = work.result()
+        # Checked before it is recorded: a store would write NaN as null, silently.
+        encode_output(handler, output)
+        return JobStatus.SUCCEEDED, output, None
+    except asyncio.CancelledError:
+        return JobStatus.FAILED, None, dict(DRAINED_ERROR)
+    except ThawError as exc:
+        return JobStatus.FAILED, None, exc.to_job_error()
+    except Exception as exc:
+        error = {"type": "handler-error", "message": f"{type(exc).__name__}: {exc}"}
+        return JobStatus.FAILED, None, error
 
 
 class JobManager:
@@ -63,28 +110,80 @@ class JobManager:
         lease_s: float,
         max_attempts: int,
         metrics: Metrics,
+        health: Health | None = None,
+        owners_dir: Path | None = None,
     ) -> None:
         self.store = store
         self.owner = owner
         self.lease_s = lease_s
         self.max_attempts = max_attempts
         self.metrics = metrics
+        self.health = health if health is not None else Health()
+        # This instance's lock file among its node's (None: no dead-owner recovery).
+        self.owner_lock = OwnerLock(owners_dir, owner) if owners_dir is not None else None
         self.local: dict[str, LocalJob] = {}
         self.execute: Execute | None = None
         # Whether this instance has the job's handler; jobs of other functions
         # sharing the store are left to their own instances.
         self.can_run: Callable[[str], bool] = lambda handler: True
+        self.final_write_grace_s = FINAL_WRITE_GRACE_S
         self._idle = asyncio.Event()
         self._idle.set()
         self._creates = CreateBatcher(store.create_many)
         self._heartbeats: asyncio.Task[None] | None = None
+        self._probe: asyncio.Task[None] | None = None
+        # Set when a drain stops waiting for the store: pending outcomes are given up.
+        self._give_up = asyncio.Event()
+        self._abandoned = 0
         self._running = metrics.jobs.labels(str(JobStatus.RUNNING))
 
-    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.to_thread(fn, *args)
+    # ---- store calls, and the health condition they drive ---------------------
+
+    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        """A store call in a thread; a store that cannot serve turns readiness off."""
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except StorageUnavailable as exc:
+            self._failing(exc)
+            raise
+
+    async def _write(self, fn: Callable[..., T], *args: Any) -> T:
+        """A conditional store write; one that changed something (a truthy result)
+        proves the store can write again. One that changed nothing proves nothing:
+        SQLite writes no page for an UPDATE or DELETE that matches no row."""
+        result = await self._read(fn, *args)
+        if result:
+            self.health.clear(STORE_CONDITION)
+        return result
+
+    def _failing(self, exc: StorageUnavailable) -> None:
+        self.health.report(STORE_CONDITION, exc.message)
+        if self._probe is None:
+            self._probe = asyncio.get_running_loop().create_task(self._probe_until_writable())
+
+    async def _probe_until_writable(self) -> None:
+        """While the condition holds, try a small write now and then, so readiness
+        comes back when the store does even if nothing else writes."""
+        delay = RETRY_FIRST_S
+        try:
+            while STORE_CONDITION in self.health.conditions:
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, RETRY_MAX_S)
+                try:
+                    await self._read(self.store.ping, self.owner)
+                except StorageUnavailable:
+                    continue
+                except Exception:
+                    log.debug("job store probe failed", exc_info=True)
+                    continue
+                self.health.clear(STORE_CONDITION)
+        finally:
+            self._probe = None
+
+    # ---- this instance's jobs ----------------------------------------------------
 
     async def record(self, handler: str, event: Any, *, phase: str, key_id: str | None) -> Job:
-        """Write a new job, running and leased to this instance."""
+        """Write a new job, running and leased to this instance; returns once durable."""
         now = time.time()
         job = Job(
             id=new_job_id(),
@@ -99,7 +198,12 @@ class JobManager:
             lease_until=now + self.lease_s,
             key_id=key_id,
         )
-        await self._creates.create(job)
+        try:
+            await self._creates.create(job)
+        except StorageUnavailable as exc:
+            self._failing(exc)
+            raise
+        self.health.clear(STORE_CONDITION)
         self._running.inc()
         return job
 
@@ -117,16 +221,14 @@ class JobManager:
         if self._heartbeats is None:
             self._heartbeats = asyncio.get_running_loop().create_task(self._beat_while_running())
 
-    def _work_done(self, local: LocalJob, _work: asyncio.Future[Any]) -> None:
+    def _work_done(self, local: LocalJob, work: asyncio.Future[Any]) -> None:
+        local.outcome = outcome_of(work, local.job.handler)
         local.finisher = asyncio.get_running_loop().create_task(self._finish_local(local))
 
     async def _finish_local(self, local: LocalJob) -> None:
         try:
-            if not local.released:
-                await self._finish(local.job, local.work)
+            await self._record_outcome(local)
         except Exception:
-            # The store failed: the job stays running under a lease nobody
-            # renews, so it lapses and is run again (see `_recover`).
             log.exception("job %s: recording its outcome failed", local.job.id)
         finally:
             self.local.pop(local.job.id, None)
@@ -135,57 +237,56 @@ class JobManager:
                 self._idle.set()
                 self._stop_heartbeats()
 
-    def _stop_heartbeats(self) -> None:
-        if self._heartbeats is not None:
-            self._heartbeats.cancel()
-            self._heartbeats = None
-
-    async def _beat_while_running(self) -> None:
-        """Every third of a lease, renew the lease and the phase of each running job."""
-        interval = max(0.05, self.lease_s / 3)
-        try:
-            while self.local:
-                await asyncio.sleep(interval)
-                running = [lj for lj in self.local.values() if not lj.work.done()]
-                if running:
-                    await asyncio.gather(*map(self._beat, running))
-        finally:
-            if self._heartbeats is asyncio.current_task():
-                self._heartbeats = None
-
-    async def _beat(self, local: LocalJob) -> None:
+    async def _record_outcome(self, local: LocalJob) -> None:
+        """Write the outcome, again and again while the store refuses it; the lease
+        is renewed meanwhile (the job stays in `local`, which the sweep skips)."""
+        assert local.outcome is not None
         job = local.job
-        try:
-            phase, progress = local.probe()
-            held = await self._call(self.store.heartbeat, job.id, self.owner, self.lease_s)
-            if held:
-                await self._call(self.store.set_phase, job.id, self.owner, phase, progress)
+        status, output, error = local.outcome
+        recorded, tries, delay = False, 0, RETRY_FIRST_S
+        while not local.released:
+            tries += 1
+            try:
+                if await self._write(self.store.finish, job.id, self.owner, status, output, error):
+                    recorded = True
+                    break
+                current = await self._read(self.store.get, job.id)
+                if current is None:
+                    if await self._restore(local, final=True):
+                        recorded = True
+                        break
+                    # else restored meanwhile (running) by a heartbeat: finish that record
+                elif current.owner == self.owner and current.status is status:
+                    # Written by an earlier try whose answer was lost (the store
+                    # refused to call it durable, a retried request found it done):
+                    # only the owner can finish a job.
+                    recorded = True
+                    break
+                elif current.owner != self.owner or current.status is not JobStatus.RUNNING:
+                    break  # cancelled by a client, or claimed by another instance
+                failure: Exception | None = None
+            except Exception as exc:
+                failure = exc
+                if not isinstance(exc, StorageUnavailable):
+                    log.warning("job %s: recording its outcome failed: %r", job.id, exc)
+            if self._give_up.is_set():
+                self._abandoned += 1
+                log.error(
+                    "job %s: its %s outcome was never recorded (%s); it runs again"
+                    " once its lease lapses",
+                    job.id,
+                    status,
+                    failure or "the record kept changing",
+                )
                 return
-        except Exception:
-            # The store is unreachable: keep running; the next beat tries again,
-            # and the lease only lapses if it stays down for a whole lease.
-            log.exception("job %s: heartbeat failed", job.id)
-            return
-        # Cancelled by a client (or claimed elsewhere): stop the work, discard its output.
-        local.released = True
-        local.work.cancel()
-
-    async def _finish(self, job: Job, work: asyncio.Future[Any]) -> None:
-        status, output = JobStatus.SUCCEEDED, None
-        error: dict[str, Any] | None = None
-        try:
-            output = work.result()
-        except asyncio.CancelledError:
-            status, error = JobStatus.FAILED, dict(DRAINED_ERROR)
-        except ThawError as exc:
-            status, error = JobStatus.FAILED, exc.to_job_error()
-        except Exception as exc:
-            status = JobStatus.FAILED
-            error = {"type": "handler-error", "message": f"{type(exc).__name__}: {exc}"}
-        recorded = await self._call(self.store.finish, job.id, self.owner, status, output, error)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._give_up.wait(), delay)
+            delay = min(2 * delay, RETRY_MAX_S)
         if recorded:
             self.metrics.jobs.labels(str(status)).inc()
         outcome = str(status) if recorded else "discarded (no longer owned)"
+        if recorded and tries > 1:
+            outcome += f" (recorded at try {tries}: the store had refused it)"
         log.info(
             "job %s %s",
             job.id,
@@ -193,18 +294,100 @@ class JobManager:
             extra={"job_id": job.id, "handler": job.handler, "status": outcome},
         )
 
+    async def _restore(self, local: LocalJob, *, final: bool = False) -> bool:
+        """Write a held job's record again if it vanished (its database was deleted
+        or replaced): running and leased here, or with its outcome if `final`.
+        True when written; False when a record exists (or appeared meanwhile)."""
+        if await self._read(self.store.get, local.job.id) is not None:
+            return False
+        now = time.time()
+        job = dataclasses.replace(
+            local.job,
+            status=JobStatus.RUNNING,
+            owner=self.owner,
+            lease_until=now + self.lease_s,
+            progress=None,
+        )
+        if final and local.outcome is not None:
+            status, output, error = local.outcome
+            job = dataclasses.replace(
+                job, status=status, phase=str(status), output=output, error=error, lease_until=None
+            )
+        try:
+            await self._read(self.store.create, job)
+        except Conflict:
+            return False
+        self.health.clear(STORE_CONDITION)
+        log.warning(
+            "job %s: its record had vanished from the job store (a deleted or replaced"
+            " database); written again",
+            job.id,
+        )
+        return True
+
+    def _stop_heartbeats(self) -> None:
+        if self._heartbeats is not None:
+            self._heartbeats.cancel()
+            self._heartbeats = None
+
+    async def _beat_while_running(self) -> None:
+        """Every third of a lease, renew the lease and the phase of each held job
+        (including one whose outcome waits for the store)."""
+        interval = max(0.05, self.lease_s / 3)
+        try:
+            while self.local:
+                await asyncio.sleep(interval)
+                held = [lj for lj in self.local.values() if not lj.released]
+                if held:
+                    await asyncio.gather(*map(self._beat, held))
+        finally:
+            if self._heartbeats is asyncio.current_task():
+                self._heartbeats = None
+
+    async def _beat(self, local: LocalJob) -> None:
+        job = local.job
+        try:
+            if await self._write(self.store.heartbeat, job.id, self.owner, self.lease_s):
+                if not local.work.done():
+                    phase, progress = local.probe()
+                    await self._write(self.store.set_phase, job.id, self.owner, phase, progress)
+                return
+            current = await self._read(self.store.get, job.id)
+            if current is None:
+                await self._restore(local)
+                return
+            if current.owner == self.owner and current.status is JobStatus.RUNNING:
+                return  # restored meanwhile by the finisher or a poll
+        except StorageUnavailable:
+            # The store cannot serve (the health condition says so, once): keep
+            # running; the next beat tries again, and the sweep never takes a
+            # job this instance holds.
+            return
+        except Exception:
+            log.exception("job %s: heartbeat failed", job.id)
+            return
+        # Cancelled by a client (or claimed elsewhere): stop the work, discard its output.
+        local.released = True
+        local.work.cancel()
+
     # ---- client operations ----------------------------------------------------
 
     async def get(self, job_id: str, *, key_id: str | None, wait_s: float = 0.0) -> Job:
         """The job; long-polls up to `wait_s` for a final state; recovers lapsed jobs."""
         deadline = time.monotonic() + wait_s
         while True:
-            job = await self._call(self.store.get, job_id)
+            job = await self._read(self.store.get, job_id)
+            local = self.local.get(job_id)
+            if job is None and local is not None and local.job.key_id == key_id:
+                # Held here but gone from the store (a deleted database): write it again.
+                await self._restore(local)
+                job = await self._read(self.store.get, job_id)
             if job is None or job.key_id != key_id:
                 raise UnknownJob(f"no job {job_id!r}")
             lapsed = job.lease_until is not None and job.lease_until < time.time()
-            if job.status is JobStatus.RUNNING and job.id not in self.local and lapsed:
-                job = await self._recover(job) or job
+            if job.status is JobStatus.RUNNING and local is None and lapsed:
+                claimed = await self._claim_and_run(job)
+                job = claimed or await self._read(self.store.get, job_id) or job
             remaining = deadline - time.monotonic()
             if job.status.final or remaining <= 0:
                 return job
@@ -216,50 +399,158 @@ class JobManager:
                 await asyncio.sleep(min(0.1, remaining))
 
     async def cancel(self, job_id: str, *, key_id: str | None) -> Job:
-        job = await self._call(self.store.get, job_id)
+        job = await self._read(self.store.get, job_id)
         if job is None or job.key_id != key_id:
             raise UnknownJob(f"no job {job_id!r}")
         if job.status.final:
             return job
-        cancelled = await self._call(self.store.cancel, job_id)
+        cancelled = await self._write(self.store.cancel, job_id)
         local = self.local.get(job_id)
         if local is not None:
             local.work.cancel()
         self.metrics.jobs.labels("cancelled").inc()
         return cancelled or job
 
-    async def _recover(self, job: Job) -> Job | None:
-        """Claim a job whose instance died and run it here."""
-        if not self.can_run(job.handler):
+    # ---- recovery -------------------------------------------------------------
+
+    async def _claim_and_run(self, job: Job) -> Job | None:
+        """Claim a job whose lease lapsed and run it here; None if not claimed.
+
+        Never one this instance holds: its lease may have lapsed while the store
+        was down, but its work is running here, or its outcome waits to be written.
+        """
+        if job.id in self.local or not self.can_run(job.handler):
             return None
-        claimed: Job | None = await self._call(
+        claimed: Job | None = await self._write(
             self.store.claim, job.id, self.owner, self.lease_s, self.max_attempts
         )
-        if claimed is None:
-            return await self._call(self.store.get, job.id)
+        if claimed is not None:
+            self._run_recovered(claimed)
+        return claimed
+
+    def _run_recovered(self, claimed: Job) -> None:
         if self.execute is None:
-            return claimed
+            return
         log.info("recovering job %s (attempt %d)", claimed.id, claimed.attempts)
         work = self.execute(claimed)
         self.follow(claimed, work, lambda: ("running", None))
-        return claimed
 
     async def sweep(self) -> int:
-        """Claim and run every lapsed job (at start-up); returns how many."""
-        ids: list[str] = await self._call(self.store.lapsed, 100)
+        """Claim and run every lapsed job; returns how many."""
+        ids: list[str] = await self._read(self.store.lapsed, 100)
         recovered = 0
         for job_id in ids:
-            job = await self._call(self.store.get, job_id)
-            if job is not None and await self._recover(job) is not None:
+            job = await self._read(self.store.get, job_id)
+            if job is not None and await self._claim_and_run(job) is not None:
                 recovered += 1
+        if recovered:
+            log.info("recovered %d lapsed job(s)", recovered)
         return recovered
 
+    def hold_owner_lock(self) -> None:
+        """Take this instance's lock file (blocking; idempotent): from now on, its
+        death is visible to the next instance started on this node."""
+        if self.owner_lock is not None:
+            self.owner_lock.hold()
+
+    async def reclaim_dead_owners(self) -> int:
+        """Claim and run at once the running jobs of every dead owner of this node;
+        returns how many. A dead owner's lock file is deleted once its jobs are taken
+        care of, and kept for the next pass if the store failed."""
+        if self.owner_lock is None or not self.owner_lock.held:
+            return 0
+        dead = await asyncio.to_thread(self.owner_lock.dead)
+        reclaimed = 0
+        for index, owner in enumerate(dead):
+            try:
+                reclaimed += await self._reclaim(owner.owner)
+            except BaseException:
+                for rest in dead[index:]:
+                    rest.release(delete=False)
+                raise
+            owner.release(delete=True)
+        return reclaimed
+
+    async def _reclaim(self, dead_owner: str) -> int:
+        reclaimed = 0
+        seen: set[str] = set()
+        while True:
+            ids = await self._read(self.store.owned, dead_owner, 100)
+            fresh = [job_id for job_id in ids if job_id not in seen]
+            if not fresh:
+                break
+            for job_id in fresh:
+                seen.add(job_id)
+                job = await self._read(self.store.get, job_id)
+                if job is None or not self.can_run(job.handler):
+                    continue  # left to its lease, for an instance that has its handler
+                claimed = await self._write(
+                    self.store.claim_orphan,
+                    job_id,
+                    dead_owner,
+                    self.owner,
+                    self.lease_s,
+                    self.max_attempts,
+                )
+                if claimed is not None:
+                    self._run_recovered(claimed)
+                    reclaimed += 1
+        if seen:
+            log.info(
+                "owner %s died on this node: %d of its %d running job(s) taken at once",
+                dead_owner,
+                reclaimed,
+                len(seen),
+            )
+        return reclaimed
+
+    async def purge(self) -> int:
+        """Delete expired jobs; returns how many."""
+        return await self._write(self.store.purge_expired)
+
+    async def maintain(self) -> None:
+        """One maintenance pass: dead owners' jobs, then lapsed jobs, then expired ones.
+
+        A store that cannot serve is already reported (once) by the health
+        condition; each step is tried again at the next pass.
+        """
+        steps: tuple[tuple[str, Callable[[], Any]], ...] = (
+            ("taking the jobs of dead owners", self.reclaim_dead_owners),
+            ("the recovery sweep", self.sweep),
+            ("purging expired jobs", self.purge),
+        )
+        for what, step in steps:
+            try:
+                await step()
+            except StorageUnavailable:
+                continue
+            except Exception:
+                log.exception("%s failed", what)
+
     async def wait_idle(self) -> None:
-        """Returns once no job of this instance is running."""
+        """Returns once no job of this instance is running or waiting to be recorded."""
         await self._idle.wait()
 
     async def abort_all(self) -> None:
-        """Cancel every local job's work; each is recorded as drained."""
+        """Cancel every local job's work; each is recorded as drained.
+
+        Outcomes the store keeps refusing are given up after
+        `final_write_grace_s`: the process is about to exit, and their jobs
+        run again elsewhere once their leases lapse.
+        """
         for local in list(self.local.values()):
             local.work.cancel()
-        await self._idle.wait()
+        try:
+            await asyncio.wait_for(self._idle.wait(), self.final_write_grace_s)
+        except TimeoutError:
+            self._give_up.set()
+            await self._idle.wait()
+
+    def close(self) -> None:
+        """Stop probing and let go of the owner lock. Its file is deleted unless a job
+        of this instance may still be running in the store (an outcome given up), so
+        the next instance on this node takes that job at once."""
+        if self._probe is not None:
+            self._probe.cancel()
+        if self.owner_lock is not None:
+            self.owner_lock.release(delete=self._abandoned == 0 and not self.local)

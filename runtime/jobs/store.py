@@ -3,6 +3,11 @@
 Stores are synchronous (SQLite and boto3 are); async callers run them in a
 thread. `open_store` picks one from the URL; `DeferredStore` opens it on
 first use, so /healthz never waits for it.
+
+A store translates its backend's failures (sqlite3, OSError, botocore) once,
+at its boundary, into `StorageUnavailable` (503 storage-unavailable, with
+Retry-After): callers never see a foreign exception, and nothing that needs a
+durable record is acknowledged while the store cannot write.
 """
 
 from __future__ import annotations
@@ -38,6 +43,29 @@ class JobStore(Protocol):
         than `max_attempts` attempts. A lapsed job out of attempts is failed
         with error type `worker-lost`. Otherwise returns None.
         """
+        ...
+
+    def claim_orphan(
+        self, job_id: str, dead_owner: str, owner: str, lease_s: float, max_attempts: int
+    ) -> Job | None:
+        """Take a running job of `dead_owner`, whatever its lease, to run it again.
+
+        For an owner known to be dead (runtime/jobs/owners.py), so its jobs need
+        not wait for their leases to lapse. Succeeds as `claim` does (running,
+        attempts + 1, leased to `owner`) when the job is still running under
+        `dead_owner` with fewer than `max_attempts` attempts; such a job out of
+        attempts is failed with `worker-lost`. Otherwise (finished, cancelled,
+        claimed by someone else) returns None.
+        """
+        ...
+
+    def owned(self, owner: str, limit: int = 100) -> list[str]:
+        """Ids of the running jobs leased to `owner` (whatever their lease), oldest first."""
+        ...
+
+    def ping(self, owner: str) -> None:
+        """A small real write that leaves no job changed; raises `StorageUnavailable`
+        while the store cannot write (how an instance learns it can again)."""
         ...
 
     def heartbeat(self, job_id: str, owner: str, lease_s: float) -> bool:
@@ -129,6 +157,17 @@ class DeferredStore:
 
     def claim(self, job_id: str, owner: str, lease_s: float, max_attempts: int) -> Job | None:
         return self.open().claim(job_id, owner, lease_s, max_attempts)
+
+    def claim_orphan(
+        self, job_id: str, dead_owner: str, owner: str, lease_s: float, max_attempts: int
+    ) -> Job | None:
+        return self.open().claim_orphan(job_id, dead_owner, owner, lease_s, max_attempts)
+
+    def owned(self, owner: str, limit: int = 100) -> list[str]:
+        return self.open().owned(owner, limit)
+
+    def ping(self, owner: str) -> None:
+        self.open().ping(owner)
 
     def heartbeat(self, job_id: str, owner: str, lease_s: float) -> bool:
         return self.open().heartbeat(job_id, owner, lease_s)

@@ -5,11 +5,14 @@ Per bundle name the estimator keeps observed fetch and load bandwidth
 are exponentially weighted so one outlier does not dominate, and persisted in
 the state directory so a new instance on the same node starts with them.
 Before any history: size / a conservative default bandwidth, plus a default
-init time.
+init time. An unwritable state directory costs the persisted estimates, never a
+load: it is logged once, and the estimates live on in memory.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import threading
 from dataclasses import asdict, dataclass
@@ -21,6 +24,7 @@ import orjson
 from runtime.bundles.manifest import Manifest
 from runtime.models.lifecycle import LOAD_PHASES, State
 
+log = logging.getLogger("thaw.models")
 _ALPHA = 0.5
 _FILE = "estimates.json"
 # Floor on any remaining-phase estimate: a phase that overran its estimate is
@@ -59,6 +63,9 @@ class Estimator:
         self._framework_s: float | None = None
         self._lock = threading.Lock()
         self._file_lock = threading.Lock()
+        # Whether the last write failed: logged when it starts failing and when it
+        # works again, not on every load.
+        self._unwritable = False
         self._read()
 
     def _read(self) -> None:
@@ -91,14 +98,26 @@ class Estimator:
         )
 
     def _write_file(self, data: bytes) -> None:
+        """Write the file (with `_file_lock` held); never raises."""
+        tmp = self.path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
             tmp.write_bytes(data)
             os.replace(tmp, self.path)
-        except OSError:
-            # Estimates are an optimisation; a read-only state dir must not fail a load.
-            pass
+        except OSError as exc:
+            # Estimates are an optimisation: an unwritable state dir (full, read-only,
+            # not creatable) must not fail a load. A partial file would hold space.
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            if not self._unwritable:
+                self._unwritable = True
+                log.warning(
+                    "load estimates cannot be saved (%s); they are kept in memory only", exc
+                )
+            return
+        if self._unwritable:
+            self._unwritable = False
+            log.info("load estimates are saved again to %s", self.path)
 
     def record_load(
         self, manifest: Manifest, phase_ms: dict[str, float], *, persist: bool = True

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from runtime.errors import ConfigError, PayloadTooLarge
+from runtime.errors import ConfigError, PayloadTooLarge, StorageUnavailable
 from runtime.jobs.job import Job, JobStatus, new_job_id
 from runtime.jobs.store import open_store
 from runtime.jobs.stores.dynamodb import TTL_ATTRIBUTE, DynamoDBJobStore
 from tests import aws_fixtures
-from tests.aws_fixtures import client, make_bucket, make_jobs_table
+from tests.aws_fixtures import client, free_port, make_bucket, make_jobs_table
 
 moto_endpoint = aws_fixtures.moto_endpoint  # fixtures: the session's moto server
 aws_env = aws_fixtures.aws_env
@@ -148,3 +148,29 @@ def test_purge_removes_the_s3_payloads_of_expired_jobs(aws: dict[str, Any]) -> N
     assert len(keys(aws)) == 1
     assert store.purge_expired() == 1
     assert keys(aws) == []
+
+
+def test_an_unreachable_table_is_storage_unavailable() -> None:
+    """Nothing listens on the endpoint: every call is a 503 storage-unavailable with
+    Retry-After, translated once from botocore's error."""
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError
+
+    config = Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=2)
+    dead = client(f"http://127.0.0.1:{free_port()}", "dynamodb", config=config)
+    store = DynamoDBJobStore("thaw-jobs", ttl_s=60, client=dead)
+    job = Job(id=new_job_id(), handler="echo", input={})
+    for call in (
+        lambda: store.create(job),
+        lambda: store.get(job.id),
+        lambda: store.finish(job.id, "a", JobStatus.SUCCEEDED, {}),
+        lambda: store.ping("a"),
+        lambda: store.owned("a"),
+        lambda: store.lapsed(),
+    ):
+        with pytest.raises(StorageUnavailable) as caught:
+            call()
+        assert caught.value.status == 503 and caught.value.slug == "storage-unavailable"
+        assert caught.value.retry_after_s is not None
+        assert isinstance(caught.value.__cause__, BotoCoreError)
+    dead.close()

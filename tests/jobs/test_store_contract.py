@@ -388,3 +388,106 @@ def test_jobs_survive_reopening_the_store(open_store: OpenStore) -> None:
     assert after.finish(job.id, "a", JobStatus.SUCCEEDED, {"ok": True})
     assert after.lapsed() == [waiting.id]
     assert after.get(waiting.id) == waiting
+
+
+# -- dead owners: claim_orphan() and owned() ------------------------------------------
+
+
+def test_owned_lists_the_running_jobs_of_one_owner_whatever_their_lease(store: JobStore) -> None:
+    first = running(store, "dead", lease_s=600.0)
+    lapsed = running(store, "dead", lease_s=LEASE_S)
+    other = running(store, "alive", lease_s=600.0)
+    done = running(store, "dead")
+    store.finish(done.id, "dead", JobStatus.SUCCEEDED, {})
+    waiting = queued(store)
+    time.sleep(LEASE_S + 0.1)
+    assert store.owned("dead") == [first.id, lapsed.id]
+    assert store.owned("dead", limit=1) == [first.id]
+    assert store.owned("alive") == [other.id]
+    assert store.owned("nobody") == []
+    assert waiting.id not in store.owned("dead")
+
+
+def test_claim_orphan_takes_a_dead_owners_job_before_its_lease_lapses(store: JobStore) -> None:
+    job = running(store, "dead", lease_s=600.0)
+    before = time.time()
+    claimed = store.claim_orphan(job.id, "dead", "heir", 30.0, 3)
+    assert claimed is not None
+    assert claimed.owner == "heir" and claimed.attempts == 2
+    assert claimed.status is JobStatus.RUNNING and claimed.phase == "claimed"
+    assert claimed.lease_until is not None and claimed.lease_until >= before + 30.0
+    # The dead owner holds nothing any more; the heir does.
+    assert not store.heartbeat(job.id, "dead", 30.0)
+    assert not store.finish(job.id, "dead", JobStatus.SUCCEEDED, {"stale": True})
+    assert store.finish(job.id, "heir", JobStatus.SUCCEEDED, {"fresh": True})
+    got = store.get(job.id)
+    assert got is not None and got.output == {"fresh": True}
+    assert store.owned("dead") == []
+
+
+def test_claim_orphan_takes_only_a_running_job_of_that_owner(store: JobStore) -> None:
+    alive = running(store, "alive", lease_s=600.0)
+    assert store.claim_orphan(alive.id, "dead", "heir", 30.0, 3) is None
+    waiting = queued(store)
+    assert store.claim_orphan(waiting.id, "dead", "heir", 30.0, 3) is None
+    done = running(store, "dead")
+    store.finish(done.id, "dead", JobStatus.SUCCEEDED, {"y": 1})
+    assert store.claim_orphan(done.id, "dead", "heir", 30.0, 3) is None
+    cancelled = running(store, "dead")
+    store.cancel(cancelled.id)
+    assert store.claim_orphan(cancelled.id, "dead", "heir", 30.0, 3) is None
+    assert store.claim_orphan(new_job_id(), "dead", "heir", 30.0, 3) is None
+    for job, status, owner in (
+        (alive, JobStatus.RUNNING, "alive"),
+        (waiting, JobStatus.QUEUED, None),
+        (done, JobStatus.SUCCEEDED, "dead"),
+        (cancelled, JobStatus.CANCELLED, "dead"),
+    ):
+        got = store.get(job.id)
+        assert got is not None and got.status is status and got.owner == owner
+    final = store.get(done.id)
+    assert final is not None and final.output == {"y": 1} and final.attempts == 1
+
+
+def test_claim_orphan_out_of_attempts_fails_the_job_as_worker_lost(store: JobStore) -> None:
+    job = running(store, "dead", lease_s=600.0)  # attempt 1 of 1
+    assert store.claim_orphan(job.id, "dead", "heir", 30.0, 1) is None
+    got = store.get(job.id)
+    assert got is not None and got.status is JobStatus.FAILED and got.phase == "failed"
+    assert got.error is not None and got.error["type"] == LOST_ERROR
+    assert got.attempts == 1
+    assert store.owned("dead") == []
+
+
+def test_racing_orphan_claimers_exactly_one_wins(open_store: OpenStore) -> None:
+    claimers = 6
+    instances = [open_store() for _ in range(claimers)]
+    job = running(instances[0], "dead", lease_s=600.0)
+    barrier = threading.Barrier(claimers)
+    winners: list[str] = []
+
+    def race(index: int) -> None:
+        barrier.wait()
+        if instances[index].claim_orphan(job.id, "dead", f"heir-{index}", 30.0, 3) is not None:
+            winners.append(f"heir-{index}")
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(claimers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(winners) == 1, winners
+    got = instances[0].get(job.id)
+    assert got is not None and got.owner == winners[0] and got.attempts == 2
+
+
+# -- ping() -------------------------------------------------------------------------
+
+
+def test_ping_writes_and_changes_no_job(store: JobStore) -> None:
+    job = running(store, "a")
+    store.ping("a")
+    store.ping("b")
+    assert store.get(job.id) == job
+    assert store.lapsed() == []
+    assert store.purge_expired() == 0

@@ -18,7 +18,12 @@ Same contract and semantics as the SQLite store; how they map here:
   The index is eventually consistent, which is enough: it only nominates
   candidates, and `claim()` decides. All active jobs share one index key,
   which caps index writes near 1000/s, far above a function's job rate.
-- Service errors become `Unavailable`; a duplicate id in `create()` is `Conflict`.
+- `owned()` lists the running jobs of one owner: the active index nominates
+  the running ones, and a consistent `BatchGetItem` of their owners picks them.
+  Only an instance that finds a dead owner on its node asks (at start-up).
+- `ping()` is an `UpdateItem` of an item that does not exist, conditional on its
+  existing: the service evaluates it (a write request) and changes nothing.
+- Service errors become `StorageUnavailable`; a duplicate id in `create()` is `Conflict`.
 """
 
 from __future__ import annotations
@@ -48,6 +53,10 @@ _PENDING = (
 )
 _CLAIMABLE = f"#attempts < :max AND {_PENDING}"
 _LOST = "#status = :running AND #lease_until < :now AND #attempts >= :max"
+# A running job of an owner known to be dead, whatever its lease.
+_ORPHANED = "#owner = :dead AND #status = :running AND #attempts < :max AND #expires_at > :now"
+_ORPHAN_LOST = "#owner = :dead AND #status = :running AND #attempts >= :max"
+_PING_KEY = "thaw:ping"
 
 
 def table_spec(table_name: str) -> dict[str, Any]:
@@ -318,8 +327,27 @@ class DynamoDBJobStore:
         return self._to_job(item)
 
     def claim(self, job_id: str, owner: str, lease_s: float, max_attempts: int) -> Job | None:
-        now = time.time()
-        values = {":max": max_attempts, ":now": now} | _STATES
+        values = {":max": max_attempts, ":now": time.time()} | _STATES
+        return self._take(job_id, owner, lease_s, max_attempts, _CLAIMABLE, _LOST, values)
+
+    def claim_orphan(
+        self, job_id: str, dead_owner: str, owner: str, lease_s: float, max_attempts: int
+    ) -> Job | None:
+        values = {":max": max_attempts, ":now": time.time(), ":dead": dead_owner} | _STATES
+        return self._take(job_id, owner, lease_s, max_attempts, _ORPHANED, _ORPHAN_LOST, values)
+
+    def _take(
+        self,
+        job_id: str,
+        owner: str,
+        lease_s: float,
+        max_attempts: int,
+        claimable: str,
+        lost: str,
+        values: dict[str, Any],
+    ) -> Job | None:
+        """Claim the job if `claimable` holds; else fail it as lost if `lost` holds."""
+        now = values[":now"]
         claimed = self._update(
             job_id,
             {
@@ -330,7 +358,7 @@ class DynamoDBJobStore:
                 "updated_at": now,
             },
             ["error", "error_ref"],
-            _CLAIMABLE,
+            claimable,
             values,
             increment="attempts",
             return_new=True,
@@ -351,10 +379,46 @@ class DynamoDBJobStore:
                 "updated_at": now,
             },
             ["owner", "active", "error_ref"],
-            _LOST,
+            lost,
             values,
         )
         return None
+
+    def owned(self, owner: str, limit: int = 100) -> list[str]:
+        running = self._active("#status = :running", {":running": "running"})
+        found: list[str] = []
+        # BatchGetItem takes at most 100 keys; the index gives them oldest first.
+        for start in range(0, len(running), 100):
+            owners = self._owners_of(running[start : start + 100])
+            found.extend(i for i in running[start : start + 100] if owners.get(i) == owner)
+            if len(found) >= limit:
+                break
+        return found[:limit]
+
+    def _owners_of(self, ids: list[str]) -> dict[str, str | None]:
+        """Owner per job id, read consistently (the index holds no owner)."""
+        owners: dict[str, str | None] = {}
+        keys: list[dict[str, Any]] = [{"id": {"S": i}} for i in ids]
+        with translated("reading job owners"):
+            while keys:
+                response = self.client.batch_get_item(
+                    RequestItems={
+                        self.table: {
+                            "Keys": keys,
+                            "ConsistentRead": True,
+                            "ProjectionExpression": "#id, #owner, #status",
+                            "ExpressionAttributeNames": _names("#id #owner #status"),
+                        }
+                    }
+                )
+                for item in response.get("Responses", {}).get(self.table, []):
+                    running = item.get("status", {}).get("S") == "running"
+                    owners[item["id"]["S"]] = item.get("owner", {}).get("S") if running else None
+                keys = response.get("UnprocessedKeys", {}).get(self.table, {}).get("Keys", [])
+        return owners
+
+    def ping(self, owner: str) -> None:
+        self._update(_PING_KEY, {"owner": owner}, [], "attribute_exists(#id)", {})
 
     def heartbeat(self, job_id: str, owner: str, lease_s: float) -> bool:
         # A job that is still being worked on must not expire under its worker.
@@ -414,11 +478,14 @@ class DynamoDBJobStore:
         return self.get(job_id)
 
     def lapsed(self, limit: int = 100) -> list[str]:
+        return self._active(_PENDING, {":now": time.time()} | _STATES, limit)
+
+    def _active(self, only: str, values: dict[str, Any], limit: int | None = None) -> list[str]:
+        """Ids of active (queued or running) jobs matching `only`, oldest first."""
         keys = "#active = :one"
-        only = _PENDING
-        values = {":one": "1", ":now": time.time()} | _STATES
+        values = {":one": "1"} | values
         ids: list[str] = []
-        with translated("listing lapsed jobs"):
+        with translated("listing active jobs"):
             pages = self.client.get_paginator("query").paginate(
                 TableName=self.table,
                 IndexName=ACTIVE_INDEX,
@@ -430,9 +497,9 @@ class DynamoDBJobStore:
             )
             for page in pages:
                 ids.extend(item["id"]["S"] for item in page.get("Items", []))
-                if len(ids) >= limit:
+                if limit is not None and len(ids) >= limit:
                     break
-        return ids[:limit]
+        return ids if limit is None else ids[:limit]
 
     def purge_expired(self) -> int:
         """Delete expired items now (TTL does, much later) and their S3 payloads. A Scan."""

@@ -18,7 +18,8 @@ from typing import Any
 import orjson
 from botocore.exceptions import BotoCoreError, ClientError
 
-from runtime.errors import PayloadTooLarge, Unavailable
+from runtime.errors import PayloadTooLarge, StorageUnavailable, Unavailable
+from runtime.jobs.job import STORE_RETRY_AFTER_S
 
 # Largest inline serialized payload per field; their sum stays well under 400 KB.
 INLINE_LIMITS = {"input": 180_000, "output": 180_000, "error": 16_000, "progress": 16_000}
@@ -27,11 +28,13 @@ FIELDS = tuple(INLINE_LIMITS)
 
 @contextlib.contextmanager
 def translated(what: str) -> Iterator[None]:
-    """AWS errors -> Unavailable, once, at the boundary."""
+    """AWS errors -> StorageUnavailable, once, at the boundary."""
     try:
         yield
     except (ClientError, BotoCoreError) as exc:
-        raise Unavailable(f"job store: {what} failed: {exc}") from exc
+        raise StorageUnavailable(
+            f"job store: {what} failed: {exc}", retry_after_s=STORE_RETRY_AFTER_S
+        ) from exc
 
 
 class Payloads:

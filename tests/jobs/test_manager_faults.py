@@ -1,0 +1,227 @@
+"""The job manager when its store fails for real: a full disk (a small tmpfs), a
+database deleted under it, and an instance of this node that died.
+
+Outcomes are never lost nor computed twice, readiness follows the store (one log
+line when it fails, one when it is back), and a dead owner's jobs are taken at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.errors import StorageUnavailable
+from runtime.health import Health
+from runtime.jobs.job import Job, JobStatus, new_job_id
+from runtime.jobs.manager import STORE_CONDITION, JobManager
+from runtime.jobs.owners import OwnerLock
+from runtime.jobs.stores.sqlite import SQLiteJobStore
+from runtime.metrics import Metrics
+from tests.jobs import tmpfs
+
+pytestmark = pytest.mark.anyio
+
+LEASE_S = 0.3  # heartbeats every 0.1 s, a sweep would take a job 0.3 s after its last one
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    with tmpfs.mounted(tmp_path / "disk", "2m") as disk:
+        yield disk
+
+
+def manager(
+    store: SQLiteJobStore, health: Health, owner: str = "here", owners: Path | None = None
+) -> JobManager:
+    return JobManager(
+        store,
+        owner=owner,
+        lease_s=LEASE_S,
+        max_attempts=3,
+        metrics=Metrics(),
+        health=health,
+        owners_dir=owners,
+    )
+
+
+async def until(condition: Any, what: str, timeout_s: float = 20.0) -> None:
+    """Wait for `condition()` (a safety limit only: the tests assert order, not time)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        await asyncio.sleep(0.02)
+
+
+async def test_an_outcome_refused_by_a_full_disk_is_kept_and_recorded_once_freed(
+    small_disk: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = SQLiteJobStore(small_disk / "jobs.sqlite3", ttl_s=600.0)
+    health = Health()
+    jobs = manager(store, health)
+    runs: list[int] = []
+    release = asyncio.Event()
+
+    async def work() -> dict[str, int]:
+        runs.append(len(runs) + 1)
+        await release.wait()
+        return {"run": runs[-1]}
+
+    jobs.execute = lambda job: asyncio.ensure_future(work())  # a re-run would count
+    job = await jobs.record("echo", {}, phase="running", key_id=None)
+    jobs.follow(job, asyncio.ensure_future(work()), lambda: ("running", None))
+
+    with caplog.at_level(logging.INFO):
+        filler = tmpfs.fill(small_disk)
+        release.set()  # the work ends while the store cannot write its outcome
+        await until(lambda: STORE_CONDITION in health.conditions, "readiness off")
+        stored = store.get(job.id)
+        assert stored is not None and stored.lease_until is not None
+        await until(lambda: time.time() > stored.lease_until + LEASE_S, "the lease lapsed")  # type: ignore[operator]
+        # Lapsed in the store, but held here: the sweep leaves it alone.
+        assert job.id in store.lapsed()
+        assert await jobs.sweep() == 0
+        with pytest.raises(StorageUnavailable):
+            await jobs.record("echo", {}, phase="running", key_id=None)
+        assert not health.ok
+
+        tmpfs.free(filler)
+        await asyncio.wait_for(jobs.wait_idle(), 20)
+
+    final = store.get(job.id)
+    assert final is not None and final.status is JobStatus.SUCCEEDED
+    assert final.output == {"run": 1} and final.attempts == 1
+    assert runs == [1], "the finished work ran again"
+    assert health.ok
+    messages = [r.getMessage() for r in caplog.records]
+    assert len([m for m in messages if m.startswith(f"unready: {STORE_CONDITION}")]) == 1
+    assert len([m for m in messages if m.startswith(f"ready again: {STORE_CONDITION}")]) == 1
+    assert any(job.id in m and "recorded at try" in m for m in messages)
+    jobs.close()
+    store.close()
+
+
+async def test_readiness_comes_back_with_no_traffic(small_disk: Path) -> None:
+    store = SQLiteJobStore(small_disk / "jobs.sqlite3", ttl_s=600.0)
+    health = Health()
+    jobs = manager(store, health)
+    filler = tmpfs.fill(small_disk)
+    with pytest.raises(StorageUnavailable) as caught:
+        await jobs.record("echo", {}, phase="running", key_id=None)
+    assert caught.value.retry_after_s is not None
+    assert not health.ok
+    tmpfs.free(filler)
+    await until(lambda: health.ok, "the probe found the store writable")
+    job = await jobs.record("echo", {}, phase="running", key_id=None)
+    assert store.get(job.id) is not None
+    jobs.close()
+    store.close()
+
+
+async def test_a_drain_gives_up_outcomes_the_store_never_takes_and_keeps_the_lock_file(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    store = SQLiteJobStore(small_disk / "jobs.sqlite3", ttl_s=600.0)
+    owners = tmp_path / "owners"
+    jobs = manager(store, Health(), owners=owners)
+    jobs.hold_owner_lock()
+    jobs.final_write_grace_s = 0.2
+    job = await jobs.record("echo", {}, phase="running", key_id=None)
+    jobs.follow(job, asyncio.ensure_future(asyncio.sleep(60)), lambda: ("running", None))
+    filler = tmpfs.fill(small_disk)
+    await asyncio.wait_for(jobs.abort_all(), 20)
+    tmpfs.free(filler)
+    stored = store.get(job.id)
+    assert stored is not None and stored.status is JobStatus.RUNNING and stored.owner == "here"
+    jobs.close()
+    # The next instance of this node finds this owner dead and takes the job at once.
+    assert [p.name for p in owners.iterdir()] == ["here.lock"]
+    store.close()
+
+
+async def test_a_record_gone_with_a_deleted_database_is_written_again(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.sqlite3"
+    store = SQLiteJobStore(path, ttl_s=600.0)
+    jobs = manager(store, Health())
+    release = asyncio.Event()
+
+    async def work() -> str:
+        await release.wait()
+        return "done"
+
+    job = await jobs.record("echo", {"x": 1}, phase="running", key_id="k")
+    jobs.follow(job, asyncio.ensure_future(work()), lambda: ("running", None))
+    os.unlink(path)
+    # The next heartbeat finds it gone from the (new) file and writes it again.
+    await until(lambda: store.get(job.id) is not None, "the record written again")
+    release.set()
+    done = await jobs.get(job.id, key_id="k", wait_s=20)
+    assert done.status is JobStatus.SUCCEEDED and done.output == "done"
+    fresh = SQLiteJobStore(path, ttl_s=600.0)
+    got = fresh.get(job.id)
+    assert got is not None and got.output == "done" and got.input == {"x": 1}
+    fresh.close()
+    jobs.close()
+    store.close()
+
+
+def running_job(store: SQLiteJobStore, owner: str, lease_s: float = 600.0) -> Job:
+    job = Job(
+        id=new_job_id(),
+        handler="echo",
+        input={"n": 1},
+        status=JobStatus.RUNNING,
+        attempts=1,
+        owner=owner,
+        lease_until=time.time() + lease_s,
+    )
+    store.create(job)
+    return job
+
+
+async def test_the_jobs_of_a_dead_owner_of_this_node_are_taken_at_once(tmp_path: Path) -> None:
+    store = SQLiteJobStore(tmp_path / "jobs.sqlite3", ttl_s=600.0)
+    owners = tmp_path / "owners"
+    dead = OwnerLock(owners, "dead")
+    assert dead.hold()
+    orphan = running_job(store, "dead")
+    finished = running_job(store, "dead")
+    assert store.finish(finished.id, "dead", JobStatus.SUCCEEDED, {"kept": True})
+    dead.release(delete=False)  # the process died: lock dropped, file left behind
+    living = OwnerLock(owners, "living")
+    assert living.hold()
+    theirs = running_job(store, "living")
+    elsewhere = running_job(store, "other-node")  # no lock file here: its lease decides
+
+    jobs = manager(store, Health(), owner="heir", owners=owners)
+    ran: list[str] = []
+
+    async def rerun(job: Job) -> str:
+        ran.append(job.id)
+        return "again"
+
+    jobs.execute = lambda job: asyncio.ensure_future(rerun(job))
+    jobs.hold_owner_lock()
+    assert await jobs.reclaim_dead_owners() == 1
+    await asyncio.wait_for(jobs.wait_idle(), 20)
+
+    assert ran == [orphan.id]
+    got = store.get(orphan.id)
+    assert got is not None and got.status is JobStatus.SUCCEEDED and got.output == "again"
+    assert got.attempts == 2 and got.owner == "heir"
+    kept = store.get(finished.id)
+    assert kept is not None and kept.output == {"kept": True} and kept.attempts == 1
+    for untouched, owner in ((theirs, "living"), (elsewhere, "other-node")):
+        now = store.get(untouched.id)
+        assert now is not None and now.owner == owner and now.status is JobStatus.RUNNING
+    assert sorted(p.name for p in owners.iterdir()) == ["heir.lock", "living.lock"]
+    assert await jobs.reclaim_dead_owners() == 0
+    living.release()
+    jobs.close()
+    store.close()
