@@ -95,6 +95,8 @@ class Instance:
             lease_s=settings.job_lease_s,
             max_attempts=settings.job_max_attempts,
             metrics=metrics,
+            health=health,
+            owners_dir=settings.state_path / "owners",
         )
         dispatcher = Dispatcher(
             settings=settings,
@@ -137,11 +139,12 @@ class Instance:
             self.start_background()
 
     def prepare(self) -> None:
-        """Open the job store (blocking; idempotent).
+        """Take this instance's owner lock and open the job store (blocking; idempotent).
 
         Nothing has to wait for it: a store call arriving first opens the
         store itself, or waits for the open in progress.
         """
+        self.jobs.hold_owner_lock()
         self.store.open()
 
     def start_background(self, on_error: Callable[[Exception], None] | None = None) -> None:
@@ -162,17 +165,14 @@ class Instance:
         await self._maintain()
 
     async def _maintain(self) -> None:
-        """Recover lapsed jobs and purge expired ones, now and every lease period.
+        """Take the jobs of dead instances of this node, recover lapsed jobs and purge
+        expired ones: now (the start-up reclaim) and every lease period.
 
         Polls recover a lapsed job at once; this loop makes sure one nobody
         polls is still retried (or failed) instead of staying `running`.
         """
         while True:
-            await self._sweep()
-            try:
-                await asyncio.to_thread(self.store.purge_expired)
-            except Exception:
-                log.exception("purging expired jobs failed")
+            await self.jobs.maintain()
             await asyncio.sleep(max(1.0, self.settings.job_lease_s))
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -188,14 +188,13 @@ class Instance:
             return
         lease.release()
 
-    async def _sweep(self) -> None:
-        try:
-            recovered = await self.jobs.sweep()
-        except Exception:
-            log.exception("job recovery sweep failed")
-            return
-        if recovered:
-            log.info("recovered %d lapsed job(s)", recovered)
+    def abort(self) -> None:
+        """The process is stopping now: cut off what is still in flight."""
+        self.dispatcher.abort_in_flight()
+
+    @property
+    def wedged(self) -> bool:
+        return self.health.wedged is not None
 
     async def wait_idle(self) -> None:
         """Returns once no invocation or job of this instance is running."""
@@ -240,3 +239,4 @@ class Instance:
         for task in list(self._background):
             task.cancel()
         self.store.close()
+        self.jobs.close()

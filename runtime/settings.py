@@ -139,6 +139,17 @@ class Settings:
             raise ConfigError("THAW_PHASE_STALL_S must be > 0")
         if self.run_timeout_s <= 0:
             raise ConfigError("THAW_RUN_TIMEOUT_S must be > 0")
+        if self.body_timeout_s <= 0:
+            raise ConfigError("THAW_BODY_TIMEOUT_S must be > 0")
+        # Bodies still arriving may not take the cap's last min(64 KiB, cap/4)
+        # (runtime/http/app.py): a largest body must still fit beside that.
+        if self.max_buffered_bytes < self.max_body_bytes + min(
+            64 * 1024, self.max_buffered_bytes // 4
+        ):
+            raise ConfigError(
+                "THAW_MAX_BUFFERED_BYTES must leave room for one THAW_MAX_BODY_BYTES body "
+                "beyond its reserve (max body + 64 KiB)"
+            )
 
     @property
     def cache_path(self) -> Path:

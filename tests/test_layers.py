@@ -28,7 +28,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("runtime.jobs", "runtime.models"),  # the job store; the model cache and lifecycle
     ("runtime.bundles",),  # manifests, sources, conversions
     ("runtime.registry", "runtime.context"),  # the handler API
-    ("runtime.settings", "runtime.metrics", "runtime.logs", "runtime.health", "runtime.process"),
+    ("runtime.outputs", "runtime.health", "runtime.process"),
+    ("runtime.settings", "runtime.metrics", "runtime.logs"),
     ("runtime.errors",),
 )
 

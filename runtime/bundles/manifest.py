@@ -113,9 +113,16 @@ def check_relative_path(path: Any, where: str) -> str:
     return path
 
 
+# Byte counts past 2^53 (8 PiB) are no real bundle's, would not survive a JSON
+# client's doubles, and their sums could pass the 64 bits a manifest is written in.
+MAX_BYTE_COUNT = 2**53
+
+
 def _non_negative_int(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise BundleError(f"{where} must be a non-negative integer")
+    if value > MAX_BYTE_COUNT:
+        raise BundleError(f"{where} must be at most {MAX_BYTE_COUNT}")
     return value
 
 

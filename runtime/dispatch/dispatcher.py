@@ -441,14 +441,19 @@ class Dispatcher:
             await asyncio.wait(set(self.in_flight))
         await self.jobs.wait_idle()
 
+    def abort_in_flight(self) -> None:
+        """Cut off every piece of work still running now: waiting callers get 503
+        `drained`, jobs a retryable `drained` error (the end of a drain's grace)."""
+        for outcome in list(self.in_flight):
+            outcome.cancel()
+
     async def drain(self, grace_s: float) -> None:
         """Refuse new work, let in-flight work finish for `grace_s`, abort the rest."""
         self.draining = True
         if self.in_flight:
             await asyncio.wait(set(self.in_flight), timeout=grace_s)
         await self.jobs.abort_all()
-        for outcome in list(self.in_flight):
-            outcome.cancel()
+        self.abort_in_flight()
         if self.in_flight:
             await asyncio.wait(set(self.in_flight), timeout=5.0)
         await self.cache.unload_all()

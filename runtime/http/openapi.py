@@ -23,9 +23,11 @@ from starlette.routing import BaseRoute, Route
 
 from runtime.errors import (
     BadRequest,
+    MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
     QueueFull,
+    RequestTimeout,
     ThawError,
     Unauthorized,
     Unavailable,
@@ -174,11 +176,30 @@ _ERRORS: dict[type[ThawError], tuple[str, str]] = {
         "(e.g. nesting deeper than THAW_MAX_JSON_DEPTH)",
     ),
     Unauthorized: ("Unauthorized", "missing or wrong API key"),
-    NotFound: ("NotFound", "unknown handler, bundle, job or route"),
+    NotFound: ("NotFound", "unknown handler, bundle, job or route (a trailing slash is no route)"),
+    MethodNotAllowed: (
+        "MethodNotAllowed",
+        "method-not-allowed: the path exists, not for this method; `Allow` and the "
+        "problem's `allow` list the methods it serves",
+    ),
+    RequestTimeout: (
+        "RequestTimeout",
+        "request-timeout: the body did not arrive whole within THAW_BODY_TIMEOUT_S; "
+        "the connection is closed",
+    ),
     PayloadTooLarge: ("PayloadTooLarge", "body over THAW_MAX_BODY_BYTES"),
     QueueFull: ("QueueFull", "the handler's queue is full"),
-    ThawError: ("InternalError", "handler-error, bundle-invalid, integrity or internal"),
-    Unavailable: ("Unavailable", "draining, load-failed or insufficient-memory"),
+    ThawError: (
+        "InternalError",
+        "handler-error, handler-timeout, invalid-output (output JSON cannot carry: not "
+        "serialisable, or a NaN or infinite number), bundle-invalid, integrity or internal",
+    ),
+    Unavailable: (
+        "Unavailable",
+        "drained (the instance is draining, or stopped before the request finished; send it "
+        "again), overloaded (request bodies buffered past THAW_MAX_BUFFERED_BYTES; the "
+        "connection is closed), load-failed, insufficient-memory or storage-unavailable",
+    ),
 }
 
 
@@ -190,6 +211,12 @@ def _error_responses() -> dict[str, Any]:
             headers["WWW-Authenticate"] = {
                 "description": 'Bearer realm="thaw"',
                 "schema": {"type": "string"},
+            }
+        if cls is MethodNotAllowed:
+            headers["Allow"] = {
+                "description": "the methods the path serves",
+                "schema": {"type": "string"},
+                "required": True,
             }
         if cls in (QueueFull, Unavailable):
             headers["Retry-After"] = _RETRY_AFTER
@@ -234,13 +261,13 @@ OPERATIONS: dict[str, dict[str, Any]] = {
                 },
             ),
             "202": _ACCEPTED,
-            **_errors(400, 404, 413, 429, 500, 503),
+            **_errors(400, 404, 408, 413, 429, 500, 503),
         },
     },
     "submit_job": {
         "parameters": [_ref("parameters", "RequestId")],
         "requestBody": _EVENT_BODY,
-        "responses": {"202": _ACCEPTED, **_errors(400, 404, 413, 429, 500, 503)},
+        "responses": {"202": _ACCEPTED, **_errors(400, 404, 408, 413, 429, 500, 503)},
     },
     "get_job": {
         "parameters": [
@@ -253,7 +280,8 @@ OPERATIONS: dict[str, dict[str, Any]] = {
         ],
         "responses": {
             "200": _json(_ref("schemas", "Job"), "the job"),
-            **_errors(400, 404, 500),
+            # 503: a long-poll the server's shutdown cut off (drained).
+            **_errors(400, 404, 500, 503),
         },
     },
     "cancel_job": {
@@ -364,7 +392,13 @@ def build_openapi(routes: Sequence[BaseRoute], *, auth: bool) -> dict[str, Any]:
         "info": {
             "title": "Thaw",
             "version": _version(),
-            "description": "Serverless function runtime for GPU inference: the HTTP contract.",
+            "description": (
+                "Serverless function runtime for GPU inference: the HTTP contract. "
+                "Errors are RFC 9457 problems (application/problem+json). Any path "
+                "answers a method it does not serve with 405 and `Allow` "
+                "(#/components/responses/MethodNotAllowed); paths are matched exactly, "
+                "so a trailing slash is 404, never a redirect."
+            ),
         },
         "paths": paths,
         "components": {

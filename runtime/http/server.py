@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from types import FrameType
 
+import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -31,12 +32,26 @@ def is_loopback(host: str) -> bool:
 
 
 class _H11Protocol(H11Protocol):
-    """uvicorn's h11 protocol, also closing connections that never send a request.
+    """uvicorn's h11 protocol, also closing connections that never send a request,
+    or that keep sending a body nobody reads.
 
     uvicorn arms its keep-alive timer only after a first response, so a client
-    that connects and stays silent would hold a connection forever. Naming the
-    class also pins h11, whose header-size limit we rely on (httptools has none).
+    that connects and stays silent would hold a connection forever; and it
+    disarms it on any byte received, so a client trickling a request head a
+    byte at a time would too. Here the timer runs until a whole head arrived:
+    a request must be sent within the keep-alive timeout of the connection's
+    start or its last response. Naming the class also pins h11, whose
+    header-size limit we rely on (httptools has none).
+
+    A request answered before its body was read (404, 405, 413, /drain) leaves
+    the rest of the body to be read and discarded, and each byte of it would
+    put off uvicorn's keep-alive timeout again: a client trickling it holds the
+    connection forever. It must end within THAW_BODY_TIMEOUT_S, as a body the
+    app reads must (runtime.http.app.Intake), or the connection is closed.
     """
+
+    # THAW_BODY_TIMEOUT_S; `serve` sets it on a subclass of its own.
+    body_timeout_s = 30.0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -44,15 +59,50 @@ class _H11Protocol(H11Protocol):
             self.timeout_keep_alive, self.timeout_keep_alive_handler
         )
 
+    def data_received(self, data: bytes) -> None:
+        timer, self.timeout_keep_alive_task = self.timeout_keep_alive_task, None
+        super().data_received(data)
+        if timer is not None:
+            if self.conn.their_state is h11.IDLE:  # no whole request head yet
+                self.timeout_keep_alive_task = timer
+            else:
+                timer.cancel()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+            self.loop.call_later(self.body_timeout_s, self._unread_body_overdue, self.cycle)
+
+    def _unread_body_overdue(self, cycle: object) -> None:
+        # Still the same request, still sending its body: nobody waits for it.
+        if self.cycle is cycle and self.conn.their_state is h11.SEND_BODY:
+            self.transport.close()
+
+
+def _h11_protocol(body_timeout_s: float) -> type[_H11Protocol]:
+    """The protocol class for this server: uvicorn makes each instance itself."""
+
+    class Protocol(_H11Protocol):
+        pass
+
+    Protocol.body_timeout_s = body_timeout_s
+    return Protocol
+
 
 class _Server(uvicorn.Server):
-    """uvicorn, telling us when it listens (background loads start after that), and
-    draining on SIGTERM while it keeps serving.
+    """uvicorn, telling us when it listens (background loads start after that),
+    draining on SIGTERM while it keeps serving, and ending cut-off work with an
+    answer when it stops.
 
     SIGTERM is the platform asking for a drain: the listener stays open through
     the grace, so a load balancer sees /readyz go 503 and new requests get 503
     `drained` instead of connection refused; the drain's end stops the server
-    (exit 0). A second SIGTERM, or SIGINT, stops it at once as uvicorn does.
+    (exit 0). A second SIGTERM, or SIGINT, stops it now (SIGINT exits 130, as
+    an interrupted command does): what still runs is cut off, and its callers
+    get 503 `drained`. Either way the process exits whatever user threads do
+    (runtime/process.py); uvicorn's re-raising of the signal after its own
+    shutdown is not used, because it would end the process with the signal's
+    default action or a KeyboardInterrupt, and then wait for stuck threads.
     """
 
     def __init__(
@@ -60,11 +110,14 @@ class _Server(uvicorn.Server):
         config: uvicorn.Config,
         on_listening: Callable[[], None],
         on_sigterm: Callable[[], bool],
+        on_stop: Callable[[], None],
     ) -> None:
         super().__init__(config)
         self._on_listening = on_listening
         self._on_sigterm = on_sigterm
+        self._on_stop = on_stop
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.interrupted = False
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -74,15 +127,29 @@ class _Server(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         loop = self._loop
-        if sig == signal.SIGTERM and loop is not None and not self.should_exit:
-            # A signal handler may only hand work to the loop, never run it.
-            loop.call_soon_threadsafe(self._sigterm)
+        if loop is None:  # not started yet: as uvicorn does
+            super().handle_exit(sig, frame)
             return
-        super().handle_exit(sig, frame)
+        if sig == signal.SIGINT:
+            self.interrupted = True
+        # A signal handler may only hand work to the loop, never run it.
+        loop.call_soon_threadsafe(self._signalled, sig)
 
-    def _sigterm(self) -> None:
-        if not self._on_sigterm():  # a drain is under way already: stop now
-            self.should_exit = True
+    def _signalled(self, sig: int) -> None:
+        if sig == signal.SIGTERM and not self.should_exit and self._on_sigterm():
+            return  # a drain began: serve on through its grace
+        self.should_exit = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # Cut off what still runs, now, while its connections are open: handler
+        # work (after a drain, none is left), then every request still running (a
+        # body still arriving, a long-poll). Each caller gets 503 `drained`
+        # (runtime.http.app.Edge), where uvicorn would cancel them a second later
+        # with an error logged and a text/plain 500 each.
+        self._on_stop()
+        for task in list(self.server_state.tasks):
+            task.cancel()
+        await super().shutdown(sockets)
 
 
 def serve(host: str = "127.0.0.1", port: int = 8080, insecure: bool = False) -> int:
@@ -104,7 +171,7 @@ def serve(host: str = "127.0.0.1", port: int = 8080, insecure: bool = False) -> 
         log_config=None,
         # The drain already gave in-flight work its grace; what is left is closing.
         timeout_graceful_shutdown=1,
-        http=_H11Protocol,
+        http=_h11_protocol(settings.body_timeout_s),
         timeout_keep_alive=5,
         h11_max_incomplete_event_size=64 * 1024,
     )
@@ -128,9 +195,23 @@ def serve(host: str = "127.0.0.1", port: int = 8080, insecure: bool = False) -> 
         instance = getattr(app.state, "instance", None)
         return instance is not None and instance.begin_drain("SIGTERM")
 
-    server = _Server(config, on_listening=on_listening, on_sigterm=on_sigterm)
+    def on_stop() -> None:
+        app.state.stopping = True
+        instance = getattr(app.state, "instance", None)
+        if instance is None:
+            return
+        # Readiness off and no new work, if no drain had begun (SIGINT).
+        instance.begin_drain("shutdown")
+        # Work still in flight is cut off as a drain's grace ends: a waiting
+        # caller gets 503 `drained`, a job is recorded drained (retryable).
+        instance.abort()
+
+    server = _Server(config, on_listening=on_listening, on_sigterm=on_sigterm, on_stop=on_stop)
     process.run(server.serve())
-    code = 1 if failed else 0
+    instance = getattr(app.state, "instance", None)
+    # Wedged: exit non-zero, so the platform counts it a failure and replaces it.
+    wedged = instance is not None and instance.wedged
+    code = 1 if failed or wedged else 130 if server.interrupted else 0
     process.exit_past_stuck_threads(code)
     logging.getLogger("thaw.server").info("stopped")
     return code

@@ -43,9 +43,7 @@ def budget_for(slots: int) -> int:
 
 
 def settings_for(tmp_path: Path, **overrides: Any) -> Settings:
-    make_bundle(
-        tmp_path / "bundles", "slot", weights_bytes=WEIGHTS, per_request_bytes=PER_REQUEST
-    )
+    make_bundle(tmp_path / "bundles", "slot", weights_bytes=WEIGHTS, per_request_bytes=PER_REQUEST)
     values: dict[str, Any] = {
         "bundle_source": str(tmp_path / "bundles"),
         "cache_dir": str(tmp_path / "cache"),
@@ -125,9 +123,7 @@ def test_64_concurrent_callers_through_a_server_all_answered_and_the_queue_drain
     tmp_path: Path, thaw_env: dict[str, str]
 ) -> None:
     """Issue 15's reproduction at 64 callers, over real HTTP: one slot at a time."""
-    make_bundle(
-        tmp_path / "bundles", "slot", weights_bytes=WEIGHTS, per_request_bytes=PER_REQUEST
-    )
+    make_bundle(tmp_path / "bundles", "slot", weights_bytes=WEIGHTS, per_request_bytes=PER_REQUEST)
     env = {
         **thaw_env,
         "THAW_BUNDLE_SOURCE": str(tmp_path / "bundles"),

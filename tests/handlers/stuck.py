@@ -1,0 +1,69 @@
+"""User code that stops making progress until the test lets it go.
+
+Every wait is for a file to appear (`config["release"]` for builders and
+warm-ups, `event["release"]` for handlers), so a test can release code in
+another process too; nothing waits longer than `LIMIT_S`.
+
+    bundle `stuck`       its builder waits
+    bundle `warmstuck`   builds at once; the warm-up of `warmhang` waits
+    handler `hang`       sync, no model: waits in its thread
+    handler `ahang`      async, no model: waits on the loop (cancellable)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from runtime import Context, bundle, handler
+
+LIMIT_S = 120.0
+
+
+def _wait_for(path: str) -> None:
+    deadline = time.monotonic() + LIMIT_S
+    while not Path(path).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+class Released:
+    def __init__(self, release: str) -> None:
+        self.release = release
+
+
+@bundle("stuck")
+def build_stuck(config: dict[str, Any]) -> Released:
+    _wait_for(config["release"])
+    return Released(config["release"])
+
+
+@bundle("warmstuck")
+def build_warmstuck(config: dict[str, Any]) -> Released:
+    return Released(config["release"])
+
+
+@handler("stuckmodel", uses=["stuck"])
+def stuckmodel(event: Any, model: Released, ctx: Context) -> dict[str, Any]:
+    return {"ok": True}
+
+
+@handler("warmhang", uses=["warmstuck"], warmup=[{"hang": True}])
+def warmhang(event: Any, model: Released, ctx: Context) -> dict[str, Any]:
+    if ctx.warmup and event.get("hang"):
+        _wait_for(model.release)
+    return {"ok": True}
+
+
+@handler("hang")
+def hang(event: Any, ctx: Context) -> dict[str, Any]:
+    _wait_for(event["release"])
+    return {"released": True}
+
+
+@handler("ahang")
+async def ahang(event: Any, ctx: Context) -> dict[str, Any]:
+    while not Path(event["release"]).exists():
+        await asyncio.sleep(0.01)
+    return {"released": True}

@@ -1,0 +1,186 @@
+"""No progress, no end (issue 15, item 2): load phases and handler runs that stop
+making progress fail with a clear error, their waiters and jobs get it, an unload
+answers at once, and a thread of user code left stuck wedges the instance
+(readiness off, drain) instead of holding it forever.
+
+User code waits for a release file (tests/handlers/stuck.py); every test
+releases it before it ends, so no thread outlives the test. Deadlines are
+short settings; the assertions are about order and outcome, never duration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.dispatch.dispatcher import Accepted
+from runtime.errors import HandlerTimeout, LoadFailed
+from runtime.instance import Instance
+from runtime.jobs.job import JobStatus
+from runtime.models.lifecycle import State
+from runtime.registry import discover
+from runtime.settings import Settings
+from tests.support import ServerProcess, make_bundle
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def release(tmp_path: Path) -> Path:
+    return tmp_path / "release"
+
+
+def settings_for(tmp_path: Path, release: Path, **overrides: Any) -> Settings:
+    for name in ("stuck", "warmstuck"):
+        make_bundle(tmp_path / "bundles", name, config={"release": str(release)})
+    values: dict[str, Any] = {
+        "bundle_source": str(tmp_path / "bundles"),
+        "cache_dir": str(tmp_path / "cache"),
+        "state_dir": str(tmp_path / "state"),
+        "job_store": f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
+        "handlers": ("tests.handlers.stuck",),
+        "drain_grace_s": 0.5,
+        **overrides,
+    }
+    return Settings(**values)
+
+
+@pytest.fixture
+async def started(tmp_path: Path, release: Path) -> AsyncIterator[Any]:
+    """A factory of started instances; each is stopped, and user code released, at the end."""
+    instances: list[Instance] = []
+
+    async def start(**overrides: Any) -> Instance:
+        settings = settings_for(tmp_path, release, **overrides)
+        instance = Instance.create(settings, discover(settings.handlers))
+        await instance.start()
+        instances.append(instance)
+        return instance
+
+    try:
+        yield start
+    finally:
+        release.touch()
+        for instance in instances:
+            await instance.stop()
+
+
+async def test_a_builder_that_hangs_fails_the_load_naming_init_and_wedges(
+    started: Any, release: Path
+) -> None:
+    instance: Instance = await started(phase_stall_s=0.3)
+    job = await instance.dispatcher.invoke("stuckmodel", {}, respond_async=True, request_id="job")
+    assert isinstance(job, Accepted)
+    with pytest.raises(LoadFailed, match="init made no progress") as failed:
+        await instance.dispatcher.invoke("stuckmodel", {}, wait_s=60.0, request_id="sync")
+    assert failed.value.extra["phase"] == "init"
+    entry = instance.cache.entries["stuck"]
+    assert entry.lifecycle.state is State.FAILED
+    assert entry.lifecycle.error is not None and entry.lifecycle.error["phase"] == "init"
+    assert instance.cache.reserved_bytes() == 0
+    # The job waiting for that load got the same error, not an endless `running`.
+    final = await instance.jobs.get(job.job.id, key_id=None, wait_s=10.0)
+    assert final.status is JobStatus.FAILED
+    assert final.error is not None and final.error["type"] == "load-failed"
+    # The builder's thread cannot be stopped: the instance is wedged and drains.
+    assert not release.exists(), "the builder must still be stuck at this point"
+    assert instance.health.wedged is not None and "init" in instance.health.wedged.detail
+    assert instance.draining and not instance.ready()
+
+
+async def test_a_warm_up_that_hangs_fails_the_load_naming_warmup(
+    started: Any, release: Path
+) -> None:
+    instance: Instance = await started(phase_stall_s=0.3)
+    with pytest.raises(LoadFailed, match="warmup made no progress"):
+        await instance.dispatcher.invoke("warmhang", {}, wait_s=60.0, request_id="sync")
+    assert instance.cache.entries["warmstuck"].lifecycle.error is not None
+    assert instance.health.wedged is not None and "warmup" in instance.health.wedged.detail
+
+
+async def test_unloading_a_bundle_whose_builder_hangs_answers_at_once(
+    started: Any, release: Path
+) -> None:
+    instance: Instance = await started(phase_stall_s=600.0)
+    request = asyncio.ensure_future(
+        instance.dispatcher.invoke("stuckmodel", {}, wait_s=600.0, request_id="sync")
+    )
+    entry = instance.cache.entry("stuck")
+    while entry.lifecycle.state is not State.LOADED:  # the builder has started
+        await asyncio.sleep(0.01)
+    await instance.cache.unload("stuck")
+    assert not release.exists(), "unload returned only because the builder was released"
+    assert entry.lifecycle.state is State.FAILED
+    with pytest.raises(LoadFailed, match="unloaded while loading"):
+        await request
+
+
+async def test_a_sync_handler_past_the_run_limit_fails_and_wedges(
+    started: Any, release: Path
+) -> None:
+    instance: Instance = await started(run_timeout_s=0.3)
+    with pytest.raises(HandlerTimeout, match="THAW_RUN_TIMEOUT_S"):
+        await instance.dispatcher.invoke(
+            "hang", {"release": str(release)}, wait_s=60.0, request_id="sync"
+        )
+    assert not release.exists()
+    assert instance.health.wedged is not None and "hang" in instance.health.wedged.detail
+    assert instance.draining
+
+
+async def test_a_job_of_an_async_handler_past_the_run_limit_fails_without_wedging(
+    started: Any, release: Path
+) -> None:
+    """An async handler is cancelled: nothing is left running, so nothing is wedged."""
+    instance: Instance = await started(run_timeout_s=0.3)
+    accepted = await instance.dispatcher.invoke(
+        "ahang", {"release": str(release)}, respond_async=True, request_id="job"
+    )
+    assert isinstance(accepted, Accepted)
+    final = await instance.jobs.get(accepted.job.id, key_id=None, wait_s=10.0)
+    assert final.status is JobStatus.FAILED
+    assert final.error is not None and final.error["type"] == "handler-timeout"
+    assert instance.health.ok and not instance.draining
+    assert instance.dispatcher.pending["ahang"] == 0
+
+
+def test_a_wedged_server_reports_unready_then_drains_and_exits(
+    tmp_path: Path, release: Path, thaw_env: dict[str, str]
+) -> None:
+    """The policy end to end: a builder stuck past its deadline makes the server
+    answer /readyz 503 and leave, so the platform replaces it."""
+    settings_for(tmp_path, release)  # writes the bundles
+    env = {
+        **thaw_env,
+        "THAW_BUNDLE_SOURCE": str(tmp_path / "bundles"),
+        "THAW_HANDLERS": "tests.handlers.stuck",
+        "THAW_PHASE_STALL_S": "0.5",
+        "THAW_DRAIN_GRACE_S": "1",
+    }
+    server = ServerProcess(env).start()
+    try:
+        with server.client() as client:
+            response = client.post("/invoke/stuckmodel", json={}, headers={"Prefer": "wait=30"})
+            assert response.status_code == 503
+            assert response.json()["type"].endswith("/load-failed")
+            ready = client.get("/readyz")
+            assert ready.status_code == 503
+            conditions = ready.json()["conditions"]
+            assert conditions and "init" in conditions[0]["detail"]
+        assert server.proc is not None
+        code = server.proc.wait(timeout=60)  # leaves on its own, the builder still stuck
+        assert not release.exists()
+        assert code == 1, server.log()
+        assert "wedged" in server.log()
+    finally:
+        release.touch()
+        server.kill()
