@@ -5,9 +5,9 @@
     POST /runtime/invocation/{id}/error          {errorType, errorMessage, stackTrace}
     POST /runtime/init/error                     same, then the process exits
 
-`AWS_LAMBDA_RUNTIME_API` is `host:port`, optionally followed by a path prefix
-(the local emulator serves one Runtime API per instance under
-`/instances/{id}`), so URLs are built by appending to it.
+`AWS_LAMBDA_RUNTIME_API` is a plain `host:port`, on Lambda and under `thaw
+emulate` alike (the emulator gives every instance a listener of its own), and
+URLs are built by appending the API's paths to it.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class Invocation:
 
 
 class RuntimeAPI:
-    """Talks to the Runtime API at `address` (host:port[/prefix])."""
+    """Talks to the Runtime API at `address` (host:port)."""
 
     def __init__(self, address: str, transport: httpx.AsyncBaseTransport | None = None) -> None:
         base = f"http://{address.rstrip('/')}/{VERSION}/runtime"

@@ -5,8 +5,10 @@
     thaw invoke HANDLER --event JSON|@file.json
     thaw serve [--host 127.0.0.1] [--port 8080] [--insecure]
     thaw emulate [--port 9000] [--template template.yaml] [--max-instances N] [--idle-timeout S]
+                 [--image IMAGE [--engine podman|docker]]
     thaw coldstart HANDLER [--event JSON] [--runs N] [--json]
     thaw keys hash < key            print a THAW_API_KEYS_FILE line for the key on stdin
+    thaw --version
 
 Every command exits non-zero with a one-line message on error. Heavy modules
 are imported inside the command that needs them.
@@ -110,6 +112,8 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
         max_instances=args.max_instances,
         idle_timeout_s=args.idle_timeout,
         host=args.host,
+        image=args.image,
+        engine=args.engine,
     )
     return code
 
@@ -128,8 +132,19 @@ def _cmd_keys_hash(args: argparse.Namespace) -> int:
     return print_hash_line()
 
 
+def _version() -> str:
+    """The installed distribution's version (what /openapi.json gives too)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("thaw")
+    except metadata.PackageNotFoundError:
+        return "0"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="thaw", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"thaw {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     bundle = sub.add_parser("bundle", help="build and verify model bundles")
@@ -167,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
     emulate.add_argument("--template", default="template.yaml")
     emulate.add_argument("--max-instances", type=int, default=None)
     emulate.add_argument("--idle-timeout", type=float, default=300.0)
+    emulate.add_argument(
+        "--image", help="run each instance as a container of IMAGE (as sam local start-lambda)"
+    )
+    emulate.add_argument(
+        "--engine", choices=["podman", "docker"], help="container CLI (default: podman, or docker)"
+    )
     emulate.set_defaults(func=_cmd_emulate)
 
     cold = sub.add_parser("coldstart", help="cold-start breakdown of one handler")

@@ -3,12 +3,15 @@
 One Starlette app on uvicorn, 127.0.0.1 by default:
 
     POST /2015-03-31/functions/{name}/invocations    the Invoke API (invoke_api)
-    /instances/{iid}/2018-06-01/runtime/...          each instance's Runtime API (runtime_api)
     every other path                                 the HTTP contract via a Function URL event
 
-Instances are `python -m runtime` processes (instances), scheduled by the pool
-(pool), configured from template.yaml (template), reporting REPORT lines
-(report) on stdout; their own output goes to stderr, prefixed.
+and one Runtime API listener per instance on 127.0.0.1 (runtime_api), whose
+plain `127.0.0.1:PORT` is the instance's AWS_LAMBDA_RUNTIME_API, as on Lambda.
+
+Instances are `python -m runtime` processes (instances), or with `--image` containers
+of that image (containers), scheduled by the pool (pool), configured from
+template.yaml (template), reporting REPORT lines (report) on stdout; their own
+output goes to stderr, prefixed.
 
 An instance's environment, later entries winning:
 
@@ -21,6 +24,9 @@ An instance's environment, later entries winning:
    instance, and every instance shares one job store,
 4. any other THAW_* set in the emulator's environment (so `THAW_WAIT_S=1 thaw emulate` works),
 5. Lambda's platform variables (AWS_LAMBDA_RUNTIME_API, AWS_LAMBDA_FUNCTION_NAME, ...).
+
+A container instance gets 2, 4 and 5 only, on top of its image's own
+environment, and a job store shared by every container (see containers).
 
 May import runtime.aws (Function URL events) and below; it never loads a model
 itself: instances are separate processes.
@@ -43,7 +49,9 @@ from typing import IO
 import uvicorn
 from starlette.applications import Starlette
 
-from runtime.emulator import function_url, invoke_api, runtime_api
+from runtime.emulator import function_url, invoke_api
+from runtime.emulator.containers import ContainerLauncher, check_image, find_engine
+from runtime.emulator.instances import Launcher, ProcessLauncher
 from runtime.emulator.invoke_api import EventQueue
 from runtime.emulator.pool import Pool
 from runtime.emulator.template import Template, load_template
@@ -84,22 +92,30 @@ def local_environment(environ: Mapping[str, str]) -> tuple[dict[str, str], dict[
 @dataclass(frozen=True)
 class EmulatorConfig:
     template: Template
-    api_root: str
     max_instances: int = DEFAULT_MAX_INSTANCES
     idle_timeout_s: float = 300.0
+    # A container image to run instances from, and the engine's CLI (podman or docker).
+    image: str | None = None
+    engine: str | None = None
+
+
+def make_launcher(config: EmulatorConfig, environ: Mapping[str, str]) -> Launcher:
+    base, local = local_environment(environ)
+    if config.image is None:
+        return ProcessLauncher(base, local)
+    engine = config.engine or find_engine()
+    jobs_dir = Path(Settings.from_env(environ).state_dir).resolve() / "emulate-image-jobs"
+    return ContainerLauncher(engine, config.image, local, jobs_dir)
 
 
 @asynccontextmanager
 async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     config: EmulatorConfig = app.state.config
-    base, local = local_environment(os.environ)
     pool = Pool(
         config.template,
         max_instances=config.max_instances,
         idle_timeout_s=config.idle_timeout_s,
-        base_env=base,
-        local_env=local,
-        api_root=config.api_root,
+        launcher=make_launcher(config, os.environ),
         out=app.state.out,
         echo=app.state.echo,
     )
@@ -117,7 +133,7 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
 def create_emulator_app(
     config: EmulatorConfig, *, out: IO[str] = sys.stdout, echo: IO[str] = sys.stderr
 ) -> Starlette:
-    routes = [*invoke_api.routes, *runtime_api.routes, *function_url.routes]
+    routes = [*invoke_api.routes, *function_url.routes]
     app = Starlette(routes=routes, lifespan=_lifespan)
     app.state.config, app.state.out, app.state.echo = config, out, echo
     return app
@@ -146,9 +162,14 @@ def run_emulator(
     max_instances: int | None,
     idle_timeout_s: float,
     host: str = "127.0.0.1",
+    image: str | None = None,
+    engine: str | None = None,
 ) -> int:
     """Serve until SIGINT/SIGTERM; every instance is stopped on the way out."""
     loaded = load_template(template)
+    if image is not None:
+        engine = find_engine(engine)
+        check_image(engine, image)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say
     # so, and without it every response waits ~40 ms on a delayed ACK.
@@ -160,18 +181,18 @@ def run_emulator(
         sock.close()
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
     bound = sock.getsockname()[1]
-    # Instances always dial the loopback address, whatever the bind.
-    api_root = f"127.0.0.1:{bound}" if family == socket.AF_INET else f"[::1]:{bound}"
     config = EmulatorConfig(
         loaded,
-        api_root=api_root,
         max_instances=max_instances or DEFAULT_MAX_INSTANCES,
         idle_timeout_s=idle_timeout_s,
+        image=image,
+        engine=engine,
     )
     app = create_emulator_app(config)
     functions = ", ".join(f.logical_id for f in loaded.functions.values())
+    runs = f"image {image}" if image else "processes"
     print(
-        f"thaw emulate: listening on http://{host}:{bound} ({functions}; "
+        f"thaw emulate: listening on http://{host}:{bound} ({functions}; {runs}; "
         f"max {config.max_instances} instances, idle timeout {idle_timeout_s:g} s)",
         file=sys.stderr,
         flush=True,

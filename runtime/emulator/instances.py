@@ -1,10 +1,13 @@
-"""One emulated execution environment: a real `python -m runtime` process.
+"""One emulated execution environment: a process, or a container, running the runtime.
 
-An instance runs in its own process group (so a kill takes whatever the
-handler started with it), talks to the emulator's Runtime API under
-`/instances/{iid}`, and has its combined stdout/stderr captured: echoed to the
-emulator's stderr line by line with an `[iid]` prefix, and kept (the last
-64 KB) for `X-Amz-Log-Type: Tail`. Peak memory is the process's VmHWM.
+An instance is started by a launcher: `ProcessLauncher` runs `python -m runtime`
+from this interpreter in its own process group (so a kill takes whatever the
+handler started with it); `containers.ContainerLauncher` runs an image's
+entrypoint. Either way the instance talks to a Runtime API listener of its own
+(`AWS_LAMBDA_RUNTIME_API=127.0.0.1:PORT`), and its combined stdout/stderr is
+captured: echoed to the emulator's stderr line by line with an `[iid]` prefix,
+and kept (the last 64 KB) for `X-Amz-Log-Type: Tail`. Peak memory is the
+runtime process's VmHWM.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ import secrets
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from runtime.emulator.template import FunctionConfig
@@ -37,6 +41,52 @@ def _die_with_parent() -> None:
     """In the child: be killed when the emulator dies, however it dies."""
     if _LIBC is not None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class Launcher(Protocol):
+    """How an instance's runtime is started, signalled and measured."""
+
+    def command(self, instance: Instance, api_address: str) -> tuple[list[str], dict[str, str]]:
+        """argv and environment of the process the emulator spawns."""
+        ...
+
+    def signal(self, instance: Instance, sig: signal.Signals) -> None: ...
+
+    async def runtime_pid(self, instance: Instance) -> int:
+        """The pid whose peak memory is the instance's (0 if unknown)."""
+        ...
+
+    def exit_reason(self, code: int) -> str:
+        """Lambda's words for how the runtime ended: `exit status 3`, `signal: SIGKILL`."""
+        ...
+
+
+def exit_reason(code: int) -> str:
+    return f"signal: {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+
+
+class ProcessLauncher:
+    """`python -m runtime` from this interpreter, with the emulator's environment."""
+
+    def __init__(self, base_env: Mapping[str, str], local_env: Mapping[str, str]) -> None:
+        self.base_env = dict(base_env)
+        self.local_env = dict(local_env)
+
+    def command(self, instance: Instance, api_address: str) -> tuple[list[str], dict[str, str]]:
+        env = instance_env(instance.function, self.base_env, self.local_env, api_address)
+        return [sys.executable, "-m", "runtime"], env
+
+    def signal(self, instance: Instance, sig: signal.Signals) -> None:
+        if instance.process is None or instance.process.returncode is not None:
+            return  # not started, or reaped: its group id may be someone else's by now
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(instance.process.pid, sig)
+
+    async def runtime_pid(self, instance: Instance) -> int:
+        return instance.pid
+
+    def exit_reason(self, code: int) -> str:
+        return exit_reason(code)
 
 
 class InstanceState(StrEnum):
@@ -83,10 +133,13 @@ class Instance:
     does, so concurrent callers never race past the limit while it spawns.
     """
 
-    def __init__(self, function: FunctionConfig) -> None:
+    def __init__(self, function: FunctionConfig, launcher: Launcher) -> None:
         self.iid = secrets.token_hex(4)
         self.function = function
+        self.launcher = launcher
         self.process: asyncio.subprocess.Process | None = None
+        # The process whose peak memory the REPORT gives (a container's runtime, once known).
+        self.memory_pid = 0
         self.state = InstanceState.STARTING
         self.spawned_at = time.monotonic()
         self.init_ms: float | None = None
@@ -97,6 +150,9 @@ class Instance:
         self.polls = 0
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.assigned: dict[str, Any] = {}
+        # Answered invocations whose worker has not asked for its next event yet:
+        # their REPORT waits for that `next`, oldest first.
+        self.unreported: deque[Any] = deque()
         self.idle_since = time.monotonic()
         self.last_used = 0.0
         self.log = LogBuffer()
@@ -104,16 +160,12 @@ class Instance:
         self.reported_init = False
         self.exited = asyncio.Event()
 
-    async def start(
-        self, base_env: Mapping[str, str], local_env: Mapping[str, str], api_root: str
-    ) -> None:
-        """Spawn `python -m runtime`; its Runtime API is `api_root/instances/{iid}`."""
-        env = instance_env(self.function, base_env, local_env, f"{api_root}/instances/{self.iid}")
+    async def start(self, api_address: str) -> None:
+        """Spawn the runtime, its Runtime API at `api_address` (a plain host:port)."""
+        argv, env = self.launcher.command(self, api_address)
         self.spawned_at = time.monotonic()
         self.process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "runtime",
+            *argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
@@ -121,23 +173,29 @@ class Instance:
             start_new_session=True,
             preexec_fn=_die_with_parent,
         )
+        self.memory_pid = self.process.pid
 
     @property
     def pid(self) -> int:
         return self.process.pid if self.process is not None else 0
 
-    def poll(self) -> None:
-        """A worker asks for work: after the first `capacity` polls, one slot is free again."""
+    def poll(self) -> bool:
+        """A worker asks for work: after the first `capacity` polls, one slot is free again.
+
+        True when the poll ends a worker's previous invocation (not one of Init's).
+        """
         if self.state is InstanceState.STARTING:
             self.state = InstanceState.RUNNING
             self.init_ms = (time.monotonic() - self.spawned_at) * 1000.0
         self.polls += 1
-        if self._initial_polls < self.capacity:
-            self._initial_polls += 1
-        else:
+        returning = self._initial_polls >= self.capacity
+        if returning:
             self.slots_free += 1
+        else:
+            self._initial_polls += 1
         if self.slots_free == self.capacity:
             self.idle_since = time.monotonic()
+        return returning
 
     @property
     def finishing(self) -> int:
@@ -151,10 +209,7 @@ class Instance:
         return self.state is InstanceState.RUNNING and self.slots_free == self.capacity
 
     def signal(self, sig: signal.Signals) -> None:
-        if self.process is None or self.process.returncode is not None:
-            return  # not started, or reaped: its group id may be someone else's by now
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, sig)
+        self.launcher.signal(self, sig)
 
 
 def instance_env(

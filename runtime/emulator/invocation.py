@@ -1,7 +1,13 @@
-"""One invocation's record and its outcome: payload, REPORT and log tail.
+"""One invocation's record, its answer and its REPORT.
 
-An `Invocation` is queued on an instance, delivered by `next`, and ends in
-exactly one `Outcome` (its future is set once; later answers are ignored).
+An `Invocation` is queued on an instance, delivered by `next`, answered once
+(a response or an error: its `result` future is set once, later answers are
+ignored) and ended once, when its worker asks for the next event, or the
+instance is killed or exits. The caller gets the answer as soon as it is
+posted; the REPORT, and the invocation's log with it, come at the end: on
+Lambda the work a runtime does between posting a response and calling `next`
+(a job answered 202 and still running, say) is part of the invocation and is
+billed as such.
 """
 
 from __future__ import annotations
@@ -27,17 +33,23 @@ class Throttled(Exception):
 
 
 @dataclass(frozen=True)
-class Outcome:
-    request_id: str
-    payload: bytes
-    # None for a response; the errorType of a function error otherwise.
-    error_type: str | None
+class Finished:
     report: Report
     # START, the instance's output during the invocation, END and REPORT.
     log: bytes
 
     def log_tail(self) -> bytes:
         return self.log[-LOG_TAIL_BYTES:]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    request_id: str
+    payload: bytes
+    # None for a response; the errorType of a function error otherwise.
+    error_type: str | None
+    # Set when the invocation ends (its REPORT); may be well after the answer.
+    finished: asyncio.Future[Finished]
 
 
 @dataclass
@@ -50,36 +62,61 @@ class Invocation:
     result: asyncio.Future[Outcome] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+    finished: asyncio.Future[Finished] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
     delivered: asyncio.Event = field(default_factory=asyncio.Event)
     delivered_at: float = 0.0
     deadline_ms: int = 0
     log_offset: int = 0
+    # How the answer ends the REPORT: None, "error" or "timeout", and the error type.
+    status: str | None = None
+    error_type: str | None = None
 
 
 def error_payload(error_type: str, message: str) -> bytes:
     return orjson.dumps({"errorType": error_type, "errorMessage": message})
 
 
-def outcome_of(
+def answer(
+    invocation: Invocation, error_type: str | None, payload: bytes, status: str | None
+) -> bool:
+    """Hand the caller its answer; False if it had one already."""
+    if invocation.result.done():
+        return False
+    invocation.status, invocation.error_type = status, error_type
+    outcome = Outcome(invocation.request_id, payload, error_type, invocation.finished)
+    invocation.result.set_result(outcome)
+    return True
+
+
+def finish(
     instance: Instance,
     invocation: Invocation,
-    error_type: str | None,
-    payload: bytes,
-    status: str | None,
-) -> Outcome:
-    """The outcome as the instance stands now; the first one reports its Init Duration."""
-    started = invocation.delivered_at or time.monotonic()
+    *,
+    status: str | None = None,
+    error_type: str | None = None,
+) -> Report | None:
+    """End the invocation now: its REPORT (None if it was ended already).
+
+    Duration runs from the delivery of the event to now; the first REPORT of an
+    instance carries its Init Duration. `status`/`error_type` override the
+    answer's (an instance killed for working past the timeout after answering).
+    """
+    if invocation.finished.done():
+        return None
     init_ms = None
     if not instance.reported_init and instance.init_ms is not None:
         init_ms, instance.reported_init = instance.init_ms, True
+    started = invocation.delivered_at or time.monotonic()
     report = Report(
         invocation.request_id,
         duration_ms=(time.monotonic() - started) * 1000.0,
         memory_mb=instance.function.memory_mb,
-        max_memory_mb=max_memory_mb(instance.pid),
+        max_memory_mb=max_memory_mb(instance.memory_pid),
         init_ms=init_ms,
-        status=status,
-        error_type=error_type,
+        status=status or invocation.status,
+        error_type=error_type or invocation.error_type,
     )
     output = instance.log.since(invocation.log_offset) if invocation.delivered_at else b""
     log = b"".join(
@@ -90,4 +127,5 @@ def outcome_of(
             report.line().encode() + b"\n",
         )
     )
-    return Outcome(invocation.request_id, payload, error_type, report, log)
+    invocation.finished.set_result(Finished(report, log))
+    return report

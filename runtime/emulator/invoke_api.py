@@ -4,11 +4,15 @@
                             X-Amz-Executed-Version, X-Amz-Function-Error: Unhandled
                             on a function error, X-Amz-Log-Result with LogType Tail
                             Event: 202 at once; run in the background, waiting for
-                            capacity, retried twice on a function error
+                            capacity, retried twice on a function error, every
+                            attempt under the request id the 202 gave
                             DryRun: 204
     errors                  as Lambda: {"Type": "User", "message": ...} with
                             x-amzn-ErrorType (ResourceNotFoundException 404,
                             TooManyRequestsException 429, ...)
+
+With LogType Tail the answer waits for the invocation's end (the instance's
+next `next`), since the log it carries ends in the REPORT.
 
 `name` is the logical id or FunctionName, also as an ARN or with a qualifier
 (`ThawFunction:$LATEST`); every qualifier runs the template's code. Lambda
@@ -67,7 +71,10 @@ class EventQueue:
         for attempt, delay_s in enumerate((0.0, *self.retry_delays_s), start=1):
             await asyncio.sleep(delay_s)
             try:
-                outcome = await self.pool.invoke(function, payload, wait_for_capacity=True)
+                # Lambda retries an event under its original request id.
+                outcome = await self.pool.invoke(
+                    function, payload, wait_for_capacity=True, request_id=request_id
+                )
             except Throttled:
                 return  # shutting down
             if outcome.error_type is None:
@@ -137,7 +144,8 @@ async def invoke(request: Request) -> Response:
     if outcome.error_type is not None:
         headers["X-Amz-Function-Error"] = "Unhandled"
     if request.headers.get("x-amz-log-type") == "Tail":
-        headers["X-Amz-Log-Result"] = base64.b64encode(outcome.log_tail()).decode("ascii")
+        finished = await asyncio.shield(outcome.finished)
+        headers["X-Amz-Log-Result"] = base64.b64encode(finished.log_tail()).decode("ascii")
     return Response(outcome.payload, headers=headers, media_type="application/json")
 
 

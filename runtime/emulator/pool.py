@@ -14,6 +14,12 @@
 - An instance that exits fails what it held (`Runtime.ExitError`, or the error
   it posted to /init/error) and is replaced by the next invocation.
 - An instance idle past the idle timeout is stopped.
+- The caller gets its answer when the instance posts it; the invocation ends,
+  and its REPORT is printed, when that worker asks for its next event (or the
+  instance is killed or exits), as Lambda bills it. With several workers per
+  instance, a worker's `next` ends the oldest answered invocation.
+- Each instance has its own Runtime API listener (runtime_api), started
+  before the instance and closed after it exits.
 """
 
 from __future__ import annotations
@@ -24,17 +30,19 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine
 from typing import IO, Any
 
-from runtime.emulator.instances import Instance, InstanceState, pump_output
+from runtime.emulator.instances import Instance, InstanceState, Launcher, pump_output
 from runtime.emulator.invocation import (
     Invocation,
     Outcome,
     Throttled,
+    answer,
     error_payload,
-    outcome_of,
+    finish,
 )
+from runtime.emulator.runtime_api import RuntimeListener
 from runtime.emulator.template import FunctionConfig, Template
 
 INIT_LIMIT_S = 10.0
@@ -53,21 +61,19 @@ class Pool:
         *,
         max_instances: int,
         idle_timeout_s: float,
-        base_env: Mapping[str, str],
-        local_env: Mapping[str, str],
-        api_root: str,
+        launcher: Launcher,
         out: IO[str] = sys.stdout,
         echo: IO[str] = sys.stderr,
     ) -> None:
         self.template = template
         self.max_instances = max_instances
         self.idle_timeout_s = idle_timeout_s
-        self.base_env = dict(base_env)
-        self.local_env = dict(local_env)
-        self.api_root = api_root
+        self.launcher = launcher
         self.out = out
         self.echo = echo
         self.instances: dict[str, Instance] = {}
+        # Each instance's Runtime API, until the instance has exited.
+        self.listeners: dict[str, RuntimeListener] = {}
         self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self.closing = False
@@ -120,15 +126,18 @@ class Pool:
             await self._changed.wait()
 
     async def _spawn(self, function: FunctionConfig) -> Instance:
-        instance = Instance(function)
+        instance = Instance(function, self.launcher)
         instance.slots_free -= 1
         self.instances[instance.iid] = instance
+        listener = self.listeners[instance.iid] = RuntimeListener(self, instance.iid)
         try:
-            await instance.start(self.base_env, self.local_env, self.api_root)
+            await listener.start()
+            await instance.start(listener.address)
         except BaseException:
             instance.state = InstanceState.DEAD
             self.instances.pop(instance.iid, None)
             self._notify()
+            self._close_listener(instance.iid)
             raise
         self._background(pump_output(instance, self.echo))
         self._background(self._watch(instance))
@@ -141,10 +150,14 @@ class Pool:
         *,
         wait_for_capacity: bool = False,
         client_context: str | None = None,
+        request_id: str | None = None,
     ) -> Outcome:
-        """Run one invocation to its outcome; raises Throttled when none can start."""
+        """Run one invocation to its answer; raises Throttled when none can start.
+
+        `request_id` is given for a retried asynchronous event, which keeps its id.
+        """
         instance = await self._acquire(function, wait_for_capacity)
-        request_id = str(uuid.uuid4())
+        request_id = request_id or str(uuid.uuid4())
         trace_id = f"Root=1-{int(time.time()):08x}-{uuid.uuid4().hex[:24]};Sampled=0"
         invocation = Invocation(request_id, payload, trace_id, function.arn, client_context)
         instance.assigned[request_id] = invocation
@@ -184,7 +197,13 @@ class Pool:
         instance = self.instances.get(iid)
         if instance is None or instance.state in (InstanceState.STOPPING, InstanceState.DEAD):
             return None
-        instance.poll()
+        if instance.state is InstanceState.STARTING:
+            self._background(self._measure(instance))
+        if instance.poll() and instance.unreported:
+            # The worker is back: the invocation it answered ends here.
+            for _ in range(3):  # let the output pump catch up with the last lines
+                await asyncio.sleep(0)
+            self._end(instance, instance.unreported.popleft())
         self._notify()
         invocation: Invocation | None = await instance.queue.get()
         if invocation is None or invocation.result.done():
@@ -204,11 +223,10 @@ class Pool:
         invocation = instance.assigned.get(request_id) if instance else None
         if instance is None or invocation is None or not invocation.delivered.is_set():
             return False
-        # Let the output pump catch up with lines logged just before the post.
-        for _ in range(3):
-            await asyncio.sleep(0)
         status = None if error_type is None else "error"
-        self._finish(instance, invocation, error_type, payload, status=status)
+        instance.assigned.pop(request_id, None)
+        answer(invocation, error_type, payload, status)
+        instance.unreported.append(invocation)
         if instance.capacity == 1:
             # Work after the response (a 202'd job) counts against the Timeout, as on Lambda.
             deadline_s = invocation.delivered_at + instance.function.timeout_s
@@ -224,6 +242,8 @@ class Pool:
                 file=self.echo,
                 flush=True,
             )
+            while instance.unreported:
+                self._end(instance, instance.unreported.popleft(), status="timeout")
             self.kill(instance)
 
     def init_failed(self, iid: str, error_type: str, payload: bytes) -> None:
@@ -241,14 +261,26 @@ class Pool:
         *,
         status: str | None,
     ) -> None:
+        """Answer and end an invocation at once (a timeout, an exit, an init error)."""
         if invocation.result.done():
             return
         instance.assigned.pop(invocation.request_id, None)
         if isinstance(payload, str):
             payload = error_payload(error_type or "Runtime.Unknown", payload)
-        outcome = outcome_of(instance, invocation, error_type, payload, status)
-        print(outcome.report.line(), file=self.out, flush=True)
-        invocation.result.set_result(outcome)
+        answer(invocation, error_type, payload, status)
+        self._end(instance, invocation)
+
+    def _end(self, instance: Instance, invocation: Invocation, status: str | None = None) -> None:
+        report = finish(instance, invocation, status=status)
+        if report is not None:
+            print(report.line(), file=self.out, flush=True)
+
+    async def _measure(self, instance: Instance) -> None:
+        """Find the process whose memory the instance's REPORTs give (a container's, late)."""
+        instance.memory_pid = instance.pid
+        pid = await self.launcher.runtime_pid(instance)
+        if pid:
+            instance.memory_pid = pid
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -267,6 +299,12 @@ class Pool:
         loop = asyncio.get_running_loop()
         loop.call_later(STOP_GRACE_S, instance.signal, signal.SIGKILL)
 
+    def _close_listener(self, iid: str) -> None:
+        listener = self.listeners.pop(iid, None)
+        if listener is not None:
+            listener.stop()
+            self._background(listener.wait_closed())
+
     async def _watch(self, instance: Instance) -> None:
         assert instance.process is not None
         code = await instance.process.wait()
@@ -275,7 +313,10 @@ class Pool:
         instance.exited.set()
         for _ in range(instance.capacity):
             instance.queue.put_nowait(None)  # ends a `next` long-poll the process left behind
-        reason = f"signal: {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        self._close_listener(instance.iid)
+        reason = self.launcher.exit_reason(code)
+        while instance.unreported:  # answered, but the worker never came back
+            self._end(instance, instance.unreported.popleft())
         for invocation in list(instance.assigned.values()):
             if instance.init_error is not None:
                 error_type, payload = instance.init_error
@@ -315,6 +356,11 @@ class Pool:
         if stragglers:
             exits = [asyncio.ensure_future(i.exited.wait()) for i in stragglers]
             await asyncio.wait(exits, timeout=STOP_GRACE_S)
+        for iid in list(self.listeners):
+            self._close_listener(iid)
+        if self._tasks:
+            # Listeners close and output pumps drain within a second or so.
+            await asyncio.wait(list(self._tasks), timeout=STOP_GRACE_S)
         for task in list(self._tasks):
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

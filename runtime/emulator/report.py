@@ -3,7 +3,9 @@
     REPORT RequestId: <id>\tDuration: 12.34 ms\tBilled Duration: 113 ms\tMemory Size: 512 MB\t
            Max Memory Used: 61 MB\tInit Duration: 100.12 ms
 
-Duration runs from the delivery of the event (`next`) to the response. Billed
+Duration runs from the delivery of the event (`next`) until the instance asks
+for its next event (or is killed, or exits), not to the response: on Lambda the
+work a runtime does after posting its answer is part of the invocation. Billed
 Duration is rounded up to the millisecond and, as for container images,
 includes the Init Duration of a cold start. Max Memory Used is the instance
 process's peak RSS, not the configured size.

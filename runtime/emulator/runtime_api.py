@@ -1,31 +1,74 @@
-"""The platform side of the Lambda Runtime API, one per instance.
+"""The platform side of the Lambda Runtime API: one listener per instance.
 
-Each instance's AWS_LAMBDA_RUNTIME_API is `127.0.0.1:PORT/instances/{iid}`,
-so these routes know which instance speaks without a port per instance.
+Each instance gets its own listener on 127.0.0.1 and a plain `host:port` in
+AWS_LAMBDA_RUNTIME_API, as on Lambda, so any Runtime API client works against
+it: clients that build URLs with a URL parser or hand the address to an HTTP
+connection (awslambdaric's `http.client.HTTPConnection(address)`) refuse an
+address with a path in it. The listener knows its instance; no id travels in
+the URL. A container instance on the host network reaches it the same way.
 
-    GET  /instances/{iid}/2018-06-01/runtime/invocation/next
-    POST /instances/{iid}/2018-06-01/runtime/invocation/{rid}/response
-    POST /instances/{iid}/2018-06-01/runtime/invocation/{rid}/error
-    POST /instances/{iid}/2018-06-01/runtime/init/error
+    GET  /2018-06-01/runtime/invocation/next
+    POST /2018-06-01/runtime/invocation/{rid}/response
+    POST /2018-06-01/runtime/invocation/{rid}/error
+    POST /2018-06-01/runtime/init/error
+
+A listener is a uvicorn server in the emulator's event loop; the emulator's
+own server keeps the signal handlers. It serves a `Platform` (the pool) and
+imports nothing else of the emulator's.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import socket
+from collections.abc import Iterator
+from typing import Protocol
+
 import orjson
+import uvicorn
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from runtime.emulator.pool import Pool
-
-PREFIX = "/instances/{iid}/2018-06-01/runtime"
+PREFIX = "/2018-06-01/runtime"
 ERROR_TYPE_HEADER = "lambda-runtime-function-error-type"
+LISTEN_HOST = "127.0.0.1"
 _ACCEPTED = {"status": "OK"}
 
 
-def _pool(request: Request) -> Pool:
-    pool: Pool = request.app.state.pool
+class Delivery(Protocol):
+    """An event handed to a runtime by `next`."""
+
+    request_id: str
+    payload: bytes
+    deadline_ms: int
+    function_arn: str
+    trace_id: str
+    client_context: str | None
+
+
+class Platform(Protocol):
+    """What the Runtime API asks of the emulator (the pool), for one instance at a time."""
+
+    async def next(self, iid: str) -> Delivery | None: ...
+
+    async def complete(
+        self, iid: str, request_id: str, payload: bytes, error_type: str | None
+    ) -> bool: ...
+
+    def init_failed(self, iid: str, error_type: str, payload: bytes) -> None: ...
+
+
+def _pool(request: Request) -> Platform:
+    pool: Platform = request.app.state.pool
     return pool
+
+
+def _iid(request: Request) -> str:
+    iid: str = request.app.state.iid
+    return iid
 
 
 def _error_type(request: Request, body: bytes) -> str:
@@ -40,7 +83,7 @@ def _error_type(request: Request, body: bytes) -> str:
 
 
 async def next_invocation(request: Request) -> Response:
-    invocation = await _pool(request).next(request.path_params["iid"])
+    invocation = await _pool(request).next(_iid(request))
     if invocation is None:
         # The instance is being stopped; it is signalled as well.
         return JSONResponse({"errorType": "Runtime.Stopping"}, status_code=410)
@@ -57,23 +100,21 @@ async def next_invocation(request: Request) -> Response:
 
 async def invocation_response(request: Request) -> Response:
     body = await request.body()
-    done = await _pool(request).complete(
-        request.path_params["iid"], request.path_params["rid"], body, None
-    )
+    done = await _pool(request).complete(_iid(request), request.path_params["rid"], body, None)
     return _answer(done)
 
 
 async def invocation_error(request: Request) -> Response:
     body = await request.body()
     done = await _pool(request).complete(
-        request.path_params["iid"], request.path_params["rid"], body, _error_type(request, body)
+        _iid(request), request.path_params["rid"], body, _error_type(request, body)
     )
     return _answer(done)
 
 
 async def init_error(request: Request) -> Response:
     body = await request.body()
-    _pool(request).init_failed(request.path_params["iid"], _error_type(request, body), body)
+    _pool(request).init_failed(_iid(request), _error_type(request, body), body)
     return JSONResponse(_ACCEPTED, status_code=202)
 
 
@@ -92,3 +133,48 @@ routes = [
     Route(f"{PREFIX}/invocation/{{rid}}/error", invocation_error, methods=["POST"]),
     Route(f"{PREFIX}/init/error", init_error, methods=["POST"]),
 ]
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without signal handling: the emulator's server owns SIGINT and SIGTERM."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class RuntimeListener:
+    """One instance's Runtime API on 127.0.0.1 and a port of its own."""
+
+    def __init__(self, pool: Platform, iid: str) -> None:
+        app = Starlette(routes=routes)
+        app.state.pool, app.state.iid = pool, iid
+        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say
+        # so, and without it every response waits ~40 ms on a delayed ACK.
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((LISTEN_HOST, 0))
+        self.address = f"{LISTEN_HOST}:{self._sock.getsockname()[1]}"
+        config = uvicorn.Config(
+            app, lifespan="off", log_level="warning", log_config=None, timeout_graceful_shutdown=1
+        )
+        self._server = _Server(config)
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.ensure_future(self._server.serve(sockets=[self._sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises what stopped it
+                raise RuntimeError(f"the Runtime API listener on {self.address} did not start")
+            await asyncio.sleep(0.005)
+
+    def stop(self) -> None:
+        """Stop listening; connections still open are closed within a second."""
+        self._server.should_exit = True
+
+    async def wait_closed(self) -> None:
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._sock.close()

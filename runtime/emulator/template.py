@@ -2,7 +2,7 @@
 
 Reads every `AWS::Serverless::Function` and `AWS::Lambda::Function` (those
 whose `Condition` is false with the parameter defaults are left out): Timeout,
-MemorySize, Environment.Variables (merged over `Globals.Function`),
+MemorySize, EphemeralStorage, Environment.Variables (merged over `Globals.Function`),
 ReservedConcurrentExecutions, FunctionName and the per-instance concurrency
 (`PerExecutionEnvironmentMaxConcurrency`, or AWS_LAMBDA_MAX_CONCURRENCY in the
 environment). Short-form tags (`!Ref`,
@@ -78,6 +78,8 @@ class FunctionConfig:
     name: str
     timeout_s: float = 3.0
     memory_mb: int = 128
+    # /tmp's size (EphemeralStorage.Size); only a container instance is held to it.
+    ephemeral_mb: int = 512
     environment: dict[str, str] = field(default_factory=dict)
     reserved_concurrency: int | None = None
     # Invocations one instance takes at once (AWS_LAMBDA_MAX_CONCURRENCY).
@@ -221,6 +223,7 @@ def _function(logical_id: str, props: dict[str, Any], url_targets: set[str]) -> 
         name=name if isinstance(name, str) else logical_id,
         timeout_s=_number(props.get("Timeout"), 3.0),
         memory_mb=int(_number(props.get("MemorySize"), 128)),
+        ephemeral_mb=int(_number(_dict(props.get("EphemeralStorage")).get("Size"), 512)),
         environment=environment,
         reserved_concurrency=None if reserved in (None, UNRESOLVED) else int(_number(reserved, 0)),
         max_concurrency=max(1, int(_number(concurrency, 1))),

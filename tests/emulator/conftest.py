@@ -74,6 +74,22 @@ Resources:
       Environment:
         Variables:
           THAW_HANDLERS: tests.handlers.import_fails
+  Foreign:
+    Type: AWS::Serverless::Function
+    Properties:
+      PackageType: Image
+      Environment:
+        Variables:
+          THAW_HANDLERS: tests.emulator.foreign_runtime
+          FOREIGN_MODE: serve
+  ForeignInit:
+    Type: AWS::Serverless::Function
+    Properties:
+      PackageType: Image
+      Environment:
+        Variables:
+          THAW_HANDLERS: tests.emulator.foreign_runtime
+          FOREIGN_MODE: init-error
 """
 
 EMULATE = (sys.executable, "-m", "runtime.cli.main", "emulate", "--port", "0")
@@ -94,12 +110,17 @@ class Report:
 class Emulator:
     """`thaw emulate --port 0` with REPORT lines on stdout and logs on stderr."""
 
-    def __init__(self, workdir: Path, env: dict[str, str], *args: str) -> None:
+    def __init__(
+        self, workdir: Path, env: dict[str, str], *args: str, template: Path | None = None
+    ) -> None:
+        """`template`: the template to read; the suite's own (TEMPLATE) if None."""
         workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / "template.yaml").write_text(TEMPLATE)
+        if template is None:
+            template = workdir / "template.yaml"
+            template.write_text(TEMPLATE)
         self.out_path, self.err_path = workdir / "emulator.out", workdir / "emulator.err"
         self.proc = subprocess.Popen(
-            [*EMULATE, "--template", str(workdir / "template.yaml"), *args],
+            [*EMULATE, "--template", str(template), *args],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=self.out_path.open("wb"),
@@ -122,14 +143,29 @@ class Emulator:
     def errors(self) -> str:
         return self.err_path.read_text(errors="replace")[-6000:]
 
-    def reports(self) -> dict[str, Report]:
-        found: dict[str, Report] = {}
+    def report_lines(self) -> list[Report]:
+        """Every REPORT so far, in order (a retried event has one per attempt)."""
+        found: list[Report] = []
         for line in self.out_path.read_text().splitlines():
             match = _REPORT.match(line)
             if match:
                 fields = dict(f.split(": ", 1) for f in match.group(2).split("\t"))
-                found[match.group(1)] = Report(match.group(1), fields)
+                found.append(Report(match.group(1), fields))
         return found
+
+    def reports(self) -> dict[str, Report]:
+        return {report.request_id: report for report in self.report_lines()}
+
+    def report(self, request_id: str, timeout_s: float = 20.0) -> Report:
+        """The invocation's REPORT, once it has ended (when its worker asks for more)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = self.reports().get(request_id)
+            if found is not None:
+                return found
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no REPORT for {request_id}:\n{self.errors()}")
+            time.sleep(0.02)
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=60.0)

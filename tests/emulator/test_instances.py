@@ -33,12 +33,11 @@ def test_past_the_limit_sync_invocations_are_throttled(emulator: Emulator) -> No
         assert throttled.headers["x-amzn-ErrorType"] == "TooManyRequestsException"
         assert throttled.json()["Reason"] == "ReservedFunctionConcurrentInvocationLimitExceeded"
     served = [r.headers["x-amzn-RequestId"] for r in responses if r.status_code == 200]
-    reports = emulator.reports()
-    assert all(reports[rid].cold for rid in served)  # exactly two cold starts
+    assert all(emulator.report(rid).cold for rid in served)  # exactly two cold starts
     assert len({r.json()["output"]["pid"] for r in responses if r.status_code == 200}) == 2
     warm = emulator.invoke("Capped", orjson.dumps({"handler": "echo"}))
     assert warm.status_code == 200
-    assert not emulator.reports()[warm.headers["x-amzn-RequestId"]].cold
+    assert not emulator.report(warm.headers["x-amzn-RequestId"]).cold
 
 
 def test_one_instance_takes_max_concurrency_invocations(emulator: Emulator) -> None:
@@ -47,8 +46,7 @@ def test_one_instance_takes_max_concurrency_invocations(emulator: Emulator) -> N
         responses = list(pool.map(lambda _: emulator.invoke("Multi", payload), range(4)))
     assert [r.status_code for r in responses] == [200] * 4
     assert len({r.json()["output"]["pid"] for r in responses}) == 1
-    reports = emulator.reports()
-    assert sum(reports[r.headers["x-amzn-RequestId"]].cold for r in responses) == 1
+    assert sum(emulator.report(r.headers["x-amzn-RequestId"]).cold for r in responses) == 1
 
 
 def test_timeout_kills_the_instance_and_the_next_call_is_cold(emulator: Emulator) -> None:
@@ -63,12 +61,12 @@ def test_timeout_kills_the_instance_and_the_next_call_is_cold(emulator: Emulator
         "errorType": "Sandbox.Timedout",
         "errorMessage": f"{request_id} Task timed out after 1.00 seconds",
     }
-    assert emulator.reports()[request_id].fields["Status"] == "timeout"
+    assert emulator.report(request_id).fields["Status"] == "timeout"
     wait_for(lambda: not alive(pid))
     after = emulator.invoke("Short", orjson.dumps({"handler": "sleepy", "input": {"s": 0}}))
     assert after.status_code == 200 and "x-amz-function-error" not in after.headers
     assert after.json()["output"]["pid"] != pid
-    assert emulator.reports()[after.headers["x-amzn-RequestId"]].cold
+    assert emulator.report(after.headers["x-amzn-RequestId"]).cold
 
 
 def test_a_crashed_instance_is_replaced(emulator: Emulator) -> None:
@@ -91,12 +89,12 @@ def test_idle_instances_are_stopped(emulator: Emulator) -> None:
     wait_for(lambda: not alive(pid), timeout_s=10)
     cold = emulator.invoke("Capped", payload)
     assert cold.json()["output"]["pid"] != pid
-    assert emulator.reports()[cold.headers["x-amzn-RequestId"]].cold
+    assert emulator.report(cold.headers["x-amzn-RequestId"]).cold
 
 
 def test_report_lines_measure_the_process(emulator: Emulator) -> None:
     response = emulator.invoke("ThawFunction", orjson.dumps({"handler": "echo"}))
-    fields = emulator.reports()[response.headers["x-amzn-RequestId"]].fields
+    fields = emulator.report(response.headers["x-amzn-RequestId"]).fields
     assert fields["Memory Size"] == "256 MB"
     used_mb = int(fields["Max Memory Used"].removesuffix(" MB"))
     assert 10 < used_mb < 2048  # measured, not the configured size

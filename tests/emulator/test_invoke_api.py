@@ -82,6 +82,12 @@ def test_failed_event_invocation_is_retried_twice(emulator: Emulator, tmp_path: 
     )
     assert answer["StatusCode"] == 202
     wait_for(lambda: attempts.exists() and len(attempts.read_text().splitlines()) == 3)
+    # As on Lambda, every attempt runs under the request id the 202 gave.
+    request_id = answer["ResponseMetadata"]["RequestId"]
+    assert attempts.read_text().splitlines() == [request_id] * 3
+    wait_for(lambda: len([r for r in emulator.report_lines() if r.request_id == request_id]) == 3)
+    reports = [r for r in emulator.report_lines() if r.request_id == request_id]
+    assert [r.fields["Status"] for r in reports] == ["error"] * 3
 
 
 def test_function_error_is_flagged_unhandled(emulator: Emulator) -> None:

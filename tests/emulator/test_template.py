@@ -158,13 +158,13 @@ def test_local_wiring_wins_over_aws_wiring(tmp_path: Path) -> None:
         "THAW_STATE_DIR": str(tmp_path / "state"),
     }
     base, local = local_environment(environ)
-    env = instance_env(function, base, local, "127.0.0.1:9000/instances/abc")
+    env = instance_env(function, base, local, "127.0.0.1:9001")
     assert env["THAW_JOB_STORE"].startswith("sqlite:////")  # the laptop default, absolute
     assert env["THAW_BUNDLE_SOURCE"] == str(Path("bundles").resolve())
     assert env["THAW_STATE_DIR"] == str(tmp_path / "state")
     assert env["THAW_WAIT_S"] == "1"  # the shell's THAW_* override the template
     assert env["OVERRIDDEN"] == "function"
-    assert env["AWS_LAMBDA_RUNTIME_API"] == "127.0.0.1:9000/instances/abc"
+    assert env["AWS_LAMBDA_RUNTIME_API"] == "127.0.0.1:9001"
     assert env["AWS_LAMBDA_FUNCTION_NAME"] == "thaw-dev"
     assert env["AWS_LAMBDA_FUNCTION_MEMORY_SIZE"] == "3008"
     assert env["PATH"] == "/bin"
