@@ -31,3 +31,15 @@ def thaw_env(tmp_path: Path) -> dict[str, str]:
         }
     )
     return env
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Container image tests run last, and their image builds from the start of
+    the run, in the background (tests/deploy/conftest.py)."""
+    image = [item for item in items if item.get_closest_marker("image")]
+    if not image:
+        return
+    items[:] = [item for item in items if not item.get_closest_marker("image")] + image
+    from tests.deploy.conftest import start_preparing
+
+    start_preparing()

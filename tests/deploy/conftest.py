@@ -74,14 +74,41 @@ def record(name: str, value: Any) -> None:
     path.write_text(json.dumps(FIGURES, indent=2, default=str) + "\n")
 
 
-@pytest.fixture(scope="session")
-def engine() -> Iterator[Engine]:
-    """The tools, the stand-in base and the wheelhouse; skips where they cannot be had."""
+@dataclass
+class Prepared:
+    """What the session's image work produced: the engine and the two images, or
+    why the tools cannot run here."""
+
+    engine: Engine | None = None
+    images: dict[str, str] | None = None
+    skip_reason: str | None = None
+
+
+_PREPARING: concurrent.futures.Future[Prepared] | None = None
+
+
+def start_preparing() -> None:
+    """Start the tools, base, wheelhouse and both builds in the background now.
+
+    The root conftest calls this when the run has image tests, and runs those
+    last: a cold build (minutes, mostly waiting on the mirror, dpkg and pip)
+    then overlaps the rest of the suite instead of adding to it. The worker
+    thread is not a daemon: the run waits for it rather than leave a build
+    running behind it.
+    """
+    global _PREPARING
+    if _PREPARING is None:
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="image-prepare")
+        _PREPARING = pool.submit(_prepare)
+        pool.shutdown(wait=False)
+
+
+def _prepare() -> Prepared:
     started = time.monotonic()
     try:
         image_script.ensure_tools()
     except image_script.Unavailable as exc:
-        pytest.skip(f"container image tests: {exc}")
+        return Prepared(skip_reason=f"container image tests: {exc}")
     record("tools_s", round(time.monotonic() - started, 1))
     # The base (debootstrap: mostly waiting on the mirror and dpkg) and the wheelhouse
     # (pip download) need nothing of each other.
@@ -90,20 +117,10 @@ def engine() -> Iterator[Engine]:
         wheels = pool.submit(_timed, lambda: image_script.ensure_wheels()[1])
         record("base", base.result())
         record("wheelhouse", wheels.result())
-    found = Engine(image_script.engine_env())
-    found.remove_test_containers()  # a run that was killed may have left some
-    yield found
-    found.remove_test_containers()
-
-
-@pytest.fixture(scope="session")
-def built_images(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Dockerfile, and Dockerfile.gpu on the stand-in base, built from the checkout.
-
-    The two builds run side by side: each is mostly one busy thread (pip, then the
-    layer's commit), so on two cores this nearly halves a cold start. Then the
-    figure for a rebuild after a code change, timed alone.
-    """
+    engine = Engine(image_script.engine_env())
+    engine.remove_test_containers()  # a run that was killed may have left some
+    # Dockerfile, and Dockerfile.gpu on the stand-in base, side by side: each is
+    # mostly one busy thread (pip, then the layer's commit).
     builds = {
         TAG: (ROOT / "Dockerfile", []),
         GPU_TAG: (ROOT / "Dockerfile.gpu", [f"BASE_IMAGE={image_script.BASE_TAG}"]),
@@ -121,6 +138,31 @@ def built_images(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> di
         "gpu_stand_in_build",
         {"build_s": figures[GPU_TAG].build_s, "size_bytes": figures[GPU_TAG].size_bytes},
     )
+    return Prepared(engine=engine, images={"cpu": TAG, "gpu": GPU_TAG})
+
+
+def _prepared() -> Prepared:
+    start_preparing()  # when only some image tests were collected, as with -k
+    assert _PREPARING is not None
+    return _PREPARING.result()
+
+
+@pytest.fixture(scope="session")
+def engine() -> Iterator[Engine]:
+    """The tools, the stand-in base and the wheelhouse; skips where they cannot be had."""
+    prepared = _prepared()
+    if prepared.engine is None:
+        pytest.skip(prepared.skip_reason or "container image tests cannot run here")
+    yield prepared.engine
+    prepared.engine.remove_test_containers()
+
+
+@pytest.fixture(scope="session")
+def built_images(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Dockerfile, and Dockerfile.gpu on the stand-in base, built from the checkout;
+    then the figure for a rebuild after a code change, timed alone."""
+    images = _prepared().images
+    assert images is not None
     # A code change: a copy of the context with one handler edited. (Copies, not hard
     # links: the runtime refuses bundle files with more than one link.)
     context = tmp_path_factory.mktemp("context")
@@ -145,7 +187,7 @@ def built_images(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> di
     )
     if store.returncode == 0:
         record("image_store_bytes", int(store.stdout.split()[0]))
-    return {"cpu": TAG, "gpu": GPU_TAG}
+    return images
 
 
 @pytest.fixture(scope="session")

