@@ -28,7 +28,7 @@ MAX_TEXT_CHARS = 8192
 # grew by 111 MB on CPU; rounded up.
 PER_REQUEST_BYTES = 160 * 1024 * 1024
 
-# ~400 tokens: truncated to the model's maximum, so warm-up runs the largest shapes.
+# ~400 tokens: truncated to the model's maximum, so this warms the largest shapes.
 _LONG_TEXT = "Serverless inference keeps a model warm between requests, so callers wait less. " * 25
 
 
@@ -46,13 +46,17 @@ def build_minilm(
     return MiniLM(BertConfig.from_config(config), weights, files["tokenizer.json"], device)
 
 
-# Largest first: after a full batch frees its memory, the next request re-faults
-# it in; ending warm-up on the common small shape keeps that cost out of the first
-# real request (measured: up to 2x on a one-text request otherwise).
+# On a CPU the one-time costs of a request (the tokenizer's first encode, the
+# first forward pass's kernel and allocator set-up) are paid by the smallest
+# one: a full batch of long texts first costs within noise of its steady state
+# with or without warm-up (bench/RESULTS-warmup.md), and warming it took 1.7-2.2
+# s of every cold start. On an accelerator each large shape selects (and may
+# autotune) kernels on its first call: there the full batch is warmed too.
 @handler(
     "embed",
     uses=["minilm"],
-    warmup=[{"texts": [_LONG_TEXT] * MAX_TEXTS}, {"texts": ["hi"]}],
+    warmup=[{"texts": ["hi"]}],
+    accelerator_warmup=[{"texts": [_LONG_TEXT] * MAX_TEXTS}, {"texts": ["hi"]}],
 )
 def embed(event: dict[str, Any], minilm: MiniLM, ctx: Context) -> dict[str, Any]:
     """Embed up to 32 texts as 384-d unit vectors."""

@@ -39,23 +39,33 @@ _FIELDS = frozenset(
     {"prompt", "messages", "max_tokens", "stop", "temperature", "top_p", "top_k", "seed"}
 )
 
-# Over two prefill chunks (256 tokens each), so warm-up runs chunked prefill.
+# Over two prefill chunks (256 tokens each), so it runs chunked prefill.
 _LONG_PROMPT = "Thaw loads a model once and keeps it warm for the requests that follow. " * 40
-# Largest first, the common short request last (see handlers/embed.py).
+# On a CPU a first request pays nothing a short one does not: the builder already
+# touches every weight, and matmul and attention have no per-shape set-up here
+# (bench/RESULTS-warmup.md: long-prompt and 64-token first requests at 0.83-0.93x
+# of steady without warm-up). So the CPU warm-up is one greedy and one sampled
+# request of two tokens each, the paths (tokenizer, chat template, sampler, stop
+# strings) a first request would otherwise initialise. An accelerator adds the
+# large shapes, whose first calls select and autotune kernels: chunked prefill
+# of a long prompt, and 64 decode steps that grow the KV cache.
 _WARMUP: list[dict[str, Any]] = [
-    # Counting (top_k 1: sampled, yet deterministic) never stops early, so the KV cache
-    # grows for all 64 steps.
-    {"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 64, "temperature": 0.8, "top_k": 1},
-    {"messages": [{"role": "user", "content": _LONG_PROMPT + "Summarise."}], "max_tokens": 4},
+    {"prompt": "The capital of France is", "max_tokens": 2},
     {
         "messages": [{"role": "user", "content": "Name three colours."}],
-        "max_tokens": 8,
+        "max_tokens": 2,
         "temperature": 0.7,
         "top_p": 0.9,
         "top_k": 40,
         "seed": 0,
         "stop": ["\n\n"],
     },
+]
+_ACCELERATOR_WARMUP: list[dict[str, Any]] = [
+    # Counting (top_k 1: sampled, yet deterministic) never stops early, so the KV cache
+    # grows for all 64 steps.
+    {"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 64, "temperature": 0.8, "top_k": 1},
+    {"messages": [{"role": "user", "content": _LONG_PROMPT + "Summarise."}], "max_tokens": 4},
     {"prompt": "The capital of France is", "max_tokens": 4},
 ]
 
@@ -115,7 +125,7 @@ def _prompt_ids(fields: Mapping[str, Any], lm: ChatLM) -> tuple[str, list[int]]:
         raise InvalidInput("messages", str(exc)) from None
 
 
-@handler("generate", uses=["smollm2"], warmup=_WARMUP)
+@handler("generate", uses=["smollm2"], warmup=_WARMUP, accelerator_warmup=_ACCELERATOR_WARMUP)
 def generate(event: dict[str, Any], smollm2: ChatLM, ctx: Context) -> dict[str, Any]:
     """Complete a prompt or a chat; greedy by default, seeded sampling on request."""
     from handlers.models.llama import Sampling

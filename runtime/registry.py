@@ -14,6 +14,14 @@
 for examples that take a while to build (discovery runs before the server
 listens).
 
+Warm-up is the smallest set of inputs that pays each one-time cost of a path
+(kernel and allocator set-up, decoder plugins, tokenizer caches) before any
+request does; on a CPU that is a few milliseconds per path, and large inputs
+buy nothing. `accelerator_warmup` lists examples run only when the bundle
+loads onto an accelerator (CUDA), after `warmup`: there the first call of
+each large shape pays its own kernel selection and autotuning, so the large
+shapes a handler serves belong there.
+
 The decorators only attach a spec to the function; `discover()` imports the
 handler modules and collects the specs into a `Registry`. Handler modules must
 not import torch at module level (do it inside builders), so discovery stays
@@ -72,8 +80,17 @@ class HandlerSpec:
     fn: Callable[..., Any]
     uses: tuple[str, ...] = ()
     warmup: Sequence[dict[str, Any]] = ()
+    # Run after `warmup`, on an accelerator only (large shapes: autotuning per shape).
+    accelerator_warmup: Sequence[dict[str, Any]] = ()
     is_async: bool = False
     description: str = ""
+
+    def warmup_for(self, device: str) -> list[dict[str, Any]]:
+        """The examples a load onto `device` runs, in order."""
+        examples = list(self.warmup)
+        if not device.startswith("cpu"):
+            examples += self.accelerator_warmup
+        return examples
 
 
 def bundle(name: str) -> Callable[[F], F]:
@@ -93,11 +110,19 @@ def bundle(name: str) -> Callable[[F], F]:
     return decorate
 
 
+Examples = Iterable[dict[str, Any]] | Callable[[], Iterable[dict[str, Any]]]
+
+
+def _examples(given: Examples) -> Sequence[dict[str, Any]]:
+    return LazyExamples(given) if callable(given) else tuple(dict(w) for w in given)
+
+
 def handler(
     name: str,
     *,
     uses: Iterable[str] = (),
-    warmup: Iterable[dict[str, Any]] | Callable[[], Iterable[dict[str, Any]]] = (),
+    warmup: Examples = (),
+    accelerator_warmup: Examples = (),
 ) -> Callable[[F], F]:
     """Declare `fn(event, *models, ctx)` as handler `name`."""
 
@@ -113,7 +138,8 @@ def handler(
             name=name,
             fn=fn,
             uses=uses_t,
-            warmup=LazyExamples(warmup) if callable(warmup) else tuple(dict(w) for w in warmup),
+            warmup=_examples(warmup),
+            accelerator_warmup=_examples(accelerator_warmup),
             is_async=inspect.iscoroutinefunction(fn),
             description=(inspect.getdoc(fn) or "").split("\n")[0],
         )

@@ -71,13 +71,14 @@ def _free_port() -> int:
 class _Server:
     """A `thaw serve` child in its own process group, its output in a temp file."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix="thaw-coldstart-", suffix=".log")  # noqa: SIM115
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "runtime.cli.main", "serve", "--port", str(self.port)],
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -118,10 +119,12 @@ def _invoke(client: httpx.Client, url: str, body: bytes, wait_s: float) -> httpx
     )
 
 
-def measure(handler: str, event: Any, runs: int) -> dict[str, Any]:
+def measure(
+    handler: str, event: Any, runs: int, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Run the measurement; the server is stopped before this returns or raises."""
     body = orjson.dumps(event)
-    server = _Server()
+    server = _Server(env)
     try:
         healthy_ms = server.wait_healthy()
         # A fresh client: the first invocation pays its connection, as a real caller's does.
@@ -148,6 +151,7 @@ def measure(handler: str, event: Any, runs: int) -> dict[str, Any]:
         "pid": server.proc.pid,
         "process_start_to_healthy_ms": healthy_ms,
         "first_invocation_ms": first_ms,
+        "process_start_to_first_answer_ms": healthy_ms + first_ms,
         "phases_ms": {p: timings.get(p, 0.0) for p in PHASES},
         "phases_absent": [p for p in PHASES if p not in timings],
         "warm": {
@@ -156,6 +160,71 @@ def measure(handler: str, event: Any, runs: int) -> dict[str, Any]:
             "p99_ms": percentile(warm, 0.99),
         },
     }
+
+
+def measure_bare(handler: str, event: Any, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The bare script (runtime/cli/bare.py) in a fresh process: spawn -> its answer."""
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runtime.cli.bare", handler, orjson.dumps(event).decode()],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        line = proc.stdout.readline()  # printed as soon as the answer exists
+        answered_ms = (time.monotonic() - started) * 1000.0
+        errors = proc.stderr.read().decode(errors="replace")
+        proc.wait(60.0)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if proc.returncode != 0 or not line:
+        raise ThawError(f"the bare script failed (exit {proc.returncode}):\n{errors[-2000:]}")
+    result: dict[str, Any] = orjson.loads(line)
+    result["first_answer_ms"] = answered_ms
+    return result
+
+
+_BARE_STEPS = ("import_s", "load_s", "build_s", "run_s")
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def compare(
+    handler: str, event: Any, runs: int, repeat: int, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """`repeat` Thaw cold starts interleaved with as many bare scripts; medians and ratio."""
+    thaw: list[dict[str, Any]] = []
+    bare: list[dict[str, Any]] = []
+    for _ in range(max(1, repeat)):
+        thaw.append(measure(handler, event, runs, env))
+        bare.append(measure_bare(handler, event, env))
+    first = [t["process_start_to_first_answer_ms"] for t in thaw]
+    floor = [b["first_answer_ms"] for b in bare]
+    result = dict(
+        min(thaw, key=lambda t: abs(t["process_start_to_first_answer_ms"] - _median(first)))
+    )
+    result["repeat"] = len(thaw)
+    result["process_start_to_first_answer_ms"] = _median(first)
+    result["bare"] = {
+        "script": "python -m runtime.cli.bare (import, load, build, run once; no server)",
+        "first_answer_ms": _median(floor),
+        **{
+            k: _median([b[k] * 1000.0 for b in bare])
+            for k in ("import_s", "load_s", "build_s", "run_s")
+        },
+    }
+    result["ratio"] = result["process_start_to_first_answer_ms"] / result["bare"]["first_answer_ms"]
+    return result
 
 
 def render(result: dict[str, Any]) -> str:
@@ -173,10 +242,30 @@ def render(result: dict[str, Any]) -> str:
     lines.append(
         f"  warm x{warm['runs']:<4}  p50 {warm['p50_ms']:.1f} ms  p99 {warm['p99_ms']:.1f} ms"
     )
+    lines.append(
+        f"  process start -> first answer {result['process_start_to_first_answer_ms']:6.1f} ms"
+    )
+    bare = result.get("bare")
+    if bare is not None:
+        median = (
+            f" (medians of {result['repeat']} interleaved runs)" if result["repeat"] > 1 else ""
+        )
+        lines += [
+            f"bare script, same work in a fresh process{median}",
+            f"  process start -> first answer {bare['first_answer_ms']:6.1f} ms  (import "
+            f"{bare['import_s']:.1f}, load {bare['load_s']:.1f}, build {bare['build_s']:.1f}, "
+            f"run {bare['run_s']:.1f} ms)",
+            f"  thaw / bare               {result['ratio']:10.2f}x",
+        ]
     return "\n".join(lines)
 
 
-def run_coldstart(handler: str, event: Any, runs: int, as_json: bool) -> int:
-    result = measure(handler, event, max(0, runs))
+def run_coldstart(
+    handler: str, event: Any, runs: int, as_json: bool, bare: bool = False, repeat: int = 1
+) -> int:
+    if bare:
+        result = compare(handler, event, max(0, runs), repeat)
+    else:
+        result = measure(handler, event, max(0, runs))
     print(orjson.dumps(result).decode() if as_json else render(result))
     return 0

@@ -363,15 +363,18 @@ class Loader:
         )
 
     async def _warm(self, entry: Entry) -> None:
-        """Run every warm-up example of every handler that uses this bundle."""
+        """Run the warm-up examples of every handler that uses this bundle (with the
+        accelerator ones on an accelerator), before any of them is served."""
+        assert self.device is not None  # resolved before the weights were read
         for spec in self.registry.users_of(entry.name):
-            if not spec.warmup:
+            examples = spec.warmup_for(self.device)
+            if not examples:
                 continue
             models = [
                 entry.model if name == entry.name else await self.wait_built(name)
                 for name in spec.uses
             ]
-            for index, example in enumerate(spec.warmup):
+            for index, example in enumerate(examples):
                 ctx = Context(
                     request_id=f"warmup-{spec.name}-{index}", handler=spec.name, warmup=True
                 )

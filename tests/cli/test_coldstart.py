@@ -103,3 +103,44 @@ def test_percentile_is_nearest_rank() -> None:
     assert percentile(values, 0.5) == 50.0
     assert percentile(values, 0.99) == 99.0
     assert percentile([], 0.5) == 0.0
+
+
+def test_bare_comparison_runs_the_same_work_in_a_fresh_process(
+    thaw_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`--bare`: the handler's own builder and function, no server; same answer's work."""
+    bundles = tmp_path / "bundles"
+    make_bundle(bundles, "tiny", config={"sleep_s": 0.05, "warmup_sleep_s": 0.02})
+    env = {
+        **thaw_env,
+        "THAW_HANDLERS": "tests.handlers.slow_builder",
+        "THAW_BUNDLE_SOURCE": str(bundles),
+    }
+    result = coldstart(env, "predict", "--runs", "2", "--bare", "--repeat", "2")
+    bare = result["bare"]
+    assert result["repeat"] == 2
+    assert bare["build_s"] >= 50  # the same builder ran (ms; it sleeps 0.05 s)
+    assert bare["first_answer_ms"] > bare["import_s"] + bare["load_s"] + bare["build_s"]
+    first = result["process_start_to_first_answer_ms"]
+    assert result["ratio"] == pytest.approx(first / bare["first_answer_ms"])
+    # Without --event the handler's first warm-up example is the request.
+    assert result["phases_ms"]["warmup"] > 0
+
+
+def test_the_bare_script_answers_like_the_handler(thaw_env: dict[str, str]) -> None:
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **thaw_env,
+        "THAW_HANDLERS": "handlers.tempconv",
+        "THAW_BUNDLE_SOURCE": str(root / "bundles"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime.cli.bare", "fahrenheit", '{"celsius": [100]}'],
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    result = orjson.loads(done.stdout)
+    assert result["output"] == {"fahrenheit": [pytest.approx(212.0)]}
+    assert all(result[step] >= 0 for step in ("import_s", "load_s", "build_s", "run_s"))

@@ -91,15 +91,22 @@ def test_jpeg_variants(efficientnet: ImageClassifier) -> None:
 
 
 def test_every_warmup_example_runs(efficientnet: ImageClassifier) -> None:
+    """CPU warm-up: a PNG with alpha and a JPEG (each decoder's first image, the first
+    forward pass); the accelerator adds large and grayscale shapes."""
     spec = discover(["handlers.classify"]).handler("classify")
+    images = [Image.open(io.BytesIO(base64.b64decode(e["image"]))) for e in spec.warmup]
+    assert {i.format for i in images} == {"PNG", "JPEG"} and "RGBA" in {i.mode for i in images}
+    accelerated = spec.warmup_for("cuda")
+    assert accelerated[: len(spec.warmup)] == list(spec.warmup)
     modes = set()
-    for example in spec.warmup:
+    for example in accelerated:
         image = Image.open(io.BytesIO(base64.b64decode(example["image"])))
         modes.add(image.mode)
         labels(efficientnet, example["image"], example.get("top_k", 5))
     assert {"RGB", "L", "RGBA"} <= modes
-    sizes = [Image.open(io.BytesIO(base64.b64decode(e["image"]))).size for e in spec.warmup]
+    sizes = [Image.open(io.BytesIO(base64.b64decode(e["image"]))).size for e in accelerated]
     assert min(w * h for w, h in sizes) < 224 * 224 < max(w * h for w, h in sizes)
+    assert spec.warmup_for("cpu") == list(spec.warmup)
 
 
 def _too_many_pixels() -> str:

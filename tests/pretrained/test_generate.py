@@ -107,16 +107,21 @@ def test_max_tokens_gives_length(smollm2: ChatLM) -> None:
 
 
 def test_every_warmup_example_runs_its_path(smollm2: ChatLM) -> None:
+    """CPU: one greedy and one sampled short request. Accelerator: also chunked
+    prefill of a long prompt and a 64-step decode that grows the KV cache."""
     spec = discover(["handlers.generate"]).handler("generate")
-    outputs = [run(smollm2, **example) for example in spec.warmup]
+    cpu = spec.warmup_for("cpu")
+    assert any(e.get("temperature", 0) > 0 and "top_p" in e and "stop" in e for e in cpu)
+    assert any(e.get("temperature", 0) == 0 for e in cpu)
+    assert all(e["max_tokens"] <= 4 for e in cpu)
+    examples = spec.warmup_for("cuda")
+    outputs = [run(smollm2, **example) for example in examples]
     prompt_tokens = [o["usage"]["prompt_tokens"] for o in outputs]
     chunk = smollm2.model.cfg.prefill_chunk_tokens
     assert min(prompt_tokens) < chunk < 2 * chunk < max(prompt_tokens)  # short and long prefill
-    assert any(e.get("temperature", 0) > 0 and "top_p" in e for e in spec.warmup)
-    assert any(e.get("temperature", 0) == 0 for e in spec.warmup)
     # The long generation really grows the cache for every step it asks for.
-    longest = max(spec.warmup, key=lambda e: e.get("max_tokens", 0))
-    out = outputs[spec.warmup.index(longest)]
+    longest = max(examples, key=lambda e: e.get("max_tokens", 0))
+    out = outputs[examples.index(longest)]
     assert out["finish_reason"] == "length"
     assert out["usage"]["completion_tokens"] == longest["max_tokens"] >= 64
 

@@ -1,0 +1,93 @@
+"""Warm-up: every declared path is warm before any request is served, the
+accelerator's examples run on an accelerator only, and nothing of the
+framework is loaded before a model is asked for."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.dispatch.dispatcher import Completed
+from runtime.instance import Instance
+from runtime.registry import discover
+from runtime.settings import Settings
+from tests.support import make_bundle
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def settings_for(tmp_path: Path, **overrides: Any) -> Settings:
+    make_bundle(tmp_path / "bundles", "paths")
+    values: dict[str, Any] = {
+        "bundle_source": str(tmp_path / "bundles"),
+        "cache_dir": str(tmp_path / "cache"),
+        "state_dir": str(tmp_path / "state"),
+        "job_store": f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
+        "handlers": ("tests.handlers.warmed",),
+        **overrides,
+    }
+    return Settings(**values)
+
+
+async def test_every_declared_path_is_warm_before_the_first_request_is_served(
+    tmp_path: Path,
+) -> None:
+    settings = settings_for(tmp_path)
+    instance = Instance.create(settings, discover(settings.handlers))
+    await instance.start()
+    try:
+        # Requests arrive together with the load they trigger; none may run first.
+        outcomes = await asyncio.gather(
+            *(
+                instance.dispatcher.invoke(
+                    "paths", {"path": "real"}, wait_s=60.0, request_id=f"r{i}"
+                )
+                for i in range(4)
+            )
+        )
+        assert all(isinstance(o, Completed) for o in outcomes)
+        calls = instance.cache.entries["paths"].model.calls
+        warmups = [path for request_id, path in calls if request_id.startswith("warmup-")]
+        assert warmups == ["small", "sampled"]  # on the CPU: no accelerator example
+        first_real = next(i for i, (rid, _) in enumerate(calls) if not rid.startswith("warmup"))
+        assert first_real == len(warmups), calls
+    finally:
+        await instance.stop()
+
+
+def test_accelerator_examples_follow_the_cpu_ones_on_an_accelerator_only() -> None:
+    spec = discover(["tests.handlers.warmed"]).handler("paths")
+    assert [e["path"] for e in spec.warmup_for("cpu")] == ["small", "sampled"]
+    assert [e["path"] for e in spec.warmup_for("cuda")] == ["small", "sampled", "large"]
+    assert [e["path"] for e in spec.warmup_for("cuda:1")] == ["small", "sampled", "large"]
+
+
+@pytest.mark.gpu
+async def test_a_load_onto_cuda_runs_the_accelerator_warmup_too(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device (runs on a device machine)")
+    settings = settings_for(tmp_path, device="cuda")
+    instance = Instance.create(settings, discover(settings.handlers))
+    await instance.start()
+    try:
+        outcome = await instance.dispatcher.invoke(
+            "paths", {"path": "real"}, wait_s=120.0, request_id="r"
+        )
+        assert isinstance(outcome, Completed)
+        calls = instance.cache.entries["paths"].model.calls
+        assert [p for rid, p in calls if rid.startswith("warmup-")] == [
+            "small",
+            "sampled",
+            "large",
+        ]
+    finally:
+        await instance.stop()
