@@ -6,7 +6,7 @@ Each cycle starts a server on the same state dir and SQLite file (lease 600 s,
 so nothing here waits for a lease), sends a seeded random mix for a random
 time, then SIGKILLs its process group wherever it is: in a job's creation, its
 run, its outcome's write, a sync call, a start-up reclaim. The mix: fast,
-slow and failing jobs (`POST /jobs/logged`), and sync calls, fast ones that
+slow and failing jobs (`POST /handlers/logged/jobs`), and sync calls, fast ones that
 answer 200 and slow ones past their `Prefer: wait` that turn into jobs (202).
 After the last cycle one more server runs until every job is final.
 
@@ -52,9 +52,9 @@ from bench.common import Proc, fmt_s, free_port, request, runtime_env, thaw_serv
 FINAL = ("succeeded", "failed", "cancelled")
 # kind -> (weight, path, event without its tag, Prefer header, expected final status)
 KINDS: dict[str, tuple[float, str, dict[str, Any], str | None, str]] = {
-    "fast-job": (0.30, "/jobs/logged", {"s": 0.0}, None, "succeeded"),
-    "slow-job": (0.20, "/jobs/logged", {"s": 0.8}, None, "succeeded"),
-    "failing-job": (0.15, "/jobs/logged", {"s": 0.1, "fail": True}, None, "failed"),
+    "fast-job": (0.30, "/handlers/logged/jobs", {"s": 0.0}, None, "succeeded"),
+    "slow-job": (0.20, "/handlers/logged/jobs", {"s": 0.8}, None, "succeeded"),
+    "failing-job": (0.15, "/handlers/logged/jobs", {"s": 0.1, "fail": True}, None, "failed"),
     "fast-sync": (0.25, "/invoke/logged", {"s": 0.01}, "wait=5", "succeeded"),
     "slow-sync": (0.10, "/invoke/logged", {"s": 1.0}, "wait=0.3", "succeeded"),
 }

@@ -63,7 +63,7 @@ class Kind:
 KINDS = [
     Kind("echo", 38, 200, "POST", "/invoke/echo", b'{"text": "hello", "n": [1, 2, 3]}'),
     Kind("fahrenheit", 20, 200, "POST", "/invoke/fahrenheit", b'{"celsius": [0, 37.5, 100]}'),
-    Kind("async job", 2, 202, "POST", "/jobs/echo", b'{"job": true}'),
+    Kind("async job", 2, 202, "POST", "/handlers/echo/jobs", b'{"job": true}'),
     Kind("bad JSON", 8, 400, "POST", "/invoke/echo", b'{"text": "unterminated'),
     Kind("unknown handler", 8, 404, "POST", "/invoke/no-such-handler", b"{}"),
     Kind("bad Prefer", 8, 400, "POST", "/invoke/echo", b"{}", {"Prefer": "wait=soon"}),

@@ -12,6 +12,7 @@ import os
 import sys
 
 from runtime.errors import ThawError
+from runtime.render import cli_exit_code, cli_line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,8 +28,8 @@ def main(argv: list[str] | None = None) -> int:
             host="0.0.0.0", port=int(os.environ.get("PORT") or 8080), insecure="--insecure" in args
         )
     except ThawError as exc:
-        print(f"thaw: error: {exc.message}", file=sys.stderr)
-        return 2 if exc.status < 500 else 1
+        print(cli_line(exc), file=sys.stderr)
+        return cli_exit_code(exc)
 
 
 if __name__ == "__main__":

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import logging
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Any
+
+# The ClientContext of the Lambda invocation being served, decoded (None: none).
+# Set by the Lambda loop (runtime/aws/lambda_loop.py) around the in-process
+# request it makes of the app, which runs in the loop's own task: no HTTP header
+# carries it, so no HTTP caller can set it, as on Lambda, where only an Invoke
+# API call has one (a Function URL request has none).
+CLIENT_CONTEXT: ContextVar[Any] = ContextVar("thaw_client_context", default=None)
 
 
 # Slotted, not frozen: one is built per request, and a frozen dataclass's
 # __init__ sets each field through object.__setattr__.
 @dataclass(slots=True)
 class Context:
-    """Request id, deadline and a logger for one invocation."""
+    """Request id, deadline and a logger for one invocation, and the caller's client context."""
 
     request_id: str
     handler: str
@@ -19,6 +28,11 @@ class Context:
     deadline_at: float | None = None
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("thaw.handler"))
     warmup: bool = False
+    # What the caller sent as Lambda's ClientContext (the Invoke API's
+    # X-Amz-Client-Context, handed on by the Runtime API and `CLIENT_CONTEXT`),
+    # decoded: as a rule an object, e.g. {"custom": {...}, "env": {...}}. None
+    # when there is none (always over HTTP). Caller data, as untrusted as the event.
+    client_context: Any = None
 
     def remaining_s(self) -> float | None:
         """Seconds left before the caller's deadline (None when there is none)."""

@@ -7,7 +7,7 @@
     │   ├── InvalidInput           400 invalid-input   (a handler rejects its event)
     │   ├── InvalidPrefer          400 invalid-prefer
     │   └── InvalidEvent           400 invalid-event   (a Lambda event of no known shape)
-    ├── Unauthorized               401 unauthorized
+    ├── Unauthorized               401 unauthorized    (WWW-Authenticate)
     ├── MethodNotAllowed           405 method-not-allowed (Allow)
     ├── RequestTimeout             408 request-timeout (a body not received in time)
     ├── NotFound                   404 not-found
@@ -15,6 +15,7 @@
     │   ├── UnknownBundle          404 unknown-bundle
     │   └── UnknownJob             404 unknown-job
     ├── Conflict                   409 conflict
+    │   └── Cancelled              409 cancelled       (a job its client cancelled)
     ├── PayloadTooLarge            413 payload-too-large
     ├── QueueFull                  429 queue-full      (Retry-After)
     ├── HandlerError               500 handler-error   (user code raised)
@@ -22,18 +23,23 @@
     │   └── InvalidOutput          500 invalid-output  (not JSON, or a non-finite number)
     ├── BundleError                500 bundle-invalid  (manifest or layout defect)
     │   └── IntegrityError         500 integrity       (size or sha256 mismatch)
-    ├── LoadFailed                 503 load-failed     (a load failed; retried after back-off)
-    ├── Unavailable                503 unavailable
-    │   ├── Draining               503 drained
-    │   ├── InsufficientMemory     503 insufficient-memory
-    │   ├── StorageUnavailable     503 storage-unavailable (the job store cannot write)
-    │   └── Overloaded             503 overloaded      (too many request bytes buffered)
-    └── Cancelled                  409 cancelled
+    ├── WorkerLost                 500 worker-lost     (a job's instance died, attempts used up)
+    └── Unavailable                503 unavailable
+        ├── LoadFailed             503 load-failed     (a load failed; retried after back-off)
+        ├── Draining               503 drained         (retryable: submit it again)
+        ├── InsufficientMemory     503 insufficient-memory
+        ├── StorageUnavailable     503 storage-unavailable (the job store cannot write)
+        └── Overloaded             503 overloaded      (too many request bytes buffered)
 
-Each class knows its HTTP status, its problem type slug and its title. The slug
-is also a job's `error.type` and the Lambda `errorType`, so one name follows an
-error through every surface. Foreign errors are translated once, at the
-boundary where they are caught, with `raise ... from exc`.
+Each class knows its HTTP status, its problem type slug and its title (a test
+checks this drawing against the classes). The slug is also a job's
+`error.type`, the Lambda `errorType` and the CLI's, so one name follows an
+error through every surface (on Lambda, an exception of a handler's own code
+is named by its class instead, as AWS's Python runtime names it);
+runtime/render.py is the one place an error becomes a problem, a job error, a
+Lambda error or a CLI line. Job-only errors are classes too: `Cancelled`,
+`WorkerLost`, and `Draining` for work a drain cut off. Foreign errors are translated once,
+at the boundary where they are caught, with `raise ... from exc`.
 """
 
 from __future__ import annotations
@@ -47,29 +53,16 @@ class ThawError(Exception):
     status: ClassVar[int] = 500
     slug: ClassVar[str] = "internal"
     title: ClassVar[str] = "Internal error"
+    # Sending the same request again may succeed (a job error says so).
+    retryable: ClassVar[bool] = False
 
     def __init__(self, message: str, **extra: Any) -> None:
         super().__init__(message)
         self.message = message
+        # Fields added to the problem details (e.g. `limit_bytes`, `handler`).
         self.extra = extra
         # Seconds a client should wait before retrying; rendered as Retry-After.
         self.retry_after_s: float | None = extra.pop("retry_after_s", None)
-
-    def to_problem(self, instance: str | None = None) -> dict[str, Any]:
-        """RFC 9457 problem details."""
-        problem: dict[str, Any] = {
-            "type": f"https://thaw.dev/problems/{self.slug}",
-            "title": self.title,
-            "status": self.status,
-            "detail": self.message,
-        }
-        if instance:
-            problem["instance"] = instance
-        problem.update(self.extra)
-        return problem
-
-    def to_job_error(self) -> dict[str, str]:
-        return {"type": self.slug, "message": self.message}
 
 
 class ConfigError(ThawError):
@@ -242,6 +235,13 @@ class IntegrityError(BundleError):
     title = "Bundle integrity check failed"
 
 
+class WorkerLost(ThawError):
+    """A job's instance stopped (died, timed out) and its attempts are used up."""
+
+    slug = "worker-lost"
+    title = "Worker lost"
+
+
 class Unavailable(ThawError):
     """The service cannot take this request now."""
 
@@ -258,10 +258,12 @@ class LoadFailed(Unavailable):
 
 
 class Draining(Unavailable):
-    """The instance is draining and takes no new work."""
+    """The instance is draining: new work is refused, and work cut off by the end
+    of the grace (a waiting caller, a job) ends with this error."""
 
     slug = "drained"
     title = "Draining"
+    retryable = True
 
 
 class InsufficientMemory(Unavailable):

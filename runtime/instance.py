@@ -15,6 +15,7 @@ import asyncio
 import logging
 import secrets
 import socket
+import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from runtime.bundles.sources import open_source
 from runtime.dispatch.calls import Caller
 from runtime.dispatch.dispatcher import Dispatcher
 from runtime.health import Health
-from runtime.jobs.manager import JobManager
+from runtime.jobs.manager import JobManager, JobRunner
 from runtime.jobs.store import DeferredStore
 from runtime.metrics import Metrics
 from runtime.models.cache import ModelCache
@@ -63,7 +64,15 @@ class Instance:
     _drain: asyncio.Task[None] | None = None
 
     @classmethod
-    def create(cls, settings: Settings, registry: Registry | None = None) -> Instance:
+    def create(
+        cls,
+        settings: Settings,
+        registry: Registry | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> Instance:
+        """`clock` is the model cache's (last use, back-off, reload cost): a seam for
+        tests that step past a back-off instead of sleeping through it."""
         registry = registry if registry is not None else discover(settings.handlers)
         metrics = Metrics()
         health = Health()
@@ -86,18 +95,23 @@ class Instance:
             pinned=settings.prewarm,
             limits=PhaseLimits(stall_s=settings.phase_stall_s),
             health=health,
+            clock=clock,
         )
         store = DeferredStore(settings.job_store, ttl_s=settings.job_ttl_s)
         instance_id = f"{socket.gethostname()}-{secrets.token_hex(4)}"
-        jobs = JobManager(
-            store,
-            owner=instance_id,
-            lease_s=settings.job_lease_s,
-            max_attempts=settings.job_max_attempts,
-            metrics=metrics,
-            health=health,
-            owners_dir=settings.state_path / "owners",
-        )
+
+        def jobs(runner: JobRunner) -> JobManager:
+            return JobManager(
+                store,
+                owner=instance_id,
+                lease_s=settings.job_lease_s,
+                max_attempts=settings.job_max_attempts,
+                metrics=metrics,
+                health=health,
+                owners_dir=settings.state_path / "owners",
+                runner=runner,
+            )
+
         dispatcher = Dispatcher(
             settings=settings,
             registry=registry,
@@ -115,7 +129,7 @@ class Instance:
             estimator,
             cache,
             store,
-            jobs,
+            dispatcher.jobs,
             dispatcher,
             caller,
             health,

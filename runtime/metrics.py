@@ -1,12 +1,40 @@
-"""Prometheus metrics, one registry per runtime instance (tests run several)."""
+"""Prometheus metrics, one registry per runtime instance (tests run several).
+
+What every request updates is kept as plain numbers (`HandlerStats`,
+`RequestStats`, `Buckets`) and turned into metric families at scrape time:
+prometheus_client's Counter and Histogram take a lock per update, and the
+warm path would pay several per request. Updates and scrapes both run on the
+event loop, so nothing here needs a lock.
+
+    thaw_invocations_total{handler,outcome}        sync (200), async (202), client_error (4xx:
+                                                   the caller's request was refused), error
+                                                   (5xx: the handler or the runtime failed),
+                                                   throttled (429)
+    thaw_run_seconds{handler}                      the handler's own run time
+    thaw_queue_wait_seconds{handler}               admission to the start of its run, load
+                                                   time excluded (Server-Timing's `queue`)
+    thaw_http_request_duration_seconds{method,route,status}
+                                                   first byte in to last byte out, per route
+                                                   template (never the raw path)
+    thaw_estimate_error_seconds{bundle,direction}  |actual - estimated| load seconds
+    process_*                                      the process collector (CPU, memory, fds)
+"""
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from itertools import accumulate
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -14,23 +42,71 @@ from prometheus_client.utils import floatToGoString
 _LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _RUN_BUCKETS = Histogram.DEFAULT_BUCKETS  # ends with +Inf
 _RUN_LE = [floatToGoString(b) for b in _RUN_BUCKETS]  # type: ignore[no-untyped-call]
-OUTCOMES = ("sync", "async", "error", "throttled")
+# From a warm no-op (about a millisecond) to a long-poll's 60 s and past it.
+REQUEST_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    math.inf,
+)
+# Magnitudes: a histogram with negative buckets may not expose `_sum` (OpenMetrics),
+# as a sum of signed values is no counter; the sign is the `direction` label.
+_ESTIMATE_BUCKETS = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 60.0, 120.0, 300.0, math.inf)
+OUTCOMES = ("sync", "async", "client_error", "error", "throttled")
+# The route label of a request no route matched (404), or refused before routing (401).
+UNMATCHED = "(unmatched)"
+# Methods labelled as they are; any other (a client may send any token) is "other",
+# so a client cannot grow the label set.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"})
+
+
+def _le(bounds: Sequence[float]) -> list[str]:
+    return [floatToGoString(b) for b in bounds]  # type: ignore[no-untyped-call]
+
+
+class Buckets:
+    """One histogram series as plain numbers: a count per bucket and the sum."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * len(bounds)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.sum += value
+        # The first bucket whose bound is >= value (the last bound is +Inf).
+        self.counts[bisect_left(self.bounds, value)] += 1
+
+    def cumulative(self, le: Sequence[str]) -> list[tuple[str, float]]:
+        return list(zip(le, accumulate(self.counts), strict=True))
 
 
 class HandlerStats:
-    """One handler's invocations by outcome and its run-time histogram, as plain numbers.
+    """One handler's invocations by outcome, run-time and queue-wait histograms."""
 
-    Every request updates these on the event loop; prometheus_client's Counter
-    and Histogram would take a lock per update, four per request. They are
-    read at scrape time (`_HandlerCollector`), also on the loop.
-    """
-
-    __slots__ = ("outcomes", "run_counts", "run_sum")
+    __slots__ = ("outcomes", "queue_counts", "queue_sum", "run_counts", "run_sum")
 
     def __init__(self) -> None:
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
         self.run_counts = [0] * len(_RUN_BUCKETS)
         self.run_sum = 0.0
+        self.queue_counts = [0] * len(_RUN_BUCKETS)
+        self.queue_sum = 0.0
 
     def count(self, outcome: str) -> None:
         self.outcomes[outcome] += 1
@@ -40,25 +116,112 @@ class HandlerStats:
         # The first bucket whose bound is >= seconds (the last bound is +Inf).
         self.run_counts[bisect_left(_RUN_BUCKETS, seconds)] += 1
 
+    def observe_queue(self, seconds: float) -> None:
+        self.queue_sum += seconds
+        self.queue_counts[bisect_left(_RUN_BUCKETS, seconds)] += 1
 
-class _HandlerCollector(Collector):
-    def __init__(self, stats: dict[str, HandlerStats]) -> None:
-        self._stats = stats
+
+class RequestStats:
+    """End-to-end request durations by (method, route template, status)."""
+
+    __slots__ = ("series",)
+
+    def __init__(self) -> None:
+        self.series: dict[tuple[str, str, int], Buckets] = {}
+
+    def observe(self, method: str, route: str, status: int, seconds: float) -> None:
+        key = (method if method in METHODS else "other", route, status)
+        found = self.series.get(key)
+        if found is None:
+            found = self.series[key] = Buckets(REQUEST_BUCKETS)
+        # Buckets.observe, inline: this runs for every request.
+        found.sum += seconds
+        found.counts[bisect_left(REQUEST_BUCKETS, seconds)] += 1
+
+
+class EstimateError:
+    """Actual minus estimated load seconds, per bundle: `labels(bundle).observe(error)`.
+
+    Kept as two magnitude histograms (direction `optimistic`: the load took
+    longer than estimated; `pessimistic`: shorter), so each has a `_sum` and a
+    `_count` that only grow. The mean signed error is
+    (sum{optimistic} - sum{pessimistic}) / (count{optimistic} + count{pessimistic}).
+    """
+
+    def __init__(self) -> None:
+        self.series: dict[tuple[str, str], Buckets] = {}
+
+    def labels(self, bundle: str) -> _SignedError:
+        return _SignedError(self, bundle)
+
+    def _observe(self, bundle: str, error_s: float) -> None:
+        key = (bundle, "optimistic" if error_s > 0 else "pessimistic")
+        found = self.series.get(key)
+        if found is None:
+            found = self.series[key] = Buckets(_ESTIMATE_BUCKETS)
+        found.observe(abs(error_s))
+
+
+class _SignedError:
+    __slots__ = ("_bundle", "_owner")
+
+    def __init__(self, owner: EstimateError, bundle: str) -> None:
+        self._owner = owner
+        self._bundle = bundle
+
+    def observe(self, error_s: float) -> None:
+        self._owner._observe(self._bundle, error_s)
+
+
+class _Collector(Collector):
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
+        metrics = self._metrics
         invocations = CounterMetricFamily(
             "thaw_invocations",
-            "Invocations by outcome: sync (200), async (202), error, throttled (429).",
+            "Invocations by outcome: sync (200), async (202), client_error (4xx), "
+            "error (5xx), throttled (429).",
             labels=["handler", "outcome"],
         )
         run = HistogramMetricFamily("thaw_run_seconds", "Handler run seconds.", labels=["handler"])
-        for name, stats in list(self._stats.items()):
+        queue = HistogramMetricFamily(
+            "thaw_queue_wait_seconds",
+            "Seconds from admission to the start of the handler's run, load time excluded.",
+            labels=["handler"],
+        )
+        for name, stats in list(metrics.handlers.items()):
             for outcome, n in stats.outcomes.items():
                 invocations.add_metric([name, outcome], n)
             cumulative = list(accumulate(stats.run_counts))
             run.add_metric([name], list(zip(_RUN_LE, cumulative, strict=True)), stats.run_sum)
+            waited = list(accumulate(stats.queue_counts))
+            queue.add_metric([name], list(zip(_RUN_LE, waited, strict=True)), stats.queue_sum)
         yield invocations
         yield run
+        yield queue
+        requests = HistogramMetricFamily(
+            "thaw_http_request_duration_seconds",
+            "HTTP requests from their first byte in to their last byte out, by route template.",
+            labels=["method", "route", "status"],
+        )
+        request_le = _le(REQUEST_BUCKETS)
+        for (method, route, status), buckets in sorted(metrics.requests.series.items()):
+            requests.add_metric(
+                [method, route, str(status)], buckets.cumulative(request_le), buckets.sum
+            )
+        yield requests
+        error = HistogramMetricFamily(
+            "thaw_estimate_error_seconds",
+            "Magnitude of actual minus estimated load seconds; direction optimistic: the "
+            "load took longer than estimated, pessimistic: shorter.",
+            labels=["bundle", "direction"],
+        )
+        error_le = _le(_ESTIMATE_BUCKETS)
+        for (bundle, direction), buckets in sorted(metrics.estimate_error_seconds.series.items()):
+            error.add_metric([bundle, direction], buckets.cumulative(error_le), buckets.sum)
+        yield error
 
 
 class Metrics:
@@ -72,7 +235,9 @@ class Metrics:
             registry=self.registry,
         )
         self.handlers: dict[str, HandlerStats] = {}
-        self.registry.register(_HandlerCollector(self.handlers))
+        self.requests = RequestStats()
+        self.estimate_error_seconds = EstimateError()
+        self.registry.register(_Collector(self))
         self.cache_events = Counter(
             "thaw_cache_events",
             "Model cache hits, misses (a load was needed) and evictions.",
@@ -91,18 +256,14 @@ class Metrics:
             ["status"],
             registry=self.registry,
         )
-        self.estimate_error_seconds = Histogram(
-            "thaw_estimate_error_seconds",
-            "Actual minus estimated load seconds (positive: the estimate was optimistic).",
-            ["bundle"],
-            buckets=(-30, -10, -3, -1, -0.3, -0.1, 0, 0.1, 0.3, 1, 3, 10, 30),
-            registry=self.registry,
-        )
         self.resident_bytes = Gauge(
             "thaw_memory_reserved_bytes",
             "Bytes reserved in the memory budget (weights plus admitted requests).",
             registry=self.registry,
         )
+        # CPU seconds, resident and virtual memory, open fds, start time: read
+        # from /proc at scrape time (absent where there is no /proc).
+        ProcessCollector(registry=self.registry)
 
     def handler(self, name: str) -> HandlerStats:
         found = self.handlers.get(name)

@@ -3,8 +3,9 @@
 Run with `make demo` (which sets up .venv first). It starts a real `thaw serve`
 on 127.0.0.1, sends each shipped handler one cold invocation (the first with a
 short deadline, so it is answered 202 with a job that is then polled) and one
-warm invocation, printing phase times from the Server-Timing header, and
-stops the server with a drain.
+warm invocation, printing phase times from the Server-Timing header; then
+submits one job (`POST /handlers/{handler}/jobs`, always 202) and polls it at
+its Location, and stops the server with a drain.
 """
 
 from __future__ import annotations
@@ -134,7 +135,9 @@ def main() -> int:
                         f"   202 in {took_ms:.0f} ms: job {job['id']} ({job['status']}, "
                         f"phase {job['phase']}), Retry-After {response.headers['retry-after']} s"
                     )
-                    final = client.get(f"/jobs/{job['id']}", params={"wait": 60}).json()
+                    # The 202's Location is the job's poll (GET /jobs/{id}).
+                    poll = response.headers["location"]
+                    final = client.get(poll, params={"wait": 60}).json()
                     print(f"   polled: {final['status']} -> {summary(final.get('output'))}")
                     model = next(
                         m for m in client.get("/models").json()["models"] if m["name"] == _bundle
@@ -153,6 +156,13 @@ def main() -> int:
                 warm.raise_for_status()
                 print(f"== {name}: warm invocation -> {warm.status_code} in {took_ms:.1f} ms")
                 print(f"   Server-Timing: {phases(warm.headers['server-timing'])}")
+            print(f"\n== {name}: submitted as a job (POST /handlers/{name}/jobs)")
+            submitted = client.post(f"/handlers/{name}/jobs", json=event)
+            submitted.raise_for_status()
+            poll = submitted.headers["location"]
+            print(f"   {submitted.status_code}, Location {poll}")
+            final = client.get(poll, params={"wait": 60}).json()
+            print(f"   polled: {final['status']} -> {summary(final.get('output'))}")
     finally:
         server.send_signal(signal.SIGTERM)
         code = server.wait(60)

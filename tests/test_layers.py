@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("runtime.registry", "runtime.context"),  # the handler API
     ("runtime.outputs", "runtime.health", "runtime.process"),
     ("runtime.settings", "runtime.metrics", "runtime.logs"),
+    ("runtime.render",),  # an error as every surface shows it
     ("runtime.errors",),
 )
 

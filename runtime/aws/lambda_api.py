@@ -6,77 +6,21 @@
     POST /runtime/init/error                     same, then the process exits
 
 `AWS_LAMBDA_RUNTIME_API` is a plain `host:port`, on Lambda and under `thaw
-emulate` alike (the emulator gives every instance a listener of its own), and
+emulate` alike (the emulator gives every sandbox a listener of its own), and
 URLs are built by appending the API's paths to it.
 """
 
 from __future__ import annotations
 
-import os
-import sysconfig
-import traceback
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import httpx
 import orjson
 
+from runtime.render import LambdaError
+
 VERSION = "2018-06-01"
 ERROR_TYPE_HEADER = "Lambda-Runtime-Function-Error-Type"
-_RUNTIME_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
-_PATHS = sysconfig.get_paths()
-_STDLIB = _PATHS["stdlib"] + os.sep
-# site-packages may sit inside the stdlib dir, and the image may install user handlers there.
-_SITE = tuple({_PATHS["purelib"] + os.sep, _PATHS["platlib"] + os.sep})
-
-
-def _hidden(filename: str) -> bool:
-    """The runtime's own frames and the standard library's (importlib around an import)."""
-    if filename.startswith((_RUNTIME_DIR, "<frozen")):
-        return True
-    return filename.startswith(_STDLIB) and not filename.startswith(_SITE)
-
-
-@dataclass(frozen=True)
-class LambdaError:
-    """The error payload of the Runtime API; `type` is the problem slug."""
-
-    type: str
-    message: str
-    stack_trace: list[str] = field(default_factory=list)
-
-    def payload(self) -> bytes:
-        return orjson.dumps(
-            {"errorType": self.type, "errorMessage": self.message, "stackTrace": self.stack_trace}
-        )
-
-
-class FunctionError(Exception):
-    """An invocation ends in a Lambda error rather than a response."""
-
-    def __init__(self, error: LambdaError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
-def user_frames(exc: BaseException) -> list[str]:
-    """Frames of `exc` (and what caused it) outside the runtime and the standard library.
-
-    Like awslambdaric, a trace shows the user's code only: the runtime's own
-    frames are noise to whoever reads a failed invocation.
-    """
-    frames: list[traceback.FrameSummary] = []
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        frames = [
-            frame
-            for frame in traceback.extract_tb(current.__traceback__)
-            if not _hidden(frame.filename)
-        ] + frames
-        current = current.__cause__ or current.__context__
-    return traceback.format_list(frames)
 
 
 @dataclass(frozen=True)
@@ -87,6 +31,8 @@ class Invocation:
     function_arn: str
     trace_id: str | None
     event: bytes
+    # Lambda-Runtime-Client-Context: the caller's ClientContext, as JSON text (None: none).
+    client_context: str | None = None
 
 
 class RuntimeAPI:
@@ -112,6 +58,7 @@ class RuntimeAPI:
             function_arn=headers.get("lambda-runtime-invoked-function-arn", ""),
             trace_id=headers.get("lambda-runtime-trace-id"),
             event=response.content,
+            client_context=headers.get("lambda-runtime-client-context"),
         )
 
     async def respond(self, request_id: str, payload: bytes) -> None:
@@ -119,21 +66,23 @@ class RuntimeAPI:
         if response.status_code == 413:
             # Lambda refuses responses over 6 MB; the caller still gets an answer.
             message = f"response of {len(payload)} bytes exceeds the Runtime API limit"
-            await self.fail(request_id, LambdaError("Function.ResponseSizeTooLarge", message))
+            too_large = LambdaError(
+                errorType="Function.ResponseSizeTooLarge", errorMessage=message, stackTrace=[]
+            )
+            await self.fail(request_id, too_large)
             return
         self._check(response)
 
     async def fail(self, request_id: str, error: LambdaError) -> None:
-        response = await self._client.post(
-            f"/invocation/{request_id}/error",
-            content=error.payload(),
-            headers={ERROR_TYPE_HEADER: error.type},
-        )
-        self._check(response)
+        """Post `error` (runtime/render.py's `lambda_error`) as the invocation's answer."""
+        await self._post_error(f"/invocation/{request_id}/error", error)
 
     async def init_error(self, error: LambdaError) -> None:
+        await self._post_error("/init/error", error)
+
+    async def _post_error(self, path: str, error: LambdaError) -> None:
         response = await self._client.post(
-            "/init/error", content=error.payload(), headers={ERROR_TYPE_HEADER: error.type}
+            path, content=orjson.dumps(error), headers={ERROR_TYPE_HEADER: error["errorType"]}
         )
         self._check(response)
 

@@ -10,11 +10,20 @@
 Events (see `runtime.aws.events` for the HTTP shape):
 
     Function URL / HTTP API v2   -> the request as sent; answered with the proxy
-                                    result {statusCode, headers, body, isBase64Encoded}
+                                    result {statusCode, headers, body, isBase64Encoded},
+                                    whose errors are problem+json as over HTTP
     {"handler": N, "input": I, "wait_s"?: S}
                                  -> {"output": ...} on 200, the job object on 202,
-                                    a Lambda error (errorType = problem slug) otherwise
+                                    a Lambda error otherwise
     {"job": ID, "wait_s"?: S}    -> the job object (polling without a Function URL)
+
+A Lambda error is made by runtime/render.py's `lambda_error` from the error
+object itself: the app hands every error it answers, with its traceback, to
+`ERROR_SINK` (runtime/http/app.py) while the loop holds one, and the loop
+raises it again; nothing is parsed back out of a problem+json body. errorType
+is the problem slug, except for an exception raised by a handler's own code:
+its class (`ValueError`), with its user frames as stackTrace, as AWS's Python
+runtime reports it.
 
 The deadline handed to the app (`Prefer: wait`) is the smaller of the caller's
 and the time left before `Lambda-Runtime-Deadline-Ms` less a margin of 5 % of
@@ -46,9 +55,12 @@ import orjson
 from runtime import process
 from runtime.aws.events import HttpRequest, HttpResponse, is_http_event, request_from_event
 from runtime.aws.events import result_from_response as proxy_result
-from runtime.aws.lambda_api import FunctionError, LambdaError, RuntimeAPI, user_frames
-from runtime.errors import ThawError
+from runtime.aws.lambda_api import RuntimeAPI
+from runtime.context import CLIENT_CONTEXT
+from runtime.errors import InvalidEvent, ThawError
+from runtime.http.app import ERROR_SINK, ErrorSink
 from runtime.logs import configure_logging
+from runtime.render import LambdaError, lambda_error
 from runtime.settings import Settings
 
 if TYPE_CHECKING:
@@ -83,13 +95,16 @@ def prefer_with_wait(prefer: str | None, limit_s: float, default_s: float) -> st
     """`prefer` with its `wait` lowered to `limit_s` (added when absent).
 
     An unparsable wait is left alone so the app answers its `invalid-prefer`.
+    `respond-async` with no wait of the caller's gets none added: it is a 202
+    at once, where `respond-async, wait=S` is 200 if the work can within S.
     """
     parts = [p.strip() for p in (prefer or "").split(",") if p.strip()]
     out: list[str] = []
-    seen_wait = False
+    seen_wait = asynchronous = False
     for part in parts:
         name, _, value = part.split(";", 1)[0].partition("=")
         if name.strip().lower() != "wait":
+            asynchronous = asynchronous or name.strip().lower() == "respond-async"
             out.append(part)
             continue
         seen_wait = True
@@ -99,24 +114,9 @@ def prefer_with_wait(prefer: str | None, limit_s: float, default_s: float) -> st
             out.append(part)
             continue
         out.append(f"wait={min(caller_s, limit_s):.3f}")
-    if not seen_wait:
+    if not seen_wait and not asynchronous:
         out.append(f"wait={min(default_s, limit_s):.3f}")
     return ", ".join(out)
-
-
-def _problem_error(response: HttpResponse) -> LambdaError:
-    """A problem+json answer as a Lambda error; the slug becomes errorType."""
-    try:
-        problem = orjson.loads(response.body)
-    except orjson.JSONDecodeError:
-        problem = None
-    if not isinstance(problem, dict):
-        return LambdaError("internal", f"the app answered {response.status} without a problem")
-    slug = str(problem.get("type", "internal")).rstrip("/").rsplit("/", 1)[-1] or "internal"
-    message = str(problem.get("detail") or problem.get("title") or response.status)
-    trace = problem.get("stackTrace")
-    frames = [str(f) for f in trace] if isinstance(trace, list) else []
-    return LambdaError(slug, message, frames)
 
 
 class Invoker:
@@ -133,8 +133,23 @@ class Invoker:
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.headers.raw]
         return HttpResponse(response.status_code, headers, response.content)
 
+    async def send_for_error(self, request: HttpRequest) -> tuple[HttpResponse, BaseException]:
+        """`send`, and what the app answered with if it was an error (else a placeholder)."""
+        sink: ErrorSink = []
+        token = ERROR_SINK.set(sink)
+        try:
+            response = await self.send(request)
+        finally:
+            ERROR_SINK.reset(token)
+        if not sink:
+            # The app renders every error it raises; one answered elsewhere (none
+            # today) is named by its status alone.
+            return response, ThawError(f"the app answered {response.status}")
+        error, frames = sink[-1]
+        return response, error.with_traceback(frames)
+
     async def handle(self, event: Any, request_id: str, limit_s: float) -> tuple[bytes, int]:
-        """The response payload for `event` and the app's status; FunctionError for an error."""
+        """The response payload for `event` and the app's status; raises the error otherwise."""
         if is_http_event(event):
             request = request_from_event(event)
             headers = [(k, v) for k, v in request.headers if k != "prefer"]
@@ -150,22 +165,21 @@ class Invoker:
         if isinstance(event, dict) and isinstance(event.get("job"), str):
             wait_s = min(self._caller_wait(event, limit_s), limit_s)
             path = f"/jobs/{quote(event['job'], safe='')}"
-            response = await self.send(HttpRequest("GET", path, f"wait={wait_s:.3f}"))
-            if response.status != 200:
-                raise FunctionError(_problem_error(response))
-            return response.body, response.status
-        raise FunctionError(
-            LambdaError(
-                "invalid-event",
-                'expected a Function URL / HTTP API v2 event, {"handler": NAME, "input": {...}}'
-                ' or {"job": ID}',
+            response, error = await self.send_for_error(
+                HttpRequest("GET", path, f"wait={wait_s:.3f}")
             )
+            if response.status != 200:
+                raise error
+            return response.body, response.status
+        raise InvalidEvent(
+            'expected a Function URL / HTTP API v2 event, {"handler": NAME, "input": {...}}'
+            ' or {"job": ID}'
         )
 
     def _caller_wait(self, event: Mapping[str, Any], limit_s: float) -> float:
         wait = event.get("wait_s", self.settings.wait_s)
         if isinstance(wait, bool) or not isinstance(wait, int | float) or wait < 0:
-            raise FunctionError(LambdaError("invalid-event", "wait_s must be a number >= 0"))
+            raise InvalidEvent("wait_s must be a number >= 0")
         return float(wait)
 
     async def _direct(
@@ -175,20 +189,30 @@ class Invoker:
         try:
             body = orjson.dumps(event.get("input", {}))
         except TypeError as exc:  # orjson refuses e.g. integers past 64 bits
-            raise FunctionError(LambdaError("invalid-event", f"input: {exc}")) from exc
+            raise InvalidEvent(f"input: {exc}") from exc
         headers = [
             ("content-type", "application/json"),
             ("prefer", f"wait={wait_s:.3f}"),
             ("x-request-id", request_id),
         ]
         path = f"/invoke/{quote(event['handler'], safe='')}"
-        response = await self.send(HttpRequest("POST", path, "", headers, body))
+        response, error = await self.send_for_error(HttpRequest("POST", path, "", headers, body))
         if response.status == 200:
             # The body is the handler's JSON already; wrap it without a re-parse.
             return b'{"output":' + (response.body or b"null") + b"}", 200
         if response.status == 202:
             return response.body, 202
-        raise FunctionError(_problem_error(response))
+        raise error
+
+
+def _client_context(text: str | None) -> Any:
+    """Lambda-Runtime-Client-Context decoded (JSON); None when absent or not JSON."""
+    if not text:
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
 
 
 async def _worker(api: RuntimeAPI, invoker: Invoker, instance: Instance, concurrency: int) -> None:
@@ -198,25 +222,29 @@ async def _worker(api: RuntimeAPI, invoker: Invoker, instance: Instance, concurr
         if concurrency == 1 and invocation.trace_id:
             os.environ["_X_AMZN_TRACE_ID"] = invocation.trace_id
         limit_s = budget_s(invocation.deadline_ms, time.time())
-        payload: bytes | None = None
+        payload = b""
         error: LambdaError | None = None
         status = 0
         try:
             try:
                 event = orjson.loads(invocation.event)
             except orjson.JSONDecodeError as exc:
-                raise FunctionError(LambdaError("invalid-event", f"not JSON: {exc}")) from exc
-            payload, status = await invoker.handle(event, invocation.request_id, limit_s)
-        except FunctionError as exc:
-            error = exc.error
+                raise InvalidEvent(f"not JSON: {exc}") from exc
+            # The invocation's ClientContext, for the handler's ctx.client_context
+            # (runtime/context.py): the app runs in this task, and no header carries it.
+            token = CLIENT_CONTEXT.set(_client_context(invocation.client_context))
+            try:
+                payload, status = await invoker.handle(event, invocation.request_id, limit_s)
+            finally:
+                CLIENT_CONTEXT.reset(token)
         except ThawError as exc:
-            error = LambdaError(exc.slug, exc.message)
+            error = lambda_error(exc)
         except Exception as exc:
             # A bug in the runtime, not the handler: answer it and keep the instance.
             log.exception("invocation %s failed in the runtime", invocation.request_id)
-            error = LambdaError("internal", str(exc))
+            error = lambda_error(exc)
         took_ms = (time.monotonic() - started) * 1000.0
-        outcome = str(status) if error is None else error.type
+        outcome = str(status) if error is None else error["errorType"]
         # Logged before the post, so the emulator's log tail of this invocation holds it.
         log.info(
             "invocation %s %s in %.1f ms",
@@ -225,22 +253,16 @@ async def _worker(api: RuntimeAPI, invoker: Invoker, instance: Instance, concurr
             took_ms,
             extra={"request_id": invocation.request_id, "duration_ms": round(took_ms, 3)},
         )
-        if error is None and payload is not None:
+        if error is None:
             await api.respond(invocation.request_id, payload)
         else:
-            await api.fail(invocation.request_id, error or LambdaError("internal", "no answer"))
+            await api.fail(invocation.request_id, error)
         # Lambda freezes a one-at-a-time instance while it waits on `next`, so a
         # 202'd job must end first. With several workers the process is not
         # frozen; only the worker that handed out a job waits, so it is not lost
         # to an idle instance being retired.
         if concurrency == 1 or status == 202:
             await instance.wait_idle()
-
-
-def _init_error(exc: BaseException) -> LambdaError:
-    if isinstance(exc, ThawError):
-        return LambdaError(exc.slug, exc.message, user_frames(exc))
-    return LambdaError(f"Runtime.{type(exc).__name__}", str(exc), user_frames(exc))
 
 
 async def run(address: str, concurrency: int = 1, environ: Mapping[str, str] | None = None) -> int:
@@ -260,7 +282,7 @@ async def run(address: str, concurrency: int = 1, environ: Mapping[str, str] | N
             await stack.enter_async_context(app.router.lifespan_context(app))
         except Exception as exc:
             log.error("init failed: %s: %s", type(exc).__name__, exc)
-            await api.init_error(_init_error(exc))
+            await api.init_error(lambda_error(exc))
             return 1
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         client = httpx.AsyncClient(transport=transport, base_url="http://lambda", timeout=None)

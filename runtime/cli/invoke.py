@@ -11,7 +11,6 @@ from typing import Any
 import orjson
 
 from runtime.dispatch.dispatcher import Completed
-from runtime.errors import ThawError
 from runtime.instance import Instance
 from runtime.settings import Settings
 
@@ -40,14 +39,11 @@ async def _invoke(settings: Settings, handler: str, event: Any) -> Completed:
 
 
 def invoke_once(handler: str, event: Any) -> int:
+    """Output on stdout and phases on stderr; what fails is raised (`thaw` renders it)."""
     with tempfile.TemporaryDirectory(prefix="thaw-invoke-") as tmp:
         # An in-process invocation never creates jobs; keep their store out of the cwd.
         settings = Settings.from_env(job_store=f"sqlite:///{tmp}/jobs.sqlite3", prewarm=())
-        try:
-            outcome = asyncio.run(_invoke(settings, handler, event))
-        except ThawError as exc:
-            print(f"thaw: {exc.slug}: {exc.message}", file=sys.stderr)
-            return 2 if exc.status < 500 else 1
+        outcome = asyncio.run(_invoke(settings, handler, event))
     sys.stdout.write(
         orjson.dumps(outcome.output, option=orjson.OPT_SERIALIZE_NUMPY).decode() + "\n"
     )

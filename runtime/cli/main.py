@@ -1,16 +1,19 @@
 """The `thaw` command line.
 
-    thaw bundle build SRC --name N [--version V] [--out DIR] [--config JSON|@file]
-    thaw bundle verify PATH
+    thaw bundle build SRC --name N [--version V] [--out DIR] [--config JSON|@file] [--json]
+    thaw bundle verify PATH [--json]
     thaw invoke HANDLER --event JSON|@file.json
     thaw serve [--host 127.0.0.1] [--port 8080] [--insecure]
-    thaw emulate [--port 9000] [--template template.yaml] [--max-instances N] [--idle-timeout S]
+    thaw emulate [--port 9000] [--template template.yaml] [--max-sandboxes N] [--idle-timeout S]
                  [--image IMAGE [--engine podman|docker]]
-    thaw coldstart HANDLER [--event JSON] [--runs N] [--json]
+    thaw coldstart HANDLER [--event JSON] [--runs N] [--json] [--bare [--repeat N]]
     thaw keys hash < key            print a THAW_API_KEYS_FILE line for the key on stdin
     thaw --version
 
-Every command exits non-zero with a one-line message on error. Heavy modules
+Every command that fails prints one line, `thaw: error: ...`, on stderr and
+exits 1; 2 when the command line is wrong (a flag, an argument, an --event or
+--config that cannot be read or parsed, an unknown handler), as argparse's own
+errors do; 3 when a handler refused its event (`invalid-input`). Heavy modules
 are imported inside the command that needs them.
 """
 
@@ -19,11 +22,26 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
-from runtime.errors import ThawError
+from runtime.errors import ConfigError, ThawError
+from runtime.render import CLI_PREFIX, EXIT_USAGE, cli_exit_code, cli_line, job_error
+
+
+class UsageError(Exception):
+    """The command line is wrong: exit 2, as argparse's own errors."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the one prefix, `thaw: error: `, in every subcommand's errors
+    (its own would be `thaw bundle verify: error: `). Subparsers are made of the
+    same class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{CLI_PREFIX}{message}\n")
 
 
 def _read_json_arg(text: str, what: str) -> Any:
@@ -33,11 +51,28 @@ def _read_json_arg(text: str, what: str) -> Any:
         try:
             raw = Path(text[1:]).read_bytes()
         except OSError as exc:
-            raise ThawError(f"{what}: cannot read {text[1:]}: {exc.strerror}") from exc
+            raise UsageError(f"{what}: cannot read {text[1:]}: {exc.strerror}") from exc
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise ThawError(f"{what}: not valid JSON ({exc})") from exc
+        raise UsageError(f"{what}: not valid JSON ({exc})") from exc
+
+
+def _print_bundle(verb: str, manifest: Any, path: Path, as_json: bool) -> None:
+    """One line for a person, or one JSON object for a script (`--json`)."""
+    if as_json:
+        summary = {
+            "id": manifest.id,
+            "name": manifest.name,
+            "version": manifest.version,
+            "path": str(path),
+            "files": len(manifest.files),
+            "bytes": manifest.total_bytes,
+        }
+        print(orjson.dumps(summary).decode())
+        return
+    size = f"{len(manifest.files)} files, {manifest.total_bytes} bytes"
+    print(f"{verb} {manifest.id} in {path} ({size})")
 
 
 def _cmd_bundle_build(args: argparse.Namespace) -> int:
@@ -46,7 +81,7 @@ def _cmd_bundle_build(args: argparse.Namespace) -> int:
     src = Path(args.src)
     config = _read_json_arg(args.config, "--config") if args.config else {}
     if not isinstance(config, dict):
-        raise ThawError("--config must be a JSON object")
+        raise UsageError("--config must be a JSON object")
     per_request = args.per_request_bytes
     if src.is_file() and src.suffix.lower() in {".gguf", ".pth", ".pt"}:
         # Conversions write safetensors into a staging dir; pickle never reaches the bundle.
@@ -76,9 +111,7 @@ def _cmd_bundle_build(args: argparse.Namespace) -> int:
             config=config,
             per_request_bytes=per_request or 0,
         )
-    target = out if out is not None else src
-    size = f"{len(manifest.files)} files, {manifest.total_bytes} bytes"
-    print(f"built {manifest.id} in {target} ({size})")
+    _print_bundle("built", manifest, out if out is not None else src, args.json)
     return 0
 
 
@@ -86,7 +119,7 @@ def _cmd_bundle_verify(args: argparse.Namespace) -> int:
     from runtime.bundles.manifest import verify_bundle
 
     manifest = verify_bundle(Path(args.path))
-    print(f"ok {manifest.id} ({len(manifest.files)} files, {manifest.total_bytes} bytes)")
+    _print_bundle("ok", manifest, Path(args.path), args.json)
     return 0
 
 
@@ -104,12 +137,20 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_emulate(args: argparse.Namespace) -> int:
-    from runtime.emulator import run_emulator
+    try:
+        from runtime.emulator import run_emulator
+    except ModuleNotFoundError as exc:
+        if exc.name != "yaml":
+            raise
+        raise ConfigError(
+            "thaw emulate reads template.yaml with PyYAML, which is not installed: "
+            "pip install 'thaw[emulator]'"
+        ) from exc
 
     code: int = run_emulator(
         port=args.port,
         template=Path(args.template),
-        max_instances=args.max_instances,
+        max_sandboxes=args.max_sandboxes,
         idle_timeout_s=args.idle_timeout,
         host=args.host,
         image=args.image,
@@ -121,8 +162,22 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
 def _cmd_coldstart(args: argparse.Namespace) -> int:
     from runtime.cli.coldstart import run_coldstart
 
-    event = _read_json_arg(args.event, "--event") if args.event else {}
-    code: int = run_coldstart(args.handler, event=event, runs=args.runs, as_json=args.json)
+    if args.event:
+        event = _read_json_arg(args.event, "--event")
+    else:  # the handler's first warm-up example: a request it is sure to accept
+        from runtime.registry import discover
+        from runtime.settings import Settings
+
+        spec = discover(Settings.from_env().handlers).handler(args.handler)
+        event = dict(spec.warmup[0]) if spec.warmup else {}
+    code: int = run_coldstart(
+        args.handler,
+        event=event,
+        runs=args.runs,
+        as_json=args.json,
+        bare=args.bare,
+        repeat=args.repeat,
+    )
     return code
 
 
@@ -143,7 +198,7 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="thaw", description=__doc__.split("\n")[0])
+    parser = _Parser(prog="thaw", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"thaw {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -158,9 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--out")
     build.add_argument("--config", help="bundle config: JSON or @file.json")
     build.add_argument("--per-request-bytes", type=int, default=None)
+    build.add_argument("--json", action="store_true", help="print the result as one JSON object")
     build.set_defaults(func=_cmd_bundle_build)
     verify = bsub.add_parser("verify", help="check manifest, file set, sizes and hashes")
     verify.add_argument("path")
+    verify.add_argument("--json", action="store_true", help="print the result as one JSON object")
     verify.set_defaults(func=_cmd_bundle_verify)
 
     invoke = sub.add_parser("invoke", help="run one invocation in-process")
@@ -180,10 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
     emulate.add_argument("--host", default="127.0.0.1")
     emulate.add_argument("--port", type=int, default=9000)
     emulate.add_argument("--template", default="template.yaml")
-    emulate.add_argument("--max-instances", type=int, default=None)
+    emulate.add_argument(
+        "--max-sandboxes", type=int, default=None, help="most execution environments at once"
+    )
     emulate.add_argument("--idle-timeout", type=float, default=300.0)
     emulate.add_argument(
-        "--image", help="run each instance as a container of IMAGE (as sam local start-lambda)"
+        "--image", help="run each sandbox as a container of IMAGE (as sam local start-lambda)"
     )
     emulate.add_argument(
         "--engine", choices=["podman", "docker"], help="container CLI (default: podman, or docker)"
@@ -193,8 +252,14 @@ def build_parser() -> argparse.ArgumentParser:
     cold = sub.add_parser("coldstart", help="cold-start breakdown of one handler")
     cold.add_argument("handler")
     cold.add_argument("--event", default=None, help="JSON or @file.json")
-    cold.add_argument("--runs", type=int, default=20)
+    cold.add_argument("--runs", type=int, default=20, help="warm invocations after the first")
     cold.add_argument("--json", action="store_true")
+    cold.add_argument(
+        "--bare", action="store_true", help="also run the same work as a bare script; the ratio"
+    )
+    cold.add_argument(
+        "--repeat", type=int, default=1, help="with --bare: N interleaved runs of each; medians"
+    )
     cold.set_defaults(func=_cmd_coldstart)
 
     keys = sub.add_parser("keys", help="API key helpers").add_subparsers(required=True)
@@ -205,13 +270,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)  # exits 2 on a bad flag, with argparse's line
     try:
         result: int = args.func(args)
         return result
+    except UsageError as exc:
+        print(CLI_PREFIX + str(exc), file=sys.stderr)
+        return EXIT_USAGE
     except ThawError as exc:
-        print(f"thaw: error: {exc.message}", file=sys.stderr)
-        return 2 if exc.status < 500 else 1
+        if getattr(args, "json", False) and getattr(args, "bundle_command", None):
+            # A script reading stdout gets JSON either way.
+            print(orjson.dumps({"error": job_error(exc)}).decode())
+        print(cli_line(exc), file=sys.stderr)
+        return cli_exit_code(exc)
     except KeyboardInterrupt:
         return 130
 

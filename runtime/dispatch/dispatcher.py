@@ -21,11 +21,12 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from runtime.context import Context
+from runtime.context import CLIENT_CONTEXT, Context
 from runtime.dispatch import eager
 from runtime.dispatch.calls import Caller, ThreadOutcome, caller_error, handler_error
 from runtime.dispatch.deadlines import Deadlines
@@ -33,7 +34,7 @@ from runtime.dispatch.overruns import Overruns
 from runtime.errors import Draining, HandlerTimeout, QueueFull, ThawError
 from runtime.health import Health
 from runtime.jobs.job import Job
-from runtime.jobs.manager import JobManager
+from runtime.jobs.manager import JobManager, JobRunner
 from runtime.metrics import HandlerStats, Metrics
 from runtime.models.cache import Lease, ModelCache
 from runtime.models.estimate import Estimator
@@ -133,17 +134,19 @@ class Dispatcher:
         settings: Settings,
         registry: Registry,
         cache: ModelCache,
-        jobs: JobManager,
+        jobs: Callable[[JobRunner], JobManager],
         estimator: Estimator,
         metrics: Metrics,
         caller: Caller,
         health: Health,
     ) -> None:
+        """`jobs` builds the job manager with this dispatcher as the runner of the
+        jobs it recovers: the two need each other, and neither is patched after."""
         self.settings = settings
         self.health = health
         self.registry = registry
         self.cache = cache
-        self.jobs = jobs
+        self.jobs = jobs(self)
         self.estimator = estimator
         self.metrics = metrics
         self.caller = caller
@@ -155,8 +158,6 @@ class Dispatcher:
         self.overruns: Overruns[Work] = Overruns(settings.run_timeout_s, self._overran)
         for name in registry.handlers:
             self.handler_stats(name)
-        jobs.execute = self._execute_job
-        jobs.can_run = lambda handler: handler in registry.handlers
 
     def handler_stats(self, name: str) -> HandlerStats:
         found = self.metrics.handlers.get(name)
@@ -199,7 +200,11 @@ class Dispatcher:
             wait = self.settings.wait_s if wait_s is None else wait_s
             deadline_at = received + wait
             ctx = Context(
-                request_id=request_id, handler=name, deadline_at=deadline_at, logger=HANDLER_LOG
+                request_id=request_id,
+                handler=name,
+                deadline_at=deadline_at,
+                logger=HANDLER_LOG,
+                client_context=CLIENT_CONTEXT.get(),
             )
             cold = bool(spec.uses) and not all(map(self.cache.is_ready, spec.uses))
             work = Work(spec, "loading" if cold else "queued")
@@ -305,8 +310,11 @@ class Dispatcher:
             work.release()
         if work.settled is not None:
             _settle(work.settled)
-        if not outcome.cancelled() and outcome.exception() is not None:
-            stats.count("error")
+        if not outcome.cancelled() and (exc := outcome.exception()) is not None:
+            # A request the handler refused (it raised a 4xx error, e.g. invalid-input)
+            # is the caller's fault, not the handler's.
+            client = isinstance(exc, ThawError) and exc.status < 500
+            stats.count("client_error" if client else "error")
 
     def _overran(self, work: Work) -> None:
         """`work`'s handler ran past THAW_RUN_TIMEOUT_S: it fails with `handler-timeout`."""
@@ -328,7 +336,7 @@ class Dispatcher:
     ) -> asyncio.Future[Any]:
         """A sync handler whose models are ready, with no task: `_ran_in_thread` finishes it."""
         outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        run_started = self._running(work, time.monotonic(), {})
+        run_started = self._running(work, time.monotonic(), {}, stats)
         models = [lease.model for lease in work.leases]
         then = partial(self._ran_in_thread, spec, ctx, work, stats, outcome, run_started)
         try:
@@ -361,16 +369,20 @@ class Dispatcher:
         if work.settled is not None:
             _settle(work.settled)
 
-    def _running(self, work: Work, started: float, load_ms: dict[str, float]) -> float:
+    def _running(
+        self, work: Work, started: float, load_ms: dict[str, float], stats: HandlerStats
+    ) -> float:
         """Mark `work` running (its queue and load times recorded); when it started to run."""
         work.phase = "running"
         work.running = True
         run_started = time.monotonic()
         self.overruns.watch(work, run_started)
         timings = work.timings_ms
-        timings["queue"] = max(0.0, (run_started - started) * 1000 - sum(load_ms.values()))
+        queue_ms = max(0.0, (run_started - started) * 1000 - sum(load_ms.values()))
+        timings["queue"] = queue_ms
         if load_ms:
             timings.update(load_ms)
+        stats.observe_queue(queue_ms / 1000)
         return run_started
 
     def _ran(self, spec: HandlerSpec, work: Work, stats: HandlerStats, run_started: float) -> None:
@@ -404,7 +416,7 @@ class Dispatcher:
                     phases = self.cache.entries[name].lifecycle.phase_ms
                     for phase in LOAD_PHASES:
                         load_ms[phase] = load_ms.get(phase, 0.0) + phases.get(phase, 0.0)
-            run_started = self._running(work, started, load_ms)
+            run_started = self._running(work, started, load_ms, stats)
             models = [lease.model for lease in work.leases]
             try:
                 output = await self.caller.call(spec, event, models, ctx)
@@ -426,8 +438,12 @@ class Dispatcher:
             if work.settled is not None:
                 _settle(work.settled)
 
-    def _execute_job(self, job: Job) -> asyncio.Future[Any]:
-        """Run a recovered job's stored input on this instance."""
+    def can_run(self, handler: str) -> bool:
+        """Whether a stored job of `handler` can run here (the JobRunner protocol)."""
+        return handler in self.registry.handlers
+
+    def run_job(self, job: Job) -> asyncio.Future[Any]:
+        """Run a recovered job's stored input on this instance (the JobRunner protocol)."""
         spec = self.registry.handler(job.handler)
         ctx = Context(request_id=job.id, handler=job.handler, logger=HANDLER_LOG)
         self.pending[spec.name] += 1

@@ -5,15 +5,15 @@ One Starlette app on uvicorn, 127.0.0.1 by default:
     POST /2015-03-31/functions/{name}/invocations    the Invoke API (invoke_api)
     every other path                                 the HTTP contract via a Function URL event
 
-and one Runtime API listener per instance on 127.0.0.1 (runtime_api), whose
-plain `127.0.0.1:PORT` is the instance's AWS_LAMBDA_RUNTIME_API, as on Lambda.
+and one Runtime API listener per sandbox on 127.0.0.1 (runtime_api), whose
+plain `127.0.0.1:PORT` is the sandbox's AWS_LAMBDA_RUNTIME_API, as on Lambda.
 
-Instances are `python -m runtime` processes (instances), or with `--image` containers
+Sandboxes are `python -m runtime` processes (sandboxes), or with `--image` containers
 of that image (containers), scheduled by the pool (pool), configured from
 template.yaml (template), reporting REPORT lines (report) on stdout; their own
 output goes to stderr, prefixed.
 
-An instance's environment, later entries winning:
+A sandbox's environment, later entries winning:
 
 1. the emulator's environment (AWS_LAMBDA_* removed),
 2. the function's Environment.Variables from the template (unresolvable ones left out),
@@ -21,15 +21,15 @@ An instance's environment, later entries winning:
    THAW_STATE_DIR always take the emulator's local values (its environment,
    else the laptop defaults: ./bundles, SQLite in .thaw/, made absolute), so
    AWS wiring in the template (dynamodb://, s3://) never reaches a local
-   instance, and every instance shares one job store,
+   sandbox, and every sandbox shares one job store,
 4. any other THAW_* set in the emulator's environment (so `THAW_WAIT_S=1 thaw emulate` works),
 5. Lambda's platform variables (AWS_LAMBDA_RUNTIME_API, AWS_LAMBDA_FUNCTION_NAME, ...).
 
-A container instance gets 2, 4 and 5 only, on top of its image's own
+A container sandbox gets 2, 4 and 5 only, on top of its image's own
 environment, and a job store shared by every container (see containers).
 
 May import runtime.aws (Function URL events) and below; it never loads a model
-itself: instances are separate processes.
+itself: sandboxes are separate processes.
 """
 
 from __future__ import annotations
@@ -51,14 +51,14 @@ from starlette.applications import Starlette
 
 from runtime.emulator import function_url, invoke_api
 from runtime.emulator.containers import ContainerLauncher, check_image, find_engine
-from runtime.emulator.instances import Launcher, ProcessLauncher
 from runtime.emulator.invoke_api import EventQueue
 from runtime.emulator.pool import Pool
+from runtime.emulator.sandboxes import Launcher, ProcessLauncher
 from runtime.emulator.template import Template, load_template
 from runtime.errors import ConfigError
 from runtime.settings import Settings
 
-DEFAULT_MAX_INSTANCES = 4
+DEFAULT_MAX_SANDBOXES = 4
 _PLATFORM_ONLY = ("AWS_LAMBDA_", "_HANDLER", "_X_AMZN_TRACE_ID")
 
 
@@ -92,9 +92,9 @@ def local_environment(environ: Mapping[str, str]) -> tuple[dict[str, str], dict[
 @dataclass(frozen=True)
 class EmulatorConfig:
     template: Template
-    max_instances: int = DEFAULT_MAX_INSTANCES
+    max_sandboxes: int = DEFAULT_MAX_SANDBOXES
     idle_timeout_s: float = 300.0
-    # A container image to run instances from, and the engine's CLI (podman or docker).
+    # A container image to run sandboxes from, and the engine's CLI (podman or docker).
     image: str | None = None
     engine: str | None = None
 
@@ -113,7 +113,7 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     config: EmulatorConfig = app.state.config
     pool = Pool(
         config.template,
-        max_instances=config.max_instances,
+        max_sandboxes=config.max_sandboxes,
         idle_timeout_s=config.idle_timeout_s,
         launcher=make_launcher(config, os.environ),
         out=app.state.out,
@@ -140,32 +140,39 @@ def create_emulator_app(
 
 
 class _Server(uvicorn.Server):
-    """Stops the instances first on SIGINT/SIGTERM: their long-polls would hold shutdown up."""
+    """Stops the sandboxes first on SIGINT/SIGTERM: their long-polls would hold shutdown up.
+
+    uvicorn's own `handle_exit` is not called: it records the signal to raise
+    it again after shutdown, which ends the process by the signal's default
+    action. A SIGTERM is a requested stop (exit 0), a SIGINT an interrupted
+    command (exit 130, `interrupted`); a second SIGINT forces the exit.
+    """
 
     def __init__(self, config: uvicorn.Config, app: Starlette) -> None:
         super().__init__(config)
         self.app = app
+        self.interrupted = False
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         pool: Pool | None = getattr(self.app.state, "pool", None)
         if pool is not None:
             asyncio.get_running_loop().call_soon_threadsafe(pool.begin_shutdown)
-        super().handle_exit(sig, frame)
-        if sig == signal.SIGTERM and sig in self._captured_signals:
-            # A requested stop that ends in exit 0; uvicorn would re-raise the signal.
-            self._captured_signals.remove(sig)
+        if sig == signal.SIGINT:
+            self.force_exit = self.interrupted
+            self.interrupted = True
+        self.should_exit = True
 
 
 def run_emulator(
     port: int,
     template: Path,
-    max_instances: int | None,
+    max_sandboxes: int | None,
     idle_timeout_s: float,
     host: str = "127.0.0.1",
     image: str | None = None,
     engine: str | None = None,
 ) -> int:
-    """Serve until SIGINT/SIGTERM; every instance is stopped on the way out."""
+    """Serve until SIGINT/SIGTERM; every sandbox is stopped on the way out."""
     loaded = load_template(template)
     if image is not None:
         engine = find_engine(engine)
@@ -183,7 +190,7 @@ def run_emulator(
     bound = sock.getsockname()[1]
     config = EmulatorConfig(
         loaded,
-        max_instances=max_instances or DEFAULT_MAX_INSTANCES,
+        max_sandboxes=max_sandboxes or DEFAULT_MAX_SANDBOXES,
         idle_timeout_s=idle_timeout_s,
         image=image,
         engine=engine,
@@ -193,7 +200,7 @@ def run_emulator(
     runs = f"image {image}" if image else "processes"
     print(
         f"thaw emulate: listening on http://{host}:{bound} ({functions}; {runs}; "
-        f"max {config.max_instances} instances, idle timeout {idle_timeout_s:g} s)",
+        f"max {config.max_sandboxes} sandboxes, idle timeout {idle_timeout_s:g} s)",
         file=sys.stderr,
         flush=True,
     )
@@ -201,4 +208,4 @@ def run_emulator(
         uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5), app
     )
     server.run(sockets=[sock])
-    return 0
+    return 130 if server.interrupted else 0

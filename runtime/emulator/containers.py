@@ -1,4 +1,4 @@
-"""`thaw emulate --image`: each instance is a container of the function's image.
+"""`thaw emulate --image`: each sandbox is a container of the function's image.
 
 As `sam local start-lambda` does, but with Lambda's execution environment
 kept where a container can keep it:
@@ -12,12 +12,12 @@ kept where a container can keep it:
   Lambda's limits of 1024 open files and 1024 processes;
 - the host network, so the runtime reaches its Runtime API listener at a plain
   `127.0.0.1:PORT`, as on Lambda (the runtime listens on nothing);
-- one job store for all instances, as in process mode: a SQLite file in a
+- one job store for all sandboxes, as in process mode: a SQLite file in a
   directory of the emulator's, mounted into every container (podman's `:U`
   gives it to the image's user; with docker it is made world-writable).
 
 The engine is podman, or docker where podman is missing. Containers are named
-`thaw-<iid>` and labelled `io.thaw.emulate=<emulator pid>`; they are removed
+`thaw-<sid>` and labelled `io.thaw.emulate=<emulator pid>`; they are removed
 when they stop (`--rm`), and a runtime whose Runtime API goes away exits, so
 even an emulator killed outright leaves none running for long.
 """
@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from signal import Signals
 
-from runtime.emulator.instances import Instance, exit_reason, instance_env
+from runtime.emulator.sandboxes import Sandbox, exit_reason, sandbox_env
 from runtime.errors import ConfigError
 
 # Where the shared job store is mounted in every container.
@@ -62,7 +62,7 @@ def check_image(engine: str, image: str) -> None:
 
 
 class ContainerLauncher:
-    """Starts, signals and measures instances that are containers of `image`."""
+    """Starts, signals and measures sandboxes that are containers of `image`."""
 
     def __init__(
         self, engine: str, image: str, local_env: Mapping[str, str], jobs_dir: Path
@@ -80,15 +80,15 @@ class ContainerLauncher:
         self._tasks: set[asyncio.Task[None]] = set()
 
     @staticmethod
-    def name(instance: Instance) -> str:
-        return f"thaw-{instance.iid}"
+    def name(sandbox: Sandbox) -> str:
+        return f"thaw-{sandbox.sid}"
 
-    def command(self, instance: Instance, api_address: str) -> tuple[list[str], dict[str, str]]:
-        function = instance.function
-        env = instance_env(function, {}, self.local_env, api_address)
+    def command(self, sandbox: Sandbox, api_address: str) -> tuple[list[str], dict[str, str]]:
+        function = sandbox.function
+        env = sandbox_env(function, {}, self.local_env, api_address)
         # Values travel in the engine's own environment, `-e NAME` only on its command
         # line: nothing the function is configured with shows up in `ps`.
-        argv = [self.engine, "run", "--rm", "--pull=never", "--name", self.name(instance)]
+        argv = [self.engine, "run", "--rm", "--pull=never", "--name", self.name(sandbox)]
         argv += ["--label", f"io.thaw.emulate={os.getpid()}", "--network", "host"]
         argv += ["--read-only", "--tmpfs", f"/tmp:rw,mode=1777,size={function.ephemeral_mb}m"]
         argv += ["--memory", f"{function.memory_mb}m", "--memory-swap", f"{function.memory_mb}m"]
@@ -103,35 +103,35 @@ class ContainerLauncher:
         engine_env = {k: v for k, v in os.environ.items() if k not in env}
         return argv, {**engine_env, **env}
 
-    def signal(self, instance: Instance, sig: Signals) -> None:
+    def signal(self, sandbox: Sandbox, sig: Signals) -> None:
         """Signal the container: the engine's client only proxies what it can catch."""
-        if instance.process is None or instance.process.returncode is not None:
+        if sandbox.process is None or sandbox.process.returncode is not None:
             return
-        task = asyncio.ensure_future(self._kill(instance, sig))
+        task = asyncio.ensure_future(self._kill(sandbox, sig))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _kill(self, instance: Instance, sig: Signals) -> None:
+    async def _kill(self, sandbox: Sandbox, sig: Signals) -> None:
         process = await asyncio.create_subprocess_exec(
             self.engine,
             "kill",
             "--signal",
             sig.name,
-            self.name(instance),
+            self.name(sandbox),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
         )
         await process.wait()
 
-    async def runtime_pid(self, instance: Instance) -> int:
+    async def runtime_pid(self, sandbox: Sandbox) -> int:
         """The container's first process, as the host sees it (0 if it is gone)."""
         process = await asyncio.create_subprocess_exec(
             self.engine,
             "inspect",
             "--format",
             "{{.State.Pid}}",
-            self.name(instance),
+            self.name(sandbox),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,

@@ -1,8 +1,8 @@
 """Every path that is not the Invoke API: the HTTP contract, as a Function URL serves it.
 
 The request becomes a Function URL event (payload format 2.0) for the
-template's URL function, runs on an instance, and the proxy result becomes
-the response. As with a real Function URL: past the instance limit 429, a
+template's URL function, runs on a sandbox, and the proxy result becomes
+the response. As with a real Function URL: past the sandbox limit 429, a
 function error or an invalid proxy result 502.
 """
 

@@ -1,9 +1,9 @@
 """One invocation's record, its answer and its REPORT.
 
-An `Invocation` is queued on an instance, delivered by `next`, answered once
+An `Invocation` is queued on a sandbox, delivered by `next`, answered once
 (a response or an error: its `result` future is set once, later answers are
 ignored) and ended once, when its worker asks for the next event, or the
-instance is killed or exits. The caller gets the answer as soon as it is
+sandbox is killed or exits. The caller gets the answer as soon as it is
 posted; the REPORT, and the invocation's log with it, come at the end: on
 Lambda the work a runtime does between posting a response and calling `next`
 (a job answered 202 and still running, say) is part of the invocation and is
@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from runtime.emulator.instances import Instance, max_memory_mb
 from runtime.emulator.report import Report, end_line, start_line
+from runtime.emulator.sandboxes import Sandbox, max_memory_mb
 
 LOG_TAIL_BYTES = 4096
 
 
 class Throttled(Exception):
-    """No instance is free and the function is at its instance limit."""
+    """No sandbox is free and the function is at its sandbox limit."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -35,7 +35,7 @@ class Throttled(Exception):
 @dataclass(frozen=True)
 class Finished:
     report: Report
-    # START, the instance's output during the invocation, END and REPORT.
+    # START, the sandbox's output during the invocation, END and REPORT.
     log: bytes
 
     def log_tail(self) -> bytes:
@@ -69,7 +69,8 @@ class Invocation:
     delivered_at: float = 0.0
     deadline_ms: int = 0
     log_offset: int = 0
-    # How the answer ends the REPORT: None, "error" or "timeout", and the error type.
+    # How the invocation ends the REPORT: None (an answer, a function error too),
+    # "error" (the runtime died) or "timeout", and the error type beside it.
     status: str | None = None
     error_type: str | None = None
 
@@ -84,14 +85,16 @@ def answer(
     """Hand the caller its answer; False if it had one already."""
     if invocation.result.done():
         return False
-    invocation.status, invocation.error_type = status, error_type
+    # The REPORT names an error type only beside a Status, as Lambda's does.
+    invocation.status = status
+    invocation.error_type = error_type if status is not None else None
     outcome = Outcome(invocation.request_id, payload, error_type, invocation.finished)
     invocation.result.set_result(outcome)
     return True
 
 
 def finish(
-    instance: Instance,
+    sandbox: Sandbox,
     invocation: Invocation,
     *,
     status: str | None = None,
@@ -100,25 +103,25 @@ def finish(
     """End the invocation now: its REPORT (None if it was ended already).
 
     Duration runs from the delivery of the event to now; the first REPORT of an
-    instance carries its Init Duration. `status`/`error_type` override the
-    answer's (an instance killed for working past the timeout after answering).
+    sandbox carries its Init Duration. `status`/`error_type` override the
+    answer's (a sandbox killed for working past the timeout after answering).
     """
     if invocation.finished.done():
         return None
     init_ms = None
-    if not instance.reported_init and instance.init_ms is not None:
-        init_ms, instance.reported_init = instance.init_ms, True
+    if not sandbox.reported_init and sandbox.init_ms is not None:
+        init_ms, sandbox.reported_init = sandbox.init_ms, True
     started = invocation.delivered_at or time.monotonic()
     report = Report(
         invocation.request_id,
         duration_ms=(time.monotonic() - started) * 1000.0,
-        memory_mb=instance.function.memory_mb,
-        max_memory_mb=max_memory_mb(instance.memory_pid),
+        memory_mb=sandbox.function.memory_mb,
+        max_memory_mb=max_memory_mb(sandbox.memory_pid),
         init_ms=init_ms,
         status=status or invocation.status,
         error_type=error_type or invocation.error_type,
     )
-    output = instance.log.since(invocation.log_offset) if invocation.delivered_at else b""
+    output = sandbox.log.since(invocation.log_offset) if invocation.delivered_at else b""
     log = b"".join(
         (
             start_line(invocation.request_id).encode() + b"\n",

@@ -1,25 +1,25 @@
-"""Scheduling invocations onto instances, as the Lambda service does.
+"""Scheduling invocations onto sandboxes, as the Lambda service does.
 
-- A warm instance with a free worker takes the invocation (the most recently
-  used first). An instance that has answered but not yet asked for its next
+- A warm sandbox with a free worker takes the invocation (the most recently
+  used first). A sandbox that has answered but not yet asked for its next
   event is waited for up to REUSE_GRACE_S, so back-to-back calls stay warm.
-  Otherwise a new instance is spawned while the function is under its instance
-  limit (the smaller of `--max-instances` and ReservedConcurrentExecutions);
+  Otherwise a new sandbox is spawned while the function is under its sandbox
+  limit (the smaller of `--max-sandboxes` and ReservedConcurrentExecutions);
   past the limit a synchronous invocation is throttled at once (`Throttled` ->
   429 TooManyRequestsException), as Lambda does, and an asynchronous one waits
   for capacity.
 - Init may take max(10 s, Timeout); the invocation's own Timeout starts when
-  its event is delivered by `next`. Past it the instance's process group is
+  its event is delivered by `next`. Past it the sandbox's process group is
   killed and the caller gets `Sandbox.Timedout`.
-- An instance that exits fails what it held (`Runtime.ExitError`, or the error
+- A sandbox that exits fails what it held (`Runtime.ExitError`, or the error
   it posted to /init/error) and is replaced by the next invocation.
-- An instance idle past the idle timeout is stopped.
-- The caller gets its answer when the instance posts it; the invocation ends,
+- A sandbox idle past the idle timeout is stopped.
+- The caller gets its answer when the sandbox posts it; the invocation ends,
   and its REPORT is printed, when that worker asks for its next event (or the
-  instance is killed or exits), as Lambda bills it. With several workers per
-  instance, a worker's `next` ends the oldest answered invocation.
-- Each instance has its own Runtime API listener (runtime_api), started
-  before the instance and closed after it exits.
+  sandbox is killed or exits), as Lambda bills it. With several workers per
+  sandbox, a worker's `next` ends the oldest answered invocation.
+- Each sandbox has its own Runtime API listener (runtime_api), started
+  before the sandbox and closed after it exits.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import uuid
 from collections.abc import Coroutine
 from typing import IO, Any
 
-from runtime.emulator.instances import Instance, InstanceState, Launcher, pump_output
 from runtime.emulator.invocation import (
     Invocation,
     Outcome,
@@ -43,36 +42,37 @@ from runtime.emulator.invocation import (
     finish,
 )
 from runtime.emulator.runtime_api import RuntimeListener
+from runtime.emulator.sandboxes import Launcher, Sandbox, SandboxState, pump_output
 from runtime.emulator.template import FunctionConfig, Template
 
 INIT_LIMIT_S = 10.0
-# How long an invocation waits for an instance that has just answered to ask for
+# How long an invocation waits for a sandbox that has just answered to ask for
 # more, before a cold start (or a throttle): sequential calls stay warm.
 REUSE_GRACE_S = 0.5
 STOP_GRACE_S = 2.0
 
 
 class Pool:
-    """Every function's instances; the one owner of scheduling decisions."""
+    """Every function's sandboxes; the one owner of scheduling decisions."""
 
     def __init__(
         self,
         template: Template,
         *,
-        max_instances: int,
+        max_sandboxes: int,
         idle_timeout_s: float,
         launcher: Launcher,
         out: IO[str] = sys.stdout,
         echo: IO[str] = sys.stderr,
     ) -> None:
         self.template = template
-        self.max_instances = max_instances
+        self.max_sandboxes = max_sandboxes
         self.idle_timeout_s = idle_timeout_s
         self.launcher = launcher
         self.out = out
         self.echo = echo
-        self.instances: dict[str, Instance] = {}
-        # Each instance's Runtime API, until the instance has exited.
+        self.sandboxes: dict[str, Sandbox] = {}
+        # Each sandbox's Runtime API, until the sandbox has exited.
         self.listeners: dict[str, RuntimeListener] = {}
         self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -80,13 +80,13 @@ class Pool:
 
     def limit(self, function: FunctionConfig) -> int:
         reserved = function.reserved_concurrency
-        return self.max_instances if reserved is None else min(reserved, self.max_instances)
+        return self.max_sandboxes if reserved is None else min(reserved, self.max_sandboxes)
 
-    def _live(self, function: FunctionConfig) -> list[Instance]:
+    def _live(self, function: FunctionConfig) -> list[Sandbox]:
         return [
             i
-            for i in self.instances.values()
-            if i.function is function and i.state in (InstanceState.STARTING, InstanceState.RUNNING)
+            for i in self.sandboxes.values()
+            if i.function is function and i.state in (SandboxState.STARTING, SandboxState.RUNNING)
         ]
 
     def _notify(self) -> None:
@@ -98,8 +98,8 @@ class Pool:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _acquire(self, function: FunctionConfig, wait: bool) -> Instance:
-        """An instance with a worker reserved for one invocation (slot taken)."""
+    async def _acquire(self, function: FunctionConfig, wait: bool) -> Sandbox:
+        """A sandbox with a worker reserved for one invocation (slot taken)."""
         grace_used = False
         while True:
             if self.closing:
@@ -107,9 +107,9 @@ class Pool:
             live = self._live(function)
             free = [i for i in live if i.slots_free > 0]
             if free:
-                instance = max(free, key=lambda i: i.last_used)
-                instance.slots_free -= 1
-                return instance
+                sandbox = max(free, key=lambda i: i.last_used)
+                sandbox.slots_free -= 1
+                return sandbox
             if not grace_used and any(i.finishing > 0 for i in live):
                 grace_used = True
                 with contextlib.suppress(TimeoutError):
@@ -125,23 +125,23 @@ class Pool:
                 )
             await self._changed.wait()
 
-    async def _spawn(self, function: FunctionConfig) -> Instance:
-        instance = Instance(function, self.launcher)
-        instance.slots_free -= 1
-        self.instances[instance.iid] = instance
-        listener = self.listeners[instance.iid] = RuntimeListener(self, instance.iid)
+    async def _spawn(self, function: FunctionConfig) -> Sandbox:
+        sandbox = Sandbox(function, self.launcher)
+        sandbox.slots_free -= 1
+        self.sandboxes[sandbox.sid] = sandbox
+        listener = self.listeners[sandbox.sid] = RuntimeListener(self, sandbox.sid)
         try:
             await listener.start()
-            await instance.start(listener.address)
+            await sandbox.start(listener.address)
         except BaseException:
-            instance.state = InstanceState.DEAD
-            self.instances.pop(instance.iid, None)
+            sandbox.state = SandboxState.DEAD
+            self.sandboxes.pop(sandbox.sid, None)
             self._notify()
-            self._close_listener(instance.iid)
+            self._close_listener(sandbox.sid)
             raise
-        self._background(pump_output(instance, self.echo))
-        self._background(self._watch(instance))
-        return instance
+        self._background(pump_output(sandbox, self.echo))
+        self._background(self._watch(sandbox))
+        return sandbox
 
     async def invoke(
         self,
@@ -156,16 +156,16 @@ class Pool:
 
         `request_id` is given for a retried asynchronous event, which keeps its id.
         """
-        instance = await self._acquire(function, wait_for_capacity)
+        sandbox = await self._acquire(function, wait_for_capacity)
         request_id = request_id or str(uuid.uuid4())
         trace_id = f"Root=1-{int(time.time()):08x}-{uuid.uuid4().hex[:24]};Sampled=0"
         invocation = Invocation(request_id, payload, trace_id, function.arn, client_context)
-        instance.assigned[request_id] = invocation
-        instance.queue.put_nowait(invocation)
-        return await self._supervise(instance, invocation)
+        sandbox.assigned[request_id] = invocation
+        sandbox.queue.put_nowait(invocation)
+        return await self._supervise(sandbox, invocation)
 
-    async def _supervise(self, instance: Instance, invocation: Invocation) -> Outcome:
-        function = instance.function
+    async def _supervise(self, sandbox: Sandbox, invocation: Invocation) -> Outcome:
+        function = sandbox.function
         init_limit_s = max(INIT_LIMIT_S, function.timeout_s)
         delivered = asyncio.ensure_future(invocation.delivered.wait())
         waiters: set[asyncio.Future[Any]] = {invocation.result, delivered}
@@ -175,8 +175,8 @@ class Pool:
             delivered.cancel()
         if not invocation.result.done() and not invocation.delivered.is_set():
             message = f"{invocation.request_id} Init timed out after {init_limit_s:.2f} seconds"
-            self._finish(instance, invocation, "Sandbox.Timedout", message, status="timeout")
-            self.kill(instance)
+            self._finish(sandbox, invocation, "Sandbox.Timedout", message, status="timeout")
+            self.kill(sandbox)
         if invocation.result.done():
             return invocation.result.result()
         remaining_s = invocation.delivered_at + function.timeout_s - time.monotonic()
@@ -186,75 +186,76 @@ class Pool:
             message = (
                 f"{invocation.request_id} Task timed out after {function.timeout_s:.2f} seconds"
             )
-            self._finish(instance, invocation, "Sandbox.Timedout", message, status="timeout")
-            self.kill(instance)
+            self._finish(sandbox, invocation, "Sandbox.Timedout", message, status="timeout")
+            self.kill(sandbox)
             return invocation.result.result()
 
     # -- the Runtime API side -------------------------------------------------
 
-    async def next(self, iid: str) -> Invocation | None:
-        """Block until the instance's next event; None when it is being stopped."""
-        instance = self.instances.get(iid)
-        if instance is None or instance.state in (InstanceState.STOPPING, InstanceState.DEAD):
+    async def next(self, sid: str) -> Invocation | None:
+        """Block until the sandbox's next event; None when it is being stopped."""
+        sandbox = self.sandboxes.get(sid)
+        if sandbox is None or sandbox.state in (SandboxState.STOPPING, SandboxState.DEAD):
             return None
-        if instance.state is InstanceState.STARTING:
-            self._background(self._measure(instance))
-        if instance.poll() and instance.unreported:
+        if sandbox.state is SandboxState.STARTING:
+            self._background(self._measure(sandbox))
+        if sandbox.poll() and sandbox.unreported:
             # The worker is back: the invocation it answered ends here.
             for _ in range(3):  # let the output pump catch up with the last lines
                 await asyncio.sleep(0)
-            self._end(instance, instance.unreported.popleft())
+            self._end(sandbox, sandbox.unreported.popleft())
         self._notify()
-        invocation: Invocation | None = await instance.queue.get()
+        invocation: Invocation | None = await sandbox.queue.get()
         if invocation is None or invocation.result.done():
             return None
         invocation.delivered_at = time.monotonic()
-        invocation.deadline_ms = int((time.time() + instance.function.timeout_s) * 1000)
-        invocation.log_offset = instance.log.end
-        instance.last_used = invocation.delivered_at
+        invocation.deadline_ms = int((time.time() + sandbox.function.timeout_s) * 1000)
+        invocation.log_offset = sandbox.log.end
+        sandbox.last_used = invocation.delivered_at
         invocation.delivered.set()
         return invocation
 
     async def complete(
-        self, iid: str, request_id: str, payload: bytes, error_type: str | None
+        self, sid: str, request_id: str, payload: bytes, error_type: str | None
     ) -> bool:
         """A response or error was posted; False when nothing awaits it."""
-        instance = self.instances.get(iid)
-        invocation = instance.assigned.get(request_id) if instance else None
-        if instance is None or invocation is None or not invocation.delivered.is_set():
+        sandbox = self.sandboxes.get(sid)
+        invocation = sandbox.assigned.get(request_id) if sandbox else None
+        if sandbox is None or invocation is None or not invocation.delivered.is_set():
             return False
-        status = None if error_type is None else "error"
-        instance.assigned.pop(request_id, None)
-        answer(invocation, error_type, payload, status)
-        instance.unreported.append(invocation)
-        if instance.capacity == 1:
+        sandbox.assigned.pop(request_id, None)
+        # A function error the runtime posted is an answer: Lambda's REPORT gives
+        # it no Status (only a runtime that died, or timed out, gets one).
+        answer(invocation, error_type, payload, None)
+        sandbox.unreported.append(invocation)
+        if sandbox.capacity == 1:
             # Work after the response (a 202'd job) counts against the Timeout, as on Lambda.
-            deadline_s = invocation.delivered_at + instance.function.timeout_s
+            deadline_s = invocation.delivered_at + sandbox.function.timeout_s
             delay_s = max(0.0, deadline_s - time.monotonic())
-            asyncio.get_running_loop().call_later(delay_s, self._overdue, instance, instance.polls)
+            asyncio.get_running_loop().call_later(delay_s, self._overdue, sandbox, sandbox.polls)
         return True
 
-    def _overdue(self, instance: Instance, polls: int) -> None:
-        if instance.polls == polls and instance.state is InstanceState.RUNNING:
+    def _overdue(self, sandbox: Sandbox, polls: int) -> None:
+        if sandbox.polls == polls and sandbox.state is SandboxState.RUNNING:
             print(
-                f"instance {instance.iid}: work after the response passed the "
-                f"{instance.function.timeout_s:g} s timeout; killed",
+                f"sandbox {sandbox.sid}: work after the response passed the "
+                f"{sandbox.function.timeout_s:g} s timeout; killed",
                 file=self.echo,
                 flush=True,
             )
-            while instance.unreported:
-                self._end(instance, instance.unreported.popleft(), status="timeout")
-            self.kill(instance)
+            while sandbox.unreported:
+                self._end(sandbox, sandbox.unreported.popleft(), status="timeout")
+            self.kill(sandbox)
 
-    def init_failed(self, iid: str, error_type: str, payload: bytes) -> None:
-        instance = self.instances.get(iid)
-        if instance is not None:
-            instance.init_error = (error_type, payload)
-            self.kill(instance)
+    def init_failed(self, sid: str, error_type: str, payload: bytes) -> None:
+        sandbox = self.sandboxes.get(sid)
+        if sandbox is not None:
+            sandbox.init_error = (error_type, payload)
+            self.kill(sandbox)
 
     def _finish(
         self,
-        instance: Instance,
+        sandbox: Sandbox,
         invocation: Invocation,
         error_type: str | None,
         payload: bytes | str,
@@ -264,100 +265,100 @@ class Pool:
         """Answer and end an invocation at once (a timeout, an exit, an init error)."""
         if invocation.result.done():
             return
-        instance.assigned.pop(invocation.request_id, None)
+        sandbox.assigned.pop(invocation.request_id, None)
         if isinstance(payload, str):
             payload = error_payload(error_type or "Runtime.Unknown", payload)
         answer(invocation, error_type, payload, status)
-        self._end(instance, invocation)
+        self._end(sandbox, invocation)
 
-    def _end(self, instance: Instance, invocation: Invocation, status: str | None = None) -> None:
-        report = finish(instance, invocation, status=status)
+    def _end(self, sandbox: Sandbox, invocation: Invocation, status: str | None = None) -> None:
+        report = finish(sandbox, invocation, status=status)
         if report is not None:
             print(report.line(), file=self.out, flush=True)
 
-    async def _measure(self, instance: Instance) -> None:
-        """Find the process whose memory the instance's REPORTs give (a container's, late)."""
-        instance.memory_pid = instance.pid
-        pid = await self.launcher.runtime_pid(instance)
+    async def _measure(self, sandbox: Sandbox) -> None:
+        """Find the process whose memory the sandbox's REPORTs give (a container's, late)."""
+        sandbox.memory_pid = sandbox.pid
+        pid = await self.launcher.runtime_pid(sandbox)
         if pid:
-            instance.memory_pid = pid
+            sandbox.memory_pid = pid
 
     # -- lifecycle ------------------------------------------------------------
 
-    def kill(self, instance: Instance) -> None:
-        instance.state = InstanceState.STOPPING
-        instance.signal(signal.SIGKILL)
+    def kill(self, sandbox: Sandbox) -> None:
+        sandbox.state = SandboxState.STOPPING
+        sandbox.signal(signal.SIGKILL)
 
-    def stop(self, instance: Instance) -> None:
+    def stop(self, sandbox: Sandbox) -> None:
         """Ask politely, then kill: what Lambda does to an environment it retires."""
-        if instance.state is InstanceState.DEAD:
+        if sandbox.state is SandboxState.DEAD:
             return
-        instance.state = InstanceState.STOPPING
-        for _ in range(instance.capacity):
-            instance.queue.put_nowait(None)
-        instance.signal(signal.SIGTERM)
+        sandbox.state = SandboxState.STOPPING
+        for _ in range(sandbox.capacity):
+            sandbox.queue.put_nowait(None)
+        sandbox.signal(signal.SIGTERM)
         loop = asyncio.get_running_loop()
-        loop.call_later(STOP_GRACE_S, instance.signal, signal.SIGKILL)
+        loop.call_later(STOP_GRACE_S, sandbox.signal, signal.SIGKILL)
 
-    def _close_listener(self, iid: str) -> None:
-        listener = self.listeners.pop(iid, None)
+    def _close_listener(self, sid: str) -> None:
+        listener = self.listeners.pop(sid, None)
         if listener is not None:
             listener.stop()
             self._background(listener.wait_closed())
 
-    async def _watch(self, instance: Instance) -> None:
-        assert instance.process is not None
-        code = await instance.process.wait()
-        instance.state = InstanceState.DEAD
-        self.instances.pop(instance.iid, None)
-        instance.exited.set()
-        for _ in range(instance.capacity):
-            instance.queue.put_nowait(None)  # ends a `next` long-poll the process left behind
-        self._close_listener(instance.iid)
+    async def _watch(self, sandbox: Sandbox) -> None:
+        assert sandbox.process is not None
+        code = await sandbox.process.wait()
+        sandbox.state = SandboxState.DEAD
+        self.sandboxes.pop(sandbox.sid, None)
+        sandbox.exited.set()
+        for _ in range(sandbox.capacity):
+            sandbox.queue.put_nowait(None)  # ends a `next` long-poll the process left behind
+        self._close_listener(sandbox.sid)
         reason = self.launcher.exit_reason(code)
-        while instance.unreported:  # answered, but the worker never came back
-            self._end(instance, instance.unreported.popleft())
-        for invocation in list(instance.assigned.values()):
-            if instance.init_error is not None:
-                error_type, payload = instance.init_error
-                self._finish(instance, invocation, error_type, payload, status="error")
+        while sandbox.unreported:  # answered, but the worker never came back
+            self._end(sandbox, sandbox.unreported.popleft())
+        for invocation in list(sandbox.assigned.values()):
+            if sandbox.init_error is not None:
+                error_type, payload = sandbox.init_error
+                self._finish(sandbox, invocation, error_type, payload, status="error")
             else:
                 message = (
                     f"RequestId: {invocation.request_id} Error: Runtime exited with error: {reason}"
                 )
-                self._finish(instance, invocation, "Runtime.ExitError", message, status="error")
+                self._finish(sandbox, invocation, "Runtime.ExitError", message, status="error")
         self._notify()
 
     async def reap_idle(self) -> None:
-        """Stop instances idle longer than the idle timeout, forever."""
+        """Stop sandboxes idle longer than the idle timeout, forever."""
         period_s = min(1.0, max(0.05, self.idle_timeout_s / 4))
         while True:
             await asyncio.sleep(period_s)
             now = time.monotonic()
-            for instance in list(self.instances.values()):
-                if instance.idle and now - instance.idle_since > self.idle_timeout_s:
-                    self.stop(instance)
+            for sandbox in list(self.sandboxes.values()):
+                if sandbox.idle and now - sandbox.idle_since > self.idle_timeout_s:
+                    self.stop(sandbox)
 
     def begin_shutdown(self) -> None:
-        """Stop taking work and signal every instance; safe to call more than once."""
+        """Stop taking work and signal every sandbox; safe to call more than once."""
         self.closing = True
-        for instance in list(self.instances.values()):
-            self.stop(instance)
+        for sandbox in list(self.sandboxes.values()):
+            self.stop(sandbox)
         self._notify()
 
     async def shutdown(self) -> None:
         self.begin_shutdown()
-        waits = [i.exited.wait() for i in list(self.instances.values())]
+        waits = [i.exited.wait() for i in list(self.sandboxes.values())]
         if waits:
             await asyncio.wait([asyncio.ensure_future(w) for w in waits], timeout=STOP_GRACE_S)
-        stragglers = list(self.instances.values())
-        for instance in stragglers:
-            instance.signal(signal.SIGKILL)
+        stragglers = list(self.sandboxes.values())
+        for sandbox in stragglers:
+            sandbox.signal(signal.SIGKILL)
         if stragglers:
             exits = [asyncio.ensure_future(i.exited.wait()) for i in stragglers]
             await asyncio.wait(exits, timeout=STOP_GRACE_S)
-        for iid in list(self.listeners):
-            self._close_listener(iid)
+        for sid in list(self.listeners):
+            self._close_listener(sid)
         if self._tasks:
             # Listeners close and output pumps drain within a second or so.
             await asyncio.wait(list(self._tasks), timeout=STOP_GRACE_S)

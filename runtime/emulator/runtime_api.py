@@ -1,11 +1,11 @@
-"""The platform side of the Lambda Runtime API: one listener per instance.
+"""The platform side of the Lambda Runtime API: one listener per sandbox.
 
-Each instance gets its own listener on 127.0.0.1 and a plain `host:port` in
+Each sandbox gets its own listener on 127.0.0.1 and a plain `host:port` in
 AWS_LAMBDA_RUNTIME_API, as on Lambda, so any Runtime API client works against
 it: clients that build URLs with a URL parser or hand the address to an HTTP
 connection (awslambdaric's `http.client.HTTPConnection(address)`) refuse an
-address with a path in it. The listener knows its instance; no id travels in
-the URL. A container instance on the host network reaches it the same way.
+address with a path in it. The listener knows its sandbox; no id travels in
+the URL. A container sandbox on the host network reaches it the same way.
 
     GET  /2018-06-01/runtime/invocation/next
     POST /2018-06-01/runtime/invocation/{rid}/response
@@ -50,15 +50,15 @@ class Delivery(Protocol):
 
 
 class Platform(Protocol):
-    """What the Runtime API asks of the emulator (the pool), for one instance at a time."""
+    """What the Runtime API asks of the emulator (the pool), for one sandbox at a time."""
 
-    async def next(self, iid: str) -> Delivery | None: ...
+    async def next(self, sid: str) -> Delivery | None: ...
 
     async def complete(
-        self, iid: str, request_id: str, payload: bytes, error_type: str | None
+        self, sid: str, request_id: str, payload: bytes, error_type: str | None
     ) -> bool: ...
 
-    def init_failed(self, iid: str, error_type: str, payload: bytes) -> None: ...
+    def init_failed(self, sid: str, error_type: str, payload: bytes) -> None: ...
 
 
 def _pool(request: Request) -> Platform:
@@ -66,9 +66,9 @@ def _pool(request: Request) -> Platform:
     return pool
 
 
-def _iid(request: Request) -> str:
-    iid: str = request.app.state.iid
-    return iid
+def _sid(request: Request) -> str:
+    sid: str = request.app.state.sid
+    return sid
 
 
 def _error_type(request: Request, body: bytes) -> str:
@@ -83,9 +83,9 @@ def _error_type(request: Request, body: bytes) -> str:
 
 
 async def next_invocation(request: Request) -> Response:
-    invocation = await _pool(request).next(_iid(request))
+    invocation = await _pool(request).next(_sid(request))
     if invocation is None:
-        # The instance is being stopped; it is signalled as well.
+        # The sandbox is being stopped; it is signalled as well.
         return JSONResponse({"errorType": "Runtime.Stopping"}, status_code=410)
     headers = {
         "Lambda-Runtime-Aws-Request-Id": invocation.request_id,
@@ -100,21 +100,21 @@ async def next_invocation(request: Request) -> Response:
 
 async def invocation_response(request: Request) -> Response:
     body = await request.body()
-    done = await _pool(request).complete(_iid(request), request.path_params["rid"], body, None)
+    done = await _pool(request).complete(_sid(request), request.path_params["rid"], body, None)
     return _answer(done)
 
 
 async def invocation_error(request: Request) -> Response:
     body = await request.body()
     done = await _pool(request).complete(
-        _iid(request), request.path_params["rid"], body, _error_type(request, body)
+        _sid(request), request.path_params["rid"], body, _error_type(request, body)
     )
     return _answer(done)
 
 
 async def init_error(request: Request) -> Response:
     body = await request.body()
-    _pool(request).init_failed(_iid(request), _error_type(request, body), body)
+    _pool(request).init_failed(_sid(request), _error_type(request, body), body)
     return JSONResponse(_ACCEPTED, status_code=202)
 
 
@@ -144,11 +144,11 @@ class _Server(uvicorn.Server):
 
 
 class RuntimeListener:
-    """One instance's Runtime API on 127.0.0.1 and a port of its own."""
+    """One sandbox's Runtime API on 127.0.0.1 and a port of its own."""
 
-    def __init__(self, pool: Platform, iid: str) -> None:
+    def __init__(self, pool: Platform, sid: str) -> None:
         app = Starlette(routes=routes)
-        app.state.pool, app.state.iid = pool, iid
+        app.state.pool, app.state.sid = pool, sid
         # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say
         # so, and without it every response waits ~40 ms on a delayed ACK.
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)

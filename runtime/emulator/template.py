@@ -3,7 +3,7 @@
 Reads every `AWS::Serverless::Function` and `AWS::Lambda::Function` (those
 whose `Condition` is false with the parameter defaults are left out): Timeout,
 MemorySize, EphemeralStorage, Environment.Variables (merged over `Globals.Function`),
-ReservedConcurrentExecutions, FunctionName and the per-instance concurrency
+ReservedConcurrentExecutions, FunctionName and the per-sandbox concurrency
 (`PerExecutionEnvironmentMaxConcurrency`, or AWS_LAMBDA_MAX_CONCURRENCY in the
 environment). Short-form tags (`!Ref`,
 `!Sub`, `!If`, ...) are read as their long forms, and intrinsics are resolved
@@ -13,11 +13,22 @@ parameter (us-east-1, account 123456789012), `Sub`, `Join`, `Select`,
 deployed stack (`GetAtt`, `ImportValue`, a `Ref` to a resource) is
 unresolvable: such an environment variable is left out, such a setting takes
 Lambda's default.
+
+Versions and aliases, for the Invoke API's `Qualifier` and `ExecutedVersion`:
+`AutoPublishAlias: NAME` publishes version 1 and points alias NAME at it (as a
+first `sam deploy` does); each `AWS::Lambda::Version` of a function publishes
+the next number, in the template's order; an `AWS::Lambda::Alias` names the
+version its `FunctionVersion` gives (a number, `$LATEST`, or a `!GetAtt` /
+`!Ref` of one of those versions). Every version runs the template's code.
+What GetFunction and ListFunctions describe besides (PackageType, Handler,
+Runtime, Architectures, Description, the image) is read here too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,17 +89,51 @@ class FunctionConfig:
     name: str
     timeout_s: float = 3.0
     memory_mb: int = 128
-    # /tmp's size (EphemeralStorage.Size); only a container instance is held to it.
+    # /tmp's size (EphemeralStorage.Size); only a container sandbox is held to it.
     ephemeral_mb: int = 512
     environment: dict[str, str] = field(default_factory=dict)
     reserved_concurrency: int | None = None
-    # Invocations one instance takes at once (AWS_LAMBDA_MAX_CONCURRENCY).
+    # Invocations one sandbox takes at once (AWS_LAMBDA_MAX_CONCURRENCY).
     max_concurrency: int = 1
     has_url: bool = False
+    # Published versions ("1", "2", ...) and aliases (name -> version).
+    versions: tuple[str, ...] = ()
+    aliases: dict[str, str] = field(default_factory=dict)
+    package_type: str = "Zip"
+    handler: str | None = None
+    runtime: str | None = None
+    architectures: tuple[str, ...] = ("x86_64",)
+    description: str = ""
+    # The image a container function runs (ImageUri, else `<logical id>:<DockerTag>`).
+    image_uri: str | None = None
 
     @property
     def arn(self) -> str:
         return f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{self.name}"
+
+    def version_of(self, qualifier: str | None) -> str | None:
+        """The version a qualifier names: `$LATEST` when there is none; None if unknown."""
+        if qualifier is None or qualifier == "$LATEST":
+            return "$LATEST"
+        if qualifier in self.versions:
+            return qualifier
+        return self.aliases.get(qualifier)
+
+
+class QualifierMismatch(ValueError):
+    """The function name's qualifier and the `Qualifier` parameter differ."""
+
+
+def split_name(name: str) -> tuple[str, str | None]:
+    """(function, qualifier) of a name, partial ARN or ARN, each with or without `:qualifier`."""
+    parts = name.split(":")
+    if parts[0] == "arn":  # arn:aws:lambda:REGION:ACCOUNT:function:NAME[:QUALIFIER]
+        rest = parts[6:]
+    elif len(parts) >= 3 and parts[0].isdigit() and parts[1] == "function":
+        rest = parts[2:]  # ACCOUNT:function:NAME[:QUALIFIER], a partial ARN
+    else:
+        rest = parts  # NAME[:QUALIFIER]
+    return (rest[0] if rest else ""), (rest[1] if len(rest) > 1 else None)
 
 
 class Resolver:
@@ -206,7 +251,13 @@ def _find_key(value: Any, key: str) -> Any:
     return None
 
 
-def _function(logical_id: str, props: dict[str, Any], url_targets: set[str]) -> FunctionConfig:
+def _text_or(value: Any, default: str | None) -> str | None:
+    return value if isinstance(value, str) else default
+
+
+def _function(
+    logical_id: str, props: dict[str, Any], url_targets: set[str], metadata: dict[str, Any]
+) -> FunctionConfig:
     variables = props["Environment"]["Variables"]
     environment = {
         str(k): _text(v)
@@ -218,6 +269,13 @@ def _function(logical_id: str, props: dict[str, Any], url_targets: set[str]) -> 
     concurrency = environment.get("AWS_LAMBDA_MAX_CONCURRENCY") or _find_key(
         props, "PerExecutionEnvironmentMaxConcurrency"
     )
+    package_type = _text_or(props.get("PackageType"), "Zip") or "Zip"
+    # SAM's ImageUri, or CloudFormation's Code.ImageUri.
+    image_uri = _text_or(props.get("ImageUri") or _dict(props.get("Code")).get("ImageUri"), None)
+    if image_uri is None and package_type == "Image":
+        image_uri = f"{logical_id.lower()}:{_text_or(metadata.get('DockerTag'), 'latest')}"
+    architectures = props.get("Architectures")
+    alias = props.get("AutoPublishAlias")
     return FunctionConfig(
         logical_id=logical_id,
         name=name if isinstance(name, str) else logical_id,
@@ -228,7 +286,58 @@ def _function(logical_id: str, props: dict[str, Any], url_targets: set[str]) -> 
         reserved_concurrency=None if reserved in (None, UNRESOLVED) else int(_number(reserved, 0)),
         max_concurrency=max(1, int(_number(concurrency, 1))),
         has_url="FunctionUrlConfig" in props or logical_id in url_targets,
+        # A first `sam deploy` publishes version 1 and points the alias at it.
+        versions=("1",) if isinstance(alias, str) else (),
+        aliases={alias: "1"} if isinstance(alias, str) else {},
+        package_type=package_type,
+        handler=_text_or(props.get("Handler"), None),
+        runtime=_text_or(props.get("Runtime"), None),
+        architectures=(
+            tuple(a for a in architectures if isinstance(a, str))
+            if isinstance(architectures, list) and architectures
+            else ("x86_64",)
+        ),
+        description=_text_or(props.get("Description"), "") or "",
+        image_uri=image_uri,
     )
+
+
+def _referenced(value: Any) -> str | None:
+    """The logical id a `Ref` or `Fn::GetAtt` in `value` names."""
+    ref = _find_key(value, "Ref") or (_find_key(value, "Fn::GetAtt") or [None])[0]
+    return ref if isinstance(ref, str) else None
+
+
+def _versions_and_aliases(
+    resources: dict[str, Any], resolver: Resolver, functions: dict[str, FunctionConfig]
+) -> dict[str, FunctionConfig]:
+    """`functions` with the versions and aliases of the template's AWS::Lambda::Version
+    and AWS::Lambda::Alias resources added."""
+    versions = {logical_id: list(f.versions) for logical_id, f in functions.items()}
+    aliases = {logical_id: dict(f.aliases) for logical_id, f in functions.items()}
+    numbers: dict[str, str] = {}  # a Version resource's logical id -> its number
+    for logical_id, resource in resources.items():
+        if isinstance(resource, dict) and resource.get("Type") == "AWS::Lambda::Version":
+            owner = _referenced(_dict(resource.get("Properties")).get("FunctionName"))
+            if owner in versions:
+                versions[owner].append(str(len(versions[owner]) + 1))
+                numbers[logical_id] = versions[owner][-1]
+    for resource in resources.values():
+        if not isinstance(resource, dict) or resource.get("Type") != "AWS::Lambda::Alias":
+            continue
+        props = _dict(resource.get("Properties"))
+        owner = _referenced(props.get("FunctionName"))
+        name = resolver.resolve(props.get("Name"))
+        pointed = props.get("FunctionVersion")
+        version = numbers.get(_referenced(pointed) or "") or resolver.resolve(pointed)
+        if owner in aliases and isinstance(name, str) and isinstance(version, str | int):
+            aliases[owner][name] = str(version)
+    return {
+        logical_id: dataclasses.replace(
+            f, versions=tuple(versions[logical_id]), aliases=aliases[logical_id]
+        )
+        for logical_id, f in functions.items()
+    }
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -248,18 +357,36 @@ def _merge(globals_: dict[str, Any], props: dict[str, Any]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Template:
     functions: dict[str, FunctionConfig]
+    # When it was read: every function's LastModified.
+    loaded_at: float = field(default_factory=time.time)
 
     def find(self, name: str) -> FunctionConfig | None:
         """By logical id or FunctionName, also as an ARN or with a `:qualifier`."""
-        if name.startswith("arn:"):
-            parts = name.split(":")
-            name = parts[6] if len(parts) > 6 else ""
-        else:
-            name = name.split(":", 1)[0]
+        name = split_name(name)[0]
         for function in self.functions.values():
             if name in (function.logical_id, function.name):
                 return function
         return None
+
+    def target(
+        self, name: str, qualifier: str | None = None
+    ) -> tuple[FunctionConfig | None, str | None, str | None]:
+        """(function, qualifier, version) for a name and an optional `Qualifier`.
+
+        function None: no such function; version None: no such version or alias.
+        Raises QualifierMismatch when the name carries a qualifier other than `qualifier`.
+        """
+        base, named = split_name(name)
+        if named is not None and qualifier is not None and named != qualifier:
+            raise QualifierMismatch(
+                "The derived qualifier from the function name does not match the "
+                "specified qualifier."
+            )
+        asked = qualifier if qualifier is not None else named
+        function = self.find(base)
+        if function is None:
+            return None, asked, None
+        return function, asked, function.version_of(asked)
 
     def url_function(self) -> FunctionConfig:
         """The function behind the Function URL: one with a URL config, else the first."""
@@ -294,10 +421,13 @@ def parse_template(text: str) -> Template:
         props = resolver.resolve(resource.get("Properties") or {})
         if not isinstance(props, dict):
             continue
-        functions[logical_id] = _function(logical_id, _merge(globals_, props), url_targets)
+        metadata = _dict(resolver.resolve(_dict(resource.get("Metadata"))))
+        functions[logical_id] = _function(
+            logical_id, _merge(globals_, props), url_targets, metadata
+        )
     if not functions:
         raise ConfigError("template: no AWS::Serverless::Function or AWS::Lambda::Function")
-    return Template(functions)
+    return Template(_versions_and_aliases(resources, resolver, functions))
 
 
 def load_template(path: Path) -> Template:

@@ -1,6 +1,11 @@
 """The HTTP contract as a Starlette app. Endpoints are module-level functions;
 errors are rendered in one place (`render_error`) as application/problem+json.
 
+Every request passes `Edge` first: it gives the request its id (answered as
+X-Request-Id, and the log context of every line logged while it is served),
+adds `Vary: Prefer` where the answer depends on Prefer, and once it is
+answered writes its access-log line and its request-duration histogram.
+
 Request bodies are read by `Intake` (one per app): each must arrive whole
 within THAW_BODY_TIMEOUT_S (408 and the connection closed), and the bytes
 held by bodies across every connection stay under THAW_MAX_BUFFERED_BYTES
@@ -18,9 +23,12 @@ import math
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from contextvars import ContextVar
 from http import HTTPStatus
+from types import TracebackType
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 from starlette.applications import Starlette
@@ -29,7 +37,7 @@ from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.dispatch.dispatcher import Accepted, Completed
 from runtime.errors import (
@@ -45,13 +53,18 @@ from runtime.errors import (
     UnknownBundle,
 )
 from runtime.http.auth import AuthMiddleware, KeyRing
-from runtime.http.prefer import parse_prefer
+from runtime.http.prefer import NO_PREFERENCES, parse_prefer
 from runtime.instance import Instance
 from runtime.jobs.job import Job
+from runtime.logs import REQUEST_ID
+from runtime.metrics import UNMATCHED, RequestStats
 from runtime.outputs import encode_output
+from runtime.render import http_headers, problem
 from runtime.settings import Settings
 
 log = logging.getLogger("thaw.app")
+# One line per request, at info: method, route template, status, duration, request id.
+access_log = logging.getLogger("thaw.access")
 
 PROBLEM = "application/problem+json"
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -71,23 +84,27 @@ class JSONResponse(Response):
 _CLOSES_CONNECTION = (RequestTimeout, Overloaded)
 
 
-def problem_response(exc: ThawError, instance: str | None = None) -> Response:
-    headers: dict[str, str] = {}
-    if exc.retry_after_s is not None:
-        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
-    if exc.status == 401:
-        headers["WWW-Authenticate"] = 'Bearer realm="thaw"'
-    if isinstance(exc, MethodNotAllowed):
-        headers["Allow"] = ", ".join(exc.allow)
+def problem_response(exc: ThawError, request_path: str | None = None) -> Response:
+    """`exc` as application/problem+json (runtime/render.py), `request_path` its `instance`."""
+    headers = http_headers(exc)
     if isinstance(exc, _CLOSES_CONNECTION):
         # The rest of the body is never read: the connection cannot carry another request.
         headers["Connection"] = "close"
     return Response(
-        orjson.dumps(exc.to_problem(instance), default=str),
+        orjson.dumps(problem(exc, request_path), default=str),
         status_code=exc.status,
         headers=headers,
         media_type=PROBLEM,
     )
+
+
+class _StatusOnly(ThawError):
+    """A Starlette HTTPException of a status the tree has no class for."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status  # type: ignore[misc]
+        self.title = HTTPStatus(status).phrase  # type: ignore[misc]
 
 
 def _allowed_methods(request: Request) -> list[str]:
@@ -99,29 +116,33 @@ def _allowed_methods(request: Request) -> list[str]:
     return sorted(methods)
 
 
-async def render_error(request: Request, exc: Exception) -> Response:
-    """The one place errors become HTTP responses."""
+# Set by an in-process caller that renders errors for a surface of its own (the
+# Lambda loop, runtime/aws/lambda_loop.py): `render_error` appends each error
+# it answers to the list, the exception itself and its traceback (Starlette
+# clears `__traceback__` once the answer is sent), so that its cause and
+# frames reach the caller and nothing is parsed back out of a problem+json
+# body. A list in a ContextVar: the app runs in the caller's task, and a task
+# it might start would see the same list.
+ErrorSink = list[tuple[BaseException, TracebackType | None]]
+ERROR_SINK: ContextVar[ErrorSink | None] = ContextVar("thaw_error_sink", default=None)
+
+
+def _as_thaw_error(request: Request, exc: Exception) -> ThawError:
+    """`exc` as the ThawError its answer renders; an unexpected one is logged."""
     if isinstance(exc, ThawError):
-        return problem_response(exc, request.url.path)
+        return exc
     if isinstance(exc, HTTPException):
         # Starlette's own routing errors (404 no route, 405 wrong method).
         if exc.status_code == 404:
-            return problem_response(
-                NotFound(f"no route for {request.method} {request.url.path}"), request.url.path
-            )
+            return NotFound(f"no route for {request.method} {request.url.path}")
         if exc.status_code == 405:
             allow = _allowed_methods(request)
-            return problem_response(
-                MethodNotAllowed(
-                    f"{request.method} is not allowed on {request.url.path}; "
-                    f"allowed: {', '.join(allow)}",
-                    allow=allow,
-                ),
-                request.url.path,
+            return MethodNotAllowed(
+                f"{request.method} is not allowed on {request.url.path}; "
+                f"allowed: {', '.join(allow)}",
+                allow=allow,
             )
-        body = ThawError(exc.detail or "error").to_problem(request.url.path)
-        body.update(status=exc.status_code, title=HTTPStatus(exc.status_code).phrase)
-        return Response(orjson.dumps(body), status_code=exc.status_code, media_type=PROBLEM)
+        return _StatusOnly(exc.status_code, exc.detail or "error")
     if isinstance(exc, ClientDisconnect):
         # The client's own doing, not a fault here: no traceback, and nobody to answer.
         log.info(
@@ -129,9 +150,21 @@ async def render_error(request: Request, exc: Exception) -> Response:
             request.method,
             request.url.path,
         )
-        return problem_response(BadRequest("client disconnected"), request.url.path)
+        return BadRequest("client disconnected")
     log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return problem_response(ThawError("internal error; see the server log"), request.url.path)
+    return ThawError("internal error; see the server log")
+
+
+async def render_error(request: Request, exc: Exception) -> Response:
+    """The one place errors become HTTP responses."""
+    error = _as_thaw_error(request, exc)
+    sink = ERROR_SINK.get()
+    if sink is not None:
+        # A fault of the runtime (rendered as the bare root class) goes as raised:
+        # the sink's surface names it.
+        raised = exc if type(error) is ThawError else error
+        sink.append((raised, raised.__traceback__))
+    return problem_response(error, request.url.path)
 
 
 def _stopping(scope: Scope) -> bool:
@@ -140,13 +173,40 @@ def _stopping(scope: Scope) -> bool:
     return bool(getattr(getattr(app, "state", None), "stopping", False))
 
 
+# Routes whose answer depends on the Prefer header (RFC 7240 §2: `Vary: Prefer`).
+_VARY_PREFER = frozenset({"/invoke/{handler}"})
+_VARY_PREFER_HEADER = (b"vary", b"Prefer")
+
+
+class Observed:
+    """Where `Edge` records request durations: the instance's metrics, once it started."""
+
+    __slots__ = ("requests",)
+
+    def __init__(self) -> None:
+        self.requests: RequestStats | None = None
+
+
 class Edge:
-    """The app's outer edge: pure ASGI, and one frame for both of its jobs.
+    """The app's outer edge: pure ASGI, and one frame for each request's bookkeeping.
+
+    Gives each request its id: the caller's X-Request-Id when it matches
+    `_REQUEST_ID`, else a new one. The id is `scope["thaw.request_id"]`, the
+    log context (runtime.logs.REQUEST_ID) of every line logged while the
+    request is served, and the X-Request-Id of its answer, whatever gives it:
+    a route, a problem, a 404 no route matched, a 401 from the auth layer, a
+    500 for a bug (`render_error` is called here for an exception no handler
+    answered, which Starlette's outermost middleware would otherwise answer
+    past this edge). Answers of routes that read Prefer carry `Vary: Prefer`.
+    Once answered, a request adds to the request-duration histogram and writes
+    one access-log line (`thaw.access`, info): method, route template (never
+    the path's own values, a query or a body), status, duration, request id.
 
     Refuses a request whose header block exceeds MAX_HEADER_BYTES: uvicorn's
     h11 limit (server.py) bounds only a header block still arriving in pieces;
     one that arrives whole in a single read is parsed however large. This
-    bounds both, with a problem+json answer naming the limit.
+    bounds both, with a problem+json answer naming the limit. The same pass
+    over the headers picks out X-Request-Id.
 
     Answers a request cut off by the server's shutdown (runtime.http.server
     cancels what still runs when it stops: a long-poll, a body still arriving)
@@ -155,29 +215,100 @@ class Edge:
     cancellation (the Lambda loop stopping its workers) goes on as it came.
     """
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, observed: Observed) -> None:
         self.app = app
+        self.observed = observed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            size = sum(len(name) + len(value) + 4 for name, value in scope["headers"])
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        size = 0
+        given: bytes | None = None
+        for name, value in scope["headers"]:
+            size += len(name) + len(value) + 4
+            if name == b"x-request-id" and given is None:
+                given = value
+        # Inline for the common case (no id given): this runs for every request.
+        request_id = (
+            f"{_ID_PREFIX}-{next(_ID_COUNTER):x}" if given is None else new_request_id(given)
+        )
+        scope["thaw.request_id"] = request_id
+        id_header = (b"x-request-id", request_id.encode())
+        status = 0
+
+        # Not a coroutine function: it hands back the server's own awaitable, so a
+        # message costs no coroutine of its own.
+        def answer(message: Message) -> Awaitable[None]:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                # A copy: a response object's own header list is left as it was.
+                headers = [*message.get("headers", ()), id_header]
+                route = scope.get("route")
+                if route is not None and route.path in _VARY_PREFER:
+                    headers.append(_VARY_PREFER_HEADER)
+                message["headers"] = headers
+            return send(message)
+
+        token = REQUEST_ID.set(request_id)
+        try:
             if size > MAX_HEADER_BYTES:
                 exc = BadRequest(
                     f"request headers of {size} bytes exceed the {MAX_HEADER_BYTES}-byte limit",
                     limit_bytes=MAX_HEADER_BYTES,
                 )
-                await problem_response(exc, scope["path"])(scope, receive, send)
+                await problem_response(exc, scope["path"])(scope, receive, answer)
                 return
-        try:
-            await self.app(scope, receive, send)
-        except asyncio.CancelledError:
-            if scope["type"] != "http" or not _stopping(scope):
-                raise
-            cut_off = Draining("the server shut down before this request finished; send it again")
-            # RuntimeError: the response had started already, and the connection
-            # closes with it half sent, which is all there is left to do.
-            with contextlib.suppress(RuntimeError):
-                await problem_response(cut_off, scope["path"])(scope, receive, send)
+            try:
+                await self.app(scope, receive, answer)
+            except asyncio.CancelledError:
+                if not _stopping(scope):
+                    raise
+                cut_off = Draining(
+                    "the server shut down before this request finished; send it again"
+                )
+                # RuntimeError: the response had started already, and the connection
+                # closes with it half sent, which is all there is left to do.
+                with contextlib.suppress(RuntimeError):
+                    await problem_response(cut_off, scope["path"])(scope, receive, answer)
+            except Exception as exc:
+                if status:
+                    raise  # half answered: the server closes the connection
+                # render_error logs it; the answer is the 500 problem, with its id.
+                response = await render_error(Request(scope, receive), exc)
+                await response(scope, receive, answer)
+        finally:
+            # Answered (or cut off): the request's duration and its access-log line.
+            took_s = time.monotonic() - started
+            route = scope.get("route")
+            template = route.path if route is not None else UNMATCHED
+            method: str = scope["method"]
+            requests = self.observed.requests
+            if requests is not None and status:
+                requests.observe(method, template, status, took_s)
+            if access_log.isEnabledFor(logging.INFO):
+                _access_line(method, template, status, took_s)
+            REQUEST_ID.reset(token)
+
+
+def _access_line(method: str, template: str, status: int, took_s: float) -> None:
+    """One request's access-log line (status 0: it ended with no answer, cut off)."""
+    took_ms = round(took_s * 1000, 3)
+    access_log.info(
+        "%s %s %d %.1f ms",
+        method[:16],
+        template,
+        status,
+        took_ms,
+        extra={
+            "method": method[:16],
+            "route": template,
+            "status_code": status,
+            "duration_ms": took_ms,
+        },
+    )
 
 
 def _instance(request: Request) -> Instance:
@@ -191,12 +322,19 @@ _ID_PREFIX = secrets.token_hex(6)
 _ID_COUNTER = itertools.count(1)
 
 
-def _request_id(request: Request) -> str:
-    # getlist, not get: Headers.get of a missing header raises and catches a KeyError.
-    given = request.headers.getlist("x-request-id")
-    if given and _REQUEST_ID.match(given[0]):
-        return given[0]
+def new_request_id(given: bytes | None) -> str:
+    """The caller's X-Request-Id when it is a valid one, else a new id."""
+    if given is not None:
+        text = given.decode("latin-1")
+        if _REQUEST_ID.fullmatch(text):
+            return text
     return f"{_ID_PREFIX}-{next(_ID_COUNTER):x}"
+
+
+def request_id_of(request: Request) -> str:
+    """The request's id (given by `Edge`)."""
+    request_id: str = request.scope["thaw.request_id"]
+    return request_id
 
 
 def key_id_of(request: Request) -> str | None:
@@ -387,23 +525,40 @@ def job_response(
     return JSONResponse(job.public(), status_code=status, headers=headers)
 
 
+def _refused(instance: Instance, name: str, exc: ThawError) -> None:
+    """Count a request to a known handler that was refused before it was admitted."""
+    stats = instance.metrics.handlers.get(name)  # never a new label for an unknown name
+    if stats is not None:
+        stats.count("client_error" if exc.status < 500 else "error")
+
+
 async def _invoke(request: Request, *, force_async: bool) -> Response:
     state = request.app.state
     instance: Instance = state.instance
     intake: Intake = state.intake
     settings = instance.settings
-    raw = await intake.read(request, settings.max_body_bytes)
+    name = request.path_params["handler"]
+    size = 0
     try:  # the body's bytes count against THAW_MAX_BUFFERED_BYTES until the answer
-        event = parse_json(raw, settings.max_json_depth)
-        prefs = parse_prefer(request.headers.getlist("prefer"))
-        request_id = _request_id(request)
-        name = request.path_params["handler"]
+        try:
+            raw = await intake.read(request, settings.max_body_bytes)
+            size = len(raw)
+            event = parse_json(raw, settings.max_json_depth)
+            # The submit route always answers 202 and reads no preference.
+            prefs = (
+                NO_PREFERENCES if force_async else parse_prefer(request.headers.getlist("prefer"))
+            )
+        except ThawError as exc:
+            _refused(instance, name, exc)
+            raise
+        # `respond-async` alone: 202 at once. With `wait=S` too, the common reading of
+        # RFC 7240 (§4.1, §4.3): answer within S seconds if the work can, else 202.
         outcome = await instance.dispatcher.invoke(
             name,
             event,
             wait_s=prefs.wait_s,
-            respond_async=force_async or prefs.respond_async,
-            request_id=request_id,
+            respond_async=force_async or (prefs.respond_async and prefs.wait_s is None),
+            request_id=request_id_of(request),
             key_id=key_id_of(request),
         )
         if isinstance(outcome, Accepted):
@@ -414,13 +569,10 @@ async def _invoke(request: Request, *, force_async: bool) -> Response:
         return Response(
             body,
             media_type="application/json",
-            headers={
-                "Server-Timing": server_timing(outcome.timings_ms),
-                "X-Request-Id": request_id,
-            },
+            headers={"Server-Timing": server_timing(outcome.timings_ms)},
         )
     finally:
-        intake.release(len(raw))
+        intake.release(size)
 
 
 async def invoke(request: Request) -> Response:
@@ -429,8 +581,42 @@ async def invoke(request: Request) -> Response:
 
 
 async def submit_job(request: Request) -> Response:
-    """Invoke a handler asynchronously; always 202 with a job."""
+    """Submit a job: invoke a handler asynchronously; always 202 with the job."""
     return await _invoke(request, force_async=True)
+
+
+# RFC 9745: the date `POST /jobs/{handler}` was deprecated (2026-12-01), as @epoch-seconds.
+_DEPRECATED = "@1796083200"
+
+
+async def submit_job_deprecated(request: Request) -> Response:
+    """`POST /jobs/{handler}`: the submit route before `POST /handlers/{handler}/jobs`."""
+    response = await _invoke(request, force_async=True)
+    successor = f"/handlers/{quote(request.path_params['handler'], safe='')}/jobs"
+    response.headers["Deprecation"] = _DEPRECATED
+    response.headers["Link"] = f'<{successor}>; rel="successor-version"'
+    return response
+
+
+class DeprecatedSubmitRoute(Route):
+    """The route of `submit_job_deprecated`: only where `{handler}` names a handler.
+
+    `POST /jobs/{handler}` and `GET|DELETE /jobs/{job_id}` differ only in the
+    name of their template's variable, which OpenAPI 3.1 forbids: the alias is
+    left out of the document, and matches only a registered handler's name (a
+    job id, 22 random characters, is none). Any other `POST /jobs/{x}` is 405
+    with `Allow: DELETE, GET, HEAD`, as the document says.
+    """
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        match, child = super().matches(scope)
+        if match is Match.NONE:
+            return match, child
+        app = scope.get("app")
+        instance = getattr(getattr(app, "state", None), "instance", None)
+        if instance is None or child["path_params"]["handler"] not in instance.registry.handlers:
+            return Match.NONE, {}
+        return match, child
 
 
 def _wait_param(request: Request) -> float:
@@ -555,9 +741,13 @@ async def openapi_document(request: Request) -> Response:
 
 ROUTES = [
     Route("/invoke/{handler}", invoke, methods=["POST"]),
-    Route("/jobs/{handler}", submit_job, methods=["POST"]),
+    Route("/handlers/{handler}/jobs", submit_job, methods=["POST"]),
     Route("/jobs/{job_id}", get_job, methods=["GET"]),
     Route("/jobs/{job_id}", cancel_job, methods=["DELETE"]),
+    # After the routes of /jobs/{job_id}: consulted only for a POST there.
+    DeprecatedSubmitRoute(
+        "/jobs/{handler}", submit_job_deprecated, methods=["POST"], include_in_schema=False
+    ),
     Route("/models", list_models, methods=["GET"]),
     Route("/models/{name}/load", load_model, methods=["POST"]),
     Route("/models/{name}", unload_model, methods=["DELETE"]),
@@ -586,15 +776,16 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         inst = instance if instance is not None else Instance.create(settings)
         app.state.instance = inst
-        app.state.dispatcher = inst.dispatcher
+        observed.requests = inst.metrics.requests
         await inst.start(background=not defer_background)
         try:
             yield
         finally:
             await inst.stop()
 
+    observed = Observed()
     keys = KeyRing.from_settings(settings)
-    middleware = [Middleware(Edge)]
+    middleware = [Middleware(Edge, observed)]
     if keys is not None:
         middleware.append(Middleware(AuthMiddleware, keys, problem_response))
     app = Starlette(

@@ -7,9 +7,16 @@ the operationId; the summary is the endpoint docstring's first line.
 `build_openapi` refuses a route without an entry and an entry without a
 route, so the description cannot drift from the code.
 
-`POST /jobs/{handler}` and `GET|DELETE /jobs/{job_id}` are one template to
-OpenAPI's eye; they are kept as two path items, as the routes are, so each
-operation names its parameter for what it is (the common tools accept this).
+A job is submitted with `POST /handlers/{handler}/jobs`. The route it
+replaces, `POST /jobs/{handler}`, differed from `GET|DELETE /jobs/{job_id}`
+only in its variable's name, which OpenAPI 3.1 forbids (templated paths that
+differ only in their names are identical); it still answers, deprecated, and
+is left out of this document (runtime.http.app.DeprecatedSubmitRoute), so no
+path here is another in disguise. A 202's `links` lead from the job it
+answers to its poll and its cancel.
+
+Every response declares the X-Request-Id it carries (`components/headers`);
+every operation takes one (`components/parameters/RequestId`).
 """
 
 from __future__ import annotations
@@ -35,7 +42,6 @@ from runtime.errors import (
 
 PROBLEM = "application/problem+json"
 _PARAM = re.compile(r"{([^}:]+)(?::[^}]+)?}")
-_PREFERENCE = r"(respond-async|wait=[0-9]{1,3}(\.[0-9]{1,3})?)"
 
 
 def _ref(kind: str, name: str) -> dict[str, str]:
@@ -43,13 +49,11 @@ def _ref(kind: str, name: str) -> dict[str, str]:
 
 
 def _problem(description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
-    response: dict[str, Any] = {
+    return {
         "description": description,
+        "headers": {**(headers or {}), "X-Request-Id": _ref("headers", "RequestId")},
         "content": {PROBLEM: {"schema": _ref("schemas", "Problem")}},
     }
-    if headers:
-        response["headers"] = headers
-    return response
 
 
 def _json(schema: dict[str, Any], description: str, **extra: Any) -> dict[str, Any]:
@@ -61,6 +65,23 @@ def _json(schema: dict[str, Any], description: str, **extra: Any) -> dict[str, A
 
 
 _RETRY_AFTER = {"description": "Seconds to wait before retrying", "schema": {"type": "integer"}}
+
+HEADERS: dict[str, Any] = {
+    "RequestId": {
+        "description": (
+            "The request's id: the caller's X-Request-Id when it matches "
+            "^[A-Za-z0-9._:-]{1,128}$, else a new one. Every log line about the "
+            "request and its job names it (`request_id`)."
+        ),
+        "schema": {"type": "string", "minLength": 1},
+        "required": True,
+    },
+    "VaryPrefer": {
+        "description": "`Prefer`: the answer depends on it (RFC 7240 §2)",
+        "schema": {"type": "string", "pattern": "Prefer"},
+        "required": True,
+    },
+}
 
 SCHEMAS: dict[str, Any] = {
     "Problem": {
@@ -150,20 +171,30 @@ PARAMETERS: dict[str, Any] = {
         "name": "Prefer",
         "in": "header",
         "description": (
-            "RFC 7240. `wait=<seconds>`: the caller's deadline (default THAW_WAIT_S); "
-            "`respond-async`: always answer 202 with a job. Other preferences are ignored."
+            "RFC 7240. `wait=<seconds>`: the caller's deadline (default THAW_WAIT_S): 200 "
+            "if the work finishes by then, else 202 with a job. `respond-async`: 202 with "
+            "a job at once. Both (`respond-async, wait=5`): 200 if the work can finish "
+            "within the wait, else 202. Other preferences, and malformed ones, are "
+            "ignored; a `wait` whose value is not a non-negative number of seconds is "
+            "400 invalid-prefer. Every answer says `Vary: Prefer`."
         ),
-        # What is guaranteed to be understood; other preferences are ignored, not refused.
-        "schema": {"type": "string", "pattern": f"^{_PREFERENCE}(, ?{_PREFERENCE})*$"},
+        # Any value: unknown and malformed preferences are ignored, not refused. Only a
+        # `wait` that is no non-negative number is refused (400 invalid-prefer), which
+        # a pattern cannot say without look-arounds that generators do not support.
+        "schema": {"type": "string", "maxLength": 1024},
         "examples": {
             "deadline": {"value": "wait=5"},
             "async": {"value": "respond-async"},
+            "async unless quick": {"value": "respond-async, wait=5"},
         },
     },
     "RequestId": {
         "name": "X-Request-Id",
         "in": "header",
-        "description": "Used as the request id when it matches ^[A-Za-z0-9._:-]{1,128}$.",
+        "description": (
+            "Used as the request id when it matches ^[A-Za-z0-9._:-]{1,128}$ (else "
+            "ignored, and a new id given); answered as X-Request-Id."
+        ),
         "schema": {"type": "string"},
     },
 }
@@ -229,7 +260,23 @@ _JOB_HEADERS = {
     "Retry-After": _RETRY_AFTER,
     "Preference-Applied": {"schema": {"type": "string"}},
 }
-_ACCEPTED = _json(_ref("schemas", "Job"), "a job; poll its Location", headers=_JOB_HEADERS)
+# From the job a 202 answers to what a client does next with it.
+_JOB_LINKS = {
+    "GetJob": {
+        "operationId": "get_job",
+        "parameters": {"job_id": "$response.body#/id"},
+        "description": "poll the job (its Location); `?wait=S` long-polls for its end",
+    },
+    "CancelJob": {
+        "operationId": "cancel_job",
+        "parameters": {"job_id": "$response.body#/id"},
+        "description": "cancel the job while it has not finished",
+    },
+}
+_ACCEPTED = _json(
+    _ref("schemas", "Job"), "a job; poll its Location", headers=_JOB_HEADERS, links=_JOB_LINKS
+)
+_VARY = {"Vary": _ref("headers", "VaryPrefer")}
 _EVENT_BODY = {
     "required": False,
     "description": "the JSON event handed to the handler (an empty body is `{}`)",
@@ -246,7 +293,7 @@ def _errors(*statuses: int) -> dict[str, Any]:
 # Per endpoint: parameters (path parameters come from the route), body, responses.
 OPERATIONS: dict[str, dict[str, Any]] = {
     "invoke": {
-        "parameters": [_ref("parameters", "Prefer"), _ref("parameters", "RequestId")],
+        "parameters": [_ref("parameters", "Prefer")],
         "requestBody": _EVENT_BODY,
         "responses": {
             "200": _json(
@@ -257,15 +304,14 @@ OPERATIONS: dict[str, dict[str, Any]] = {
                         "description": "queue, fetch, load, init, warmup, run (ms)",
                         "schema": {"type": "string"},
                     },
-                    "X-Request-Id": {"schema": {"type": "string"}},
+                    **_VARY,
                 },
             ),
-            "202": _ACCEPTED,
+            "202": {**_ACCEPTED, "headers": {**_JOB_HEADERS, **_VARY}},
             **_errors(400, 404, 408, 413, 429, 500, 503),
         },
     },
     "submit_job": {
-        "parameters": [_ref("parameters", "RequestId")],
         "requestBody": _EVENT_BODY,
         "responses": {"202": _ACCEPTED, **_errors(400, 404, 408, 413, 429, 500, 503)},
     },
@@ -295,7 +341,17 @@ OPERATIONS: dict[str, dict[str, Any]] = {
     },
     "load_model": {
         "responses": {
-            "202": _json(_ref("schemas", "Model"), "loading in the background"),
+            "202": _json(
+                _ref("schemas", "Model"),
+                "loading in the background",
+                links={
+                    "UnloadModel": {
+                        "operationId": "unload_model",
+                        "parameters": {"name": "$request.path.name"},
+                        "description": "unload the bundle again",
+                    }
+                },
+            ),
             **_errors(404, 500, 503),
         },
     },
@@ -360,11 +416,16 @@ def _operation(route: Route, auth: bool) -> dict[str, Any]:
         {"name": p, "in": "path", "required": True, "schema": _NAME}
         for p in _PARAM.findall(route.path)
     ]
+    for status, response in responses.items():
+        if "$ref" not in response:  # the shared ones (errors) declare it themselves
+            headers = {**response.get("headers", {}), "X-Request-Id": _ref("headers", "RequestId")}
+            responses[status] = {**response, "headers": headers}
+    parameters = [*path_params, *fragment.get("parameters", []), _ref("parameters", "RequestId")]
     return {
         "operationId": name,
         "summary": _summary(route.endpoint),
         **fragment,
-        "parameters": path_params + list(fragment.get("parameters", [])),
+        "parameters": parameters,
         "responses": responses,
     }
 
@@ -397,13 +458,18 @@ def build_openapi(routes: Sequence[BaseRoute], *, auth: bool) -> dict[str, Any]:
                 "Errors are RFC 9457 problems (application/problem+json). Any path "
                 "answers a method it does not serve with 405 and `Allow` "
                 "(#/components/responses/MethodNotAllowed); paths are matched exactly, "
-                "so a trailing slash is 404, never a redirect."
+                "so a trailing slash is 404, never a redirect. Every answer carries "
+                "X-Request-Id. `POST /jobs/{handler}`, the submit route before "
+                "`POST /handlers/{handler}/jobs`, still answers for a known handler, "
+                "with `Deprecation` and a `Link` to its successor; it is not described "
+                "here, as OpenAPI 3.1 forbids it beside `/jobs/{job_id}`."
             ),
         },
         "paths": paths,
         "components": {
             "schemas": SCHEMAS,
             "parameters": PARAMETERS,
+            "headers": HEADERS,
             "responses": _error_responses(),
         },
     }

@@ -1,8 +1,23 @@
 """The `Prefer` request header (RFC 7240): `wait=<seconds>` and `respond-async`.
 
-Unknown preferences are ignored, as the RFC asks; a `wait` that is not a
-non-negative number is a client error, since silently ignoring a deadline
-would break the caller's timeout.
+Unknown preferences are ignored, as the RFC asks, and so are malformed ones
+(a token with a space or a quote in it is no preference this server
+understands); a `wait` that is not a non-negative number is a client error,
+since silently ignoring a deadline would break the caller's timeout. So is a
+header line past MAX_HEADER_CHARS. That is the whole of what is refused, and
+what the OpenAPI document says (runtime/http/openapi.py).
+
+What `POST /invoke/{handler}` makes of them (runtime.http.app), the common
+reading of RFC 7240 §4.1 and §4.3:
+
+    wait=S                  answer within S seconds: 200 if the work can finish
+                            by then (the deadline rule), else 202 with a job
+    respond-async           202 with a job at once
+    respond-async, wait=S   as `wait=S`: 200 if it can within S seconds, else 202
+    neither                 as `wait=THAW_WAIT_S`
+
+A 202 answering `respond-async` says `Preference-Applied: respond-async`; every
+answer of the route says `Vary: Prefer`.
 """
 
 from __future__ import annotations
@@ -49,7 +64,7 @@ def _parse(values: tuple[str, ...]) -> Preferences:
             token = token.strip().lower()
             raw = raw.strip().strip('"')
             if not token or any(c in token for c in ' \t"'):
-                raise InvalidPrefer(f"Prefer: malformed preference {pref!r}")
+                continue  # malformed: not a preference this server understands
             if token in seen:
                 continue
             seen.add(token)

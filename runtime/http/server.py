@@ -9,6 +9,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
+from importlib import metadata
 from types import FrameType
 
 import h11
@@ -18,6 +19,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from runtime import process
 from runtime.errors import ConfigError
 from runtime.http.app import create_app
+from runtime.instance import Instance
 from runtime.logs import configure_logging
 from runtime.settings import Settings
 
@@ -41,7 +43,9 @@ class _H11Protocol(H11Protocol):
     byte at a time would too. Here the timer runs until a whole head arrived:
     a request must be sent within the keep-alive timeout of the connection's
     start or its last response. Naming the class also pins h11, whose
-    header-size limit we rely on (httptools has none).
+    header-size limit we rely on (httptools has none). The attributes used here
+    (`timeout_keep_alive_task`, `conn`, `cycle`) are uvicorn's internals:
+    pyproject.toml pins uvicorn to the range the tests ran with.
 
     A request answered before its body was read (404, 405, 413, /drain) leaves
     the rest of the body to be read and discarded, and each byte of it would
@@ -152,6 +156,35 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB"
+
+
+def serving_line(instance: Instance, url: str) -> str:
+    """What this server serves, said once it listens: version, handlers, bundles,
+    device and memory budget. Neither is resolved here (that imports torch, which
+    the first load does): an unset one is said to come with the first load."""
+    settings = instance.settings
+    try:
+        version = metadata.version("thaw")
+    except metadata.PackageNotFoundError:
+        version = "(not installed)"
+    handlers = sorted(instance.registry.handlers)
+    bundles = sorted(instance.registry.bundle_names())
+    pinned = f" (prewarm {', '.join(settings.prewarm)})" if settings.prewarm else ""
+    device = settings.device or "cuda if there is one, else cpu (resolved at the first load)"
+    budget = (
+        _gib(settings.memory_budget)
+        if settings.memory_budget
+        else "90 % of free GPU memory, else 80 % of the memory limit (at the first load)"
+    )
+    return (
+        f"thaw {version} serving {url}: {len(handlers)} handlers ({', '.join(handlers)}); "
+        f"{len(bundles)} bundles ({', '.join(bundles)}){pinned}; device {device}; "
+        f"memory budget {budget}"
+    )
+
+
 def serve(host: str = "127.0.0.1", port: int = 8080, insecure: bool = False) -> int:
     settings = Settings.from_env()
     configure_logging(settings.log_level)
@@ -190,6 +223,8 @@ def serve(host: str = "127.0.0.1", port: int = 8080, insecure: bool = False) -> 
         instance = app.state.instance
         instance.exit_hook = request_exit
         instance.start_background(on_error=start_failed)
+        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        logging.getLogger("thaw.server").info(serving_line(instance, url))
 
     def on_sigterm() -> bool:
         instance = getattr(app.state, "instance", None)

@@ -14,6 +14,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from runtime.errors import Cancelled, WorkerLost
+from runtime.render import job_error
+
 
 class JobStatus(StrEnum):
     QUEUED = "queued"
@@ -83,7 +86,16 @@ class Job:
         return body
 
 
-LOST_ERROR = "worker-lost"
+def lost_error(max_attempts: int) -> dict[str, Any]:
+    """The error of a job whose instance stopped once too often (written by a store)."""
+    stopped = f"the instance running this job stopped; gave up after {max_attempts} attempts"
+    return job_error(WorkerLost(stopped))
+
+
+def cancelled_error() -> dict[str, Any]:
+    """The error of a job its client cancelled (written by a store)."""
+    return job_error(Cancelled("cancelled by the client"))
+
 
 # What a client is told to wait (Retry-After) before retrying a request the job
 # store refused: long enough not to hammer a full disk, short enough to notice

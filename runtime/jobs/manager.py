@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import logging
 import time
@@ -33,25 +34,29 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from runtime.errors import Conflict, StorageUnavailable, ThawError, UnknownJob
+from runtime.errors import (
+    Conflict,
+    Draining,
+    HandlerError,
+    StorageUnavailable,
+    ThawError,
+    UnknownJob,
+)
 from runtime.health import Health
 from runtime.jobs.batch import CreateBatcher
+from runtime.jobs.finished import FinishedJobs
 from runtime.jobs.job import Job, JobStatus, new_job_id
 from runtime.jobs.owners import OwnerLock
 from runtime.jobs.store import JobStore
+from runtime.logs import REQUEST_ID
 from runtime.metrics import Metrics
 from runtime.outputs import encode_output
+from runtime.render import job_error
 
 log = logging.getLogger("thaw.jobs")
 T = TypeVar("T")
-
-DRAINED_ERROR = {
-    "type": "drained",
-    "message": "the instance drained before the job finished; submit it again",
-    "retryable": True,
-}
 
 # The health condition held while the job store cannot serve.
 STORE_CONDITION = "job-store"
@@ -63,8 +68,21 @@ RETRY_MAX_S = 2.0
 # on them (the process is about to exit; their jobs run again elsewhere).
 FINAL_WRITE_GRACE_S = 5.0
 
-# Re-runs a stored job's input on this instance (provided by the dispatcher).
-Execute = Callable[[Job], "asyncio.Future[Any]"]
+
+class JobRunner(Protocol):
+    """Runs a stored job's input again on this instance: the dispatcher, which
+    builds the manager with itself as the runner (runtime/dispatch/dispatcher.py)."""
+
+    def run_job(self, job: Job) -> asyncio.Future[Any]:
+        """Start the job's work; its future is the outcome."""
+        ...
+
+    def can_run(self, handler: str) -> bool:
+        """Whether this instance has the handler: jobs of other functions sharing
+        the store are left to their own instances."""
+        ...
+
+
 # What the job is doing right now: (phase, progress or None).
 Probe = Callable[[], tuple[str, dict[str, Any] | None]]
 # A job's final (status, output, error).
@@ -84,6 +102,9 @@ class LocalJob:
     finisher: asyncio.Task[None] | None = None
     # The outcome once the work ended: kept here until the store has it.
     outcome: Outcome | None = None
+    # The id of the request that made the job (the job's own id for a recovered
+    # one): the log context of every line about it (runtime.logs.REQUEST_ID).
+    request_id: str | None = None
 
 
 def outcome_of(work: asyncio.Future[Any], handler: str) -> Outcome:
@@ -93,12 +114,14 @@ def outcome_of(work: asyncio.Future[Any], handler: str) -> Outcome:
         encode_output(handler, output)
         return JobStatus.SUCCEEDED, output, None
     except asyncio.CancelledError:
-        return JobStatus.FAILED, None, dict(DRAINED_ERROR)
+        # Work is cancelled only by a drain (or by losing the job, whose outcome is discarded).
+        drained = Draining("the instance drained before the job finished; submit it again")
+        return JobStatus.FAILED, None, job_error(drained)
     except ThawError as exc:
-        return JobStatus.FAILED, None, exc.to_job_error()
+        return JobStatus.FAILED, None, job_error(exc)
     except Exception as exc:
-        error = {"type": "handler-error", "message": f"{type(exc).__name__}: {exc}"}
-        return JobStatus.FAILED, None, error
+        # The dispatcher maps what user code raises; what is left came from the work all the same.
+        return JobStatus.FAILED, None, job_error(HandlerError(f"{type(exc).__name__}: {exc}"))
 
 
 class JobManager:
@@ -112,6 +135,7 @@ class JobManager:
         metrics: Metrics,
         health: Health | None = None,
         owners_dir: Path | None = None,
+        runner: JobRunner | None = None,
     ) -> None:
         self.store = store
         self.owner = owner
@@ -122,10 +146,11 @@ class JobManager:
         # This instance's lock file among its node's (None: no dead-owner recovery).
         self.owner_lock = OwnerLock(owners_dir, owner) if owners_dir is not None else None
         self.local: dict[str, LocalJob] = {}
-        self.execute: Execute | None = None
-        # Whether this instance has the job's handler; jobs of other functions
-        # sharing the store are left to their own instances.
-        self.can_run: Callable[[str], bool] = lambda handler: True
+        # Final records seen here: polls of a finished job are answered from
+        # memory, the store down or not (runtime/jobs/finished.py).
+        self.finished = FinishedJobs()
+        # None (a manager on its own, in tests): jobs are claimed but not run again.
+        self.runner = runner
         self.final_write_grace_s = FINAL_WRITE_GRACE_S
         self._idle = asyncio.Event()
         self._idle.set()
@@ -159,7 +184,10 @@ class JobManager:
     def _failing(self, exc: StorageUnavailable) -> None:
         self.health.report(STORE_CONDITION, exc.message)
         if self._probe is None:
-            self._probe = asyncio.get_running_loop().create_task(self._probe_until_writable())
+            # In a context of its own: it is no request's, though a request started it.
+            self._probe = asyncio.get_running_loop().create_task(
+                self._probe_until_writable(), context=contextvars.Context()
+            )
 
     async def _probe_until_writable(self) -> None:
         """While the condition holds, try a small write now and then, so readiness
@@ -214,12 +242,17 @@ class JobManager:
         from `work`'s done callback: a 202 under a burst then costs a callback,
         not a task of its own that wakes up for each job.
         """
-        local = LocalJob(job, work, probe)
+        local = LocalJob(job, work, probe, request_id=REQUEST_ID.get())
         self.local[job.id] = local
         self._idle.clear()
+        # The done callback (and the task recording the outcome) run in the
+        # context current here: the request's, so their lines carry its id.
         work.add_done_callback(partial(self._work_done, local))
         if self._heartbeats is None:
-            self._heartbeats = asyncio.get_running_loop().create_task(self._beat_while_running())
+            # Every job's: in a context of its own, each beat setting its job's id.
+            self._heartbeats = asyncio.get_running_loop().create_task(
+                self._beat_while_running(), context=contextvars.Context()
+            )
 
     def _work_done(self, local: LocalJob, work: asyncio.Future[Any]) -> None:
         local.outcome = outcome_of(work, local.job.handler)
@@ -345,6 +378,8 @@ class JobManager:
                 self._heartbeats = None
 
     async def _beat(self, local: LocalJob) -> None:
+        # Each beat is a task of its own (gather): the id is set for this job only.
+        REQUEST_ID.set(local.request_id)
         job = local.job
         try:
             if await self._write(self.store.heartbeat, job.id, self.owner, self.lease_s):
@@ -376,7 +411,7 @@ class JobManager:
         """The job; long-polls up to `wait_s` for a final state; recovers lapsed jobs."""
         deadline = time.monotonic() + wait_s
         while True:
-            job = await self._read(self.store.get, job_id)
+            job = await self._lookup(job_id)
             local = self.local.get(job_id)
             if job is None and local is not None and local.job.key_id == key_id:
                 # Held here but gone from the store (a deleted database): write it again.
@@ -388,6 +423,7 @@ class JobManager:
             if job.status is JobStatus.RUNNING and local is None and lapsed:
                 claimed = await self._claim_and_run(job)
                 job = claimed or await self._read(self.store.get, job_id) or job
+            self.finished.remember(job)
             remaining = deadline - time.monotonic()
             if job.status.final or remaining <= 0:
                 return job
@@ -398,8 +434,15 @@ class JobManager:
             else:
                 await asyncio.sleep(min(0.1, remaining))
 
+    async def _lookup(self, job_id: str) -> Job | None:
+        """The job as remembered if it is finished, else as the store has it."""
+        finished = self.finished.get(job_id)
+        if finished is not None:
+            return finished
+        return await self._read(self.store.get, job_id)
+
     async def cancel(self, job_id: str, *, key_id: str | None) -> Job:
-        job = await self._read(self.store.get, job_id)
+        job = await self._lookup(job_id)
         if job is None or job.key_id != key_id:
             raise UnknownJob(f"no job {job_id!r}")
         if job.status.final:
@@ -409,6 +452,8 @@ class JobManager:
         if local is not None:
             local.work.cancel()
         self.metrics.jobs.labels("cancelled").inc()
+        if cancelled is not None:
+            self.finished.remember(cancelled)
         return cancelled or job
 
     # ---- recovery -------------------------------------------------------------
@@ -419,7 +464,7 @@ class JobManager:
         Never one this instance holds: its lease may have lapsed while the store
         was down, but its work is running here, or its outcome waits to be written.
         """
-        if job.id in self.local or not self.can_run(job.handler):
+        if job.id in self.local or not self._can_run(job.handler):
             return None
         claimed: Job | None = await self._write(
             self.store.claim, job.id, self.owner, self.lease_s, self.max_attempts
@@ -428,12 +473,22 @@ class JobManager:
             self._run_recovered(claimed)
         return claimed
 
+    def _can_run(self, handler: str) -> bool:
+        return self.runner is None or self.runner.can_run(handler)
+
     def _run_recovered(self, claimed: Job) -> None:
-        if self.execute is None:
+        if self.runner is None:
             return
-        log.info("recovering job %s (attempt %d)", claimed.id, claimed.attempts)
-        work = self.execute(claimed)
-        self.follow(claimed, work, lambda: ("running", None))
+        # Its first request's id is not kept with the job: a recovered run is known by
+        # the job's id (the request id its handler sees too), not by the poll or sweep
+        # that claimed it.
+        token = REQUEST_ID.set(claimed.id)
+        try:
+            log.info("recovering job %s (attempt %d)", claimed.id, claimed.attempts)
+            work = self.runner.run_job(claimed)
+            self.follow(claimed, work, lambda: ("running", None))
+        finally:
+            REQUEST_ID.reset(token)
 
     async def sweep(self) -> int:
         """Claim and run every lapsed job; returns how many."""
@@ -482,7 +537,7 @@ class JobManager:
             for job_id in fresh:
                 seen.add(job_id)
                 job = await self._read(self.store.get, job_id)
-                if job is None or not self.can_run(job.handler):
+                if job is None or not self._can_run(job.handler):
                     continue  # left to its lease, for an instance that has its handler
                 claimed = await self._write(
                     self.store.claim_orphan,

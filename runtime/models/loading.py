@@ -49,6 +49,7 @@ from runtime.models.estimate import Estimator
 from runtime.models.eviction import EvictionPolicy
 from runtime.models.lifecycle import LOAD_PHASES, State
 from runtime.registry import HandlerSpec, Registry
+from runtime.render import job_error
 
 log = logging.getLogger("thaw.cache")
 T = TypeVar("T")
@@ -314,11 +315,7 @@ class Loader:
             self.budget.unreserve(entry.name)
             if entry.manifest is not None and self.device is not None:
                 await asyncio.to_thread(weights_mod.release, self.device)
-            error = (
-                exc.to_job_error()
-                if isinstance(exc, ThawError)
-                else {"type": "internal", "message": f"{type(exc).__name__}: {exc}"}
-            )
+            error = job_error(exc)
             if isinstance(exc, ThawError) and "phase" in exc.extra:
                 error["phase"] = exc.extra["phase"]
             if lc.state is not State.FAILED:

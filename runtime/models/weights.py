@@ -31,7 +31,7 @@ import orjson
 
 from runtime.bundles.manifest import Manifest
 from runtime.bundles.stamps import stamp_of
-from runtime.errors import BundleError, IntegrityError
+from runtime.errors import BundleError, IntegrityError, LoadFailed
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -113,6 +113,26 @@ def preload_framework() -> None:
         return
 
 
+def _import_framework() -> None:
+    """Import torch and safetensors' torch support, or fail the load saying which is missing.
+
+    torch is an extra (`thaw[torch]`): the control plane and model-less
+    handlers run without it, and the first load is where its absence shows,
+    as one `load-failed` that names the package (every later load of the
+    instance fails the same way, as the device is resolved once).
+    """
+    try:
+        import safetensors.torch  # noqa: F401  (its first import is part of the same cost)
+        import torch  # noqa: F401
+    except ImportError as exc:
+        missing = exc.name or "torch"
+        raise LoadFailed(
+            f"loading a model needs the Python package {missing!r}, which is not installed: "
+            "pip install 'thaw[torch]' (or a torch build for this machine first)",
+            missing=missing,
+        ) from exc
+
+
 def resolve_device(requested: str) -> str:
     """`THAW_DEVICE` if set, else `cuda` when available, else `cpu`.
 
@@ -121,7 +141,7 @@ def resolve_device(requested: str) -> str:
     what the import made; see `_freeze_framework`.
     """
     preload_framework()
-    import safetensors.torch  # noqa: F401  (its first import is part of the same cost)
+    _import_framework()
     import torch
 
     _freeze_framework()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.aws.lambda_api import user_frames
 from runtime.aws.lambda_loop import budget_s, prefer_with_wait
 from runtime.http.prefer import parse_prefer
+from runtime.render import user_frames
 
 
 def test_no_deadline_header_means_no_lambda_limit() -> None:

@@ -13,7 +13,9 @@ from tests.aws.conftest import LambdaProcess
 from tests.aws.fake_runtime_api import FakeRuntimeAPI
 
 Start = Callable[..., LambdaProcess]
-HANDLERS = "tests.handlers.echo,tests.handlers.raises,tests.handlers.slow_builder"
+HANDLERS = (
+    "tests.handlers.echo,tests.handlers.raises,tests.handlers.refuses,tests.handlers.slow_builder"
+)
 
 
 def http_event(method: str, path: str, body: bytes = b"", **extra: object) -> dict[str, object]:
@@ -44,20 +46,35 @@ def test_direct_event_is_answered_with_output(
 def test_handler_error_becomes_a_lambda_error(
     start_runtime: Start, runtime_api: FakeRuntimeAPI
 ) -> None:
+    """As AWS's Python runtime reports it: the exception's class, its message, user frames."""
     start_runtime(THAW_HANDLERS=HANDLERS)
-    failing = runtime_api.push({"handler": "raises", "input": {"message": "no luck"}})
+    event = {"handler": "raises", "input": {"message": "no luck", "token": "s3cr3t-payload"}}
+    failing = runtime_api.push(event)
+    refused = runtime_api.push({"handler": "refuses", "input": {"value": "x"}})
     unknown = runtime_api.push({"handler": "nope"})
     not_ours = runtime_api.push({"Records": []})
+    no_job = runtime_api.push({"job": "does-not-exist", "wait_s": 0})
 
     posted = runtime_api.result(failing)
     assert posted.kind == "error"
-    assert posted.headers["lambda-runtime-function-error-type"] == "handler-error"
+    assert posted.headers["lambda-runtime-function-error-type"] == "ValueError"
     error = posted.json()
-    assert error["errorType"] == "handler-error"
-    assert error["errorMessage"] == "ValueError: no luck"
-    assert isinstance(error["stackTrace"], list)
+    assert error["errorType"] == "ValueError"
+    assert error["errorMessage"] == "no luck"
+    trace = "".join(error["stackTrace"])
+    assert "tests/handlers/raises.py" in trace and "raise ValueError(message)" in trace
+    # User frames only, and never a part of the event the handler did not put in its message.
+    assert "/runtime/" not in trace and "concurrent/futures" not in trace
+    assert "s3cr3t" not in posted.body.decode()
+    # Thaw's own errors keep their slugs, a handler's InvalidInput included.
+    invalid = runtime_api.result(refused).json()
+    assert invalid["errorType"] == "invalid-input"
+    assert invalid["errorMessage"] == "value: must be a number"
+    assert "tests/handlers/refuses.py" in "".join(invalid["stackTrace"])
     assert runtime_api.result(unknown).json()["errorType"] == "unknown-handler"
+    assert runtime_api.result(unknown).json()["stackTrace"] == []
     assert runtime_api.result(not_ours).json()["errorType"] == "invalid-event"
+    assert runtime_api.result(no_job).json()["errorType"] == "unknown-job"
 
 
 def test_import_failure_is_posted_to_init_error(

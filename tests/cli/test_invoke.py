@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support import make_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,6 +41,15 @@ def test_invoke_model_backed_example(thaw_env: dict[str, str]) -> None:
         line.split()[0]: float(line.split()[1]) for line in result.stderr.strip().splitlines()[1:]
     }
     assert table["load"] > 0 and table["init"] > 0 and table["warmup"] > 0 and table["run"] > 0
+
+
+@pytest.mark.gpu
+def test_invoke_model_backed_example_on_cuda(thaw_env: dict[str, str]) -> None:
+    """The README's handler, as shipped, on a CUDA device: its input goes to the model's."""
+    env = {**thaw_env, "THAW_DEVICE": "cuda"}
+    result = invoke("fahrenheit", "--event", '{"celsius": [100, -40, 0]}', env=env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"fahrenheit": [212.0, -40.0, 32.0]}
 
 
 def test_invoke_event_from_file(thaw_env: dict[str, str], tmp_path: Path) -> None:

@@ -228,7 +228,7 @@ def test_lambda_mode_under_thaw_emulate_image(
         env,
         "--image",
         built_image,
-        "--max-instances",
+        "--max-sandboxes",
         "2",
         template=ROOT / "template.yaml",
     )

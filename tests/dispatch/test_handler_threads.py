@@ -183,6 +183,11 @@ async def test_handlers_filling_every_handler_thread_do_not_hold_up_a_job_record
     assert len({o.output["thread"] for o in outcomes if isinstance(o, Completed)}) == 64
 
 
+def is_work_item(frame: FrameType) -> bool:
+    code = frame.f_code
+    return code.co_name == "run" and code.co_filename.endswith("concurrent/futures/thread.py")
+
+
 def handler_frames() -> list[FrameType]:
     """The innermost frames of every thread, walked out to the outermost."""
     found = []
@@ -210,7 +215,11 @@ async def test_drain_lets_go_of_the_model_of_a_sync_call_whose_thread_still_runs
         assert entry.lifecycle.state is State.UNLOADED and instance.cache.in_flight("alpha") == 0
         with pytest.raises(Draining, match="drained before this request finished"):
             await request  # a waiting caller cut off by the drain gets 503 `drained`
-        await asyncio.sleep(1.6)  # the thread ends; its late outcome is dropped
+        # The thread ends: its work item (concurrent.futures' `_WorkItem.run`, which
+        # posts the outcome back to the loop) is done, and the loop drops the outcome.
+        await until(lambda: not any(is_work_item(f) for f in handler_frames()))
+        for _ in range(3):
+            await asyncio.sleep(0)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 

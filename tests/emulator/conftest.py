@@ -207,9 +207,9 @@ def emulator_env(root: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="package")
 def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
-    """Shared by the package's tests: max 3 instances, idle ones stopped after 2 s."""
+    """Shared by the package's tests: max 3 sandboxes, idle ones stopped after 2 s."""
     root = tmp_path_factory.mktemp("emulator")
-    emu = Emulator(root, emulator_env(root), "--max-instances", "3", "--idle-timeout", "2")
+    emu = Emulator(root, emulator_env(root), "--max-sandboxes", "3", "--idle-timeout", "2")
     yield emu
     emu.stop()
 

@@ -1,4 +1,4 @@
-"""`thaw emulate --image`: the container an instance runs in, as the engine is told to run it.
+"""`thaw emulate --image`: the container a sandbox runs in, as the engine is told to run it.
 
 The image itself runs under the emulator in tests/deploy/test_image.py (it
 needs root, podman and a built image); this checks the command line anywhere.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from runtime.emulator.containers import JOBS_MOUNT, ContainerLauncher
-from runtime.emulator.instances import Instance
+from runtime.emulator.sandboxes import Sandbox
 from runtime.emulator.template import parse_template
 
 TEMPLATE = """
@@ -35,11 +35,11 @@ def test_the_container_is_held_to_the_functions_limits(tmp_path: Path) -> None:
         "THAW_CACHE_DIR": "/home/me/.thaw/cache",
     }
     launcher = ContainerLauncher("/usr/bin/podman", "localhost/thaw:x", local, tmp_path / "jobs")
-    instance = Instance(function, launcher)
-    argv, env = launcher.command(instance, "127.0.0.1:4321")
+    sandbox = Sandbox(function, launcher)
+    argv, env = launcher.command(sandbox, "127.0.0.1:4321")
     text = " ".join(argv)
     assert argv[:3] == ["/usr/bin/podman", "run", "--rm"] and argv[-1] == "localhost/thaw:x"
-    assert f"--name thaw-{instance.iid}" in text and "--network host" in text
+    assert f"--name thaw-{sandbox.sid}" in text and "--network host" in text
     assert "--read-only" in argv and "--tmpfs /tmp:rw,mode=1777,size=1024m" in text
     assert "--memory 256m --memory-swap 256m" in text
     assert "--ulimit nofile=1024:1024" in text and "--ulimit nproc=1024:1024" in text

@@ -34,7 +34,7 @@ def test_contract_errors_keep_their_status_and_problem(emulator: Emulator) -> No
 
 
 def poll_job(client: httpx.Client, location: str, timeout_s: float = 30.0) -> dict[str, object]:
-    """GET the job until it is final; a poll may land on any instance, or be throttled."""
+    """GET the job until it is final; a poll may land on any sandbox, or be throttled."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         response = client.get(location, params={"wait": "2"})

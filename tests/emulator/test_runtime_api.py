@@ -1,4 +1,4 @@
-"""Each instance's Runtime API, as real Lambda clients see it, and how an invocation ends.
+"""Each sandbox's Runtime API, as real Lambda clients see it, and how an invocation ends.
 
 On Lambda AWS_LAMBDA_RUNTIME_API is a plain `host:port`; a client that hands it
 to `http.client` (awslambdaric does, to post an init error) refuses anything
@@ -29,7 +29,7 @@ def test_each_instance_gets_a_plain_host_port_of_its_own(emulator: Emulator) -> 
     bodies = [a.json() for a in answers]
     assert all(b["foreign"] == {"sleep_s": 0.5} for b in bodies)
     addresses = {b["address"] for b in bodies}
-    assert len({b["pid"] for b in bodies}) == 2  # two instances...
+    assert len({b["pid"] for b in bodies}) == 2  # two sandboxes...
     assert len(addresses) == 2  # ...with a listener each
     assert all(PLAIN_ADDRESS.match(address) for address in addresses), addresses
 
@@ -45,7 +45,7 @@ def test_a_stdlib_client_posts_its_init_error_as_awslambdaric_does(emulator: Emu
 
 
 def test_duration_runs_until_the_instance_asks_for_its_next_event(emulator: Emulator) -> None:
-    """A job answered 202 keeps the instance working; the REPORT bills that work."""
+    """A job answered 202 keeps the sandbox working; the REPORT bills that work."""
     event = {"handler": "sleepy", "input": {"s": 1.5}, "wait_s": 0.3}
     answer = emulator.invoke("ThawFunction", orjson.dumps(event))
     assert answer.status_code == 200

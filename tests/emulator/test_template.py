@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from runtime.emulator import local_environment
-from runtime.emulator.instances import instance_env
+from runtime.emulator.sandboxes import sandbox_env
 from runtime.emulator.template import load_template, parse_template
 from runtime.errors import ConfigError
 
@@ -117,11 +117,9 @@ def test_conditional_functions_follow_the_parameter_defaults() -> None:
 
 def test_the_shipped_template_reads() -> None:
     shipped = Path(__file__).resolve().parents[2] / "template.yaml"
-    if not shipped.exists():
-        pytest.skip("no template.yaml yet")
     function = load_template(shipped).url_function()
     assert function.timeout_s >= 1 and function.memory_mb >= 128
-    # AWS wiring that needs the deployed stack never reaches a local instance.
+    # AWS wiring that needs the deployed stack never reaches a local sandbox.
     assert not function.environment.get("THAW_JOB_STORE", "").startswith("dynamodb://")
 
 
@@ -158,7 +156,7 @@ def test_local_wiring_wins_over_aws_wiring(tmp_path: Path) -> None:
         "THAW_STATE_DIR": str(tmp_path / "state"),
     }
     base, local = local_environment(environ)
-    env = instance_env(function, base, local, "127.0.0.1:9001")
+    env = sandbox_env(function, base, local, "127.0.0.1:9001")
     assert env["THAW_JOB_STORE"].startswith("sqlite:////")  # the laptop default, absolute
     assert env["THAW_BUNDLE_SOURCE"] == str(Path("bundles").resolve())
     assert env["THAW_STATE_DIR"] == str(tmp_path / "state")

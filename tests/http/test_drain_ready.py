@@ -54,7 +54,7 @@ def test_drain_finishes_in_flight_refuses_new_and_exits_zero(serve: Any, bundles
     server: ServerProcess = serve(THAW_DRAIN_GRACE_S="10")
     with server.client() as client:
         assert client.post("/invoke/alpha", json={}).status_code == 200
-        job = client.post("/jobs/alpha", json={"sleep_s": 1.5}).json()
+        job = client.post("/handlers/alpha/jobs", json={"sleep_s": 1.5}).json()
 
     def long_call() -> httpx.Response:
         with httpx.Client(base_url=server.url, timeout=30) as c:
@@ -84,7 +84,7 @@ def test_drain_grace_aborts_the_rest_with_a_retryable_error(serve: Any, bundles:
     make_bundle(bundles, "alpha")
     server: ServerProcess = serve(THAW_DRAIN_GRACE_S="0.5")
     with server.client() as client:
-        job = client.post("/jobs/alpha", json={"sleep_s": 4}).json()
+        job = client.post("/handlers/alpha/jobs", json={"sleep_s": 4}).json()
         time.sleep(0.5)
         client.post("/drain")
     assert server.proc is not None and server.proc.wait(20) == 0

@@ -59,8 +59,12 @@ def invoke(server: ServerProcess, handler: str, event: Any) -> httpx.Response:
     [
         ("PUT", "/invoke/echo", {"POST"}),
         ("GET", "/invoke/echo", {"POST"}),
-        # Three routes share /jobs/{...}: the path serves all of their methods.
-        ("PATCH", "/jobs/abc", {"DELETE", "GET", "HEAD", "POST"}),
+        # Two routes share /jobs/{job_id}: the path serves both of their methods (the
+        # deprecated POST /jobs/{handler} only where the segment names a handler).
+        ("PATCH", "/jobs/abc", {"DELETE", "GET", "HEAD"}),
+        ("POST", "/jobs/abc", {"DELETE", "GET", "HEAD"}),
+        ("PATCH", "/jobs/echo", {"DELETE", "GET", "HEAD", "POST"}),
+        ("GET", "/handlers/echo/jobs", {"POST"}),
         ("POST", "/healthz", {"GET", "HEAD"}),
         ("GET", "/drain", {"POST"}),
         ("DELETE", "/models", {"GET", "HEAD"}),
@@ -83,6 +87,7 @@ def test_a_method_the_path_does_not_serve_is_405_naming_the_ones_it_does(
     [
         ("POST", "/invoke/echo/"),
         ("POST", "/jobs/echo/"),
+        ("POST", "/handlers/echo/jobs/"),
         ("GET", "/jobs/abc/"),
         ("GET", "/healthz/"),
         ("GET", "/models/"),
@@ -149,7 +154,7 @@ def test_the_openapi_document_names_these_answers(server: ServerProcess) -> None
     responses = document["components"]["responses"]
     assert responses["MethodNotAllowed"]["headers"]["Allow"]["required"] is True
     assert "405" in document["info"]["description"]
-    for path in ("/invoke/{handler}", "/jobs/{handler}"):
+    for path in ("/invoke/{handler}", "/handlers/{handler}/jobs"):
         documented = document["paths"][path]["post"]["responses"]
         assert documented["408"] == {"$ref": "#/components/responses/RequestTimeout"}
         assert documented["503"] == {"$ref": "#/components/responses/Unavailable"}

@@ -127,7 +127,7 @@ def test_handler_error_is_500_problem_and_job_error(serve: Any, bundles: Path) -
         assert response.status_code == 500
         problem = response.json()
         assert problem["type"].endswith("/handler-error") and "ValueError" in problem["detail"]
-        job = client.post("/jobs/alpha", json={"sleep_s": "x"}).json()
+        job = client.post("/handlers/alpha/jobs", json={"sleep_s": "x"}).json()
         final = client.get(f"/jobs/{job['id']}", params={"wait": 10}).json()
         assert final["status"] == "failed"
         assert final["error"]["type"] == "handler-error"
@@ -143,7 +143,7 @@ def test_respond_async_and_cancel(serve: Any, bundles: Path) -> None:
         assert accepted.headers["preference-applied"] == "respond-async"
         done = client.get(accepted.headers["location"], params={"wait": 20}).json()
         assert done["status"] == "succeeded"
-        slow = client.post("/jobs/alpha", json={"sleep_s": 2}).json()
+        slow = client.post("/handlers/alpha/jobs", json={"sleep_s": 2}).json()
         cancelled = client.delete(f"/jobs/{slow['id']}").json()
         assert cancelled["status"] == "cancelled"
         time.sleep(2.5)

@@ -13,11 +13,11 @@ def test_finished_jobs_survive_restart_and_killed_job_is_retried(serve: Any, bun
     make_bundle(bundles, "alpha")
     first: ServerProcess = serve(THAW_JOB_LEASE_S="1")
     with first.client() as client:
-        done = client.post("/jobs/alpha", json={}).json()
+        done = client.post("/handlers/alpha/jobs", json={}).json()
         assert client.get(f"/jobs/{done['id']}", params={"wait": 20}).json()["status"] == (
             "succeeded"
         )
-        running = client.post("/jobs/alpha", json={"sleep_s": 2.0}).json()
+        running = client.post("/handlers/alpha/jobs", json={"sleep_s": 2.0}).json()
         time.sleep(0.5)
         assert client.get(f"/jobs/{running['id']}").json()["status"] == "running"
     first.kill()  # SIGKILL mid-job: no chance to clean up
@@ -37,7 +37,7 @@ def test_job_out_of_attempts_fails_with_clear_error(serve: Any, bundles: Path) -
     env = {"THAW_JOB_LEASE_S": "0.5", "THAW_JOB_MAX_ATTEMPTS": "1"}
     first: ServerProcess = serve(**env)
     with first.client() as client:
-        job = client.post("/jobs/alpha", json={"sleep_s": 5}).json()
+        job = client.post("/handlers/alpha/jobs", json={"sleep_s": 5}).json()
         time.sleep(0.5)
     first.kill()
     second: ServerProcess = serve(**env)
@@ -53,7 +53,7 @@ def test_jobs_expire_after_ttl(serve: Any, bundles: Path) -> None:
     make_bundle(bundles, "alpha")
     server: ServerProcess = serve(THAW_JOB_TTL_S="1")
     with server.client() as client:
-        job = client.post("/jobs/alpha", json={}).json()
+        job = client.post("/handlers/alpha/jobs", json={}).json()
         assert client.get(f"/jobs/{job['id']}", params={"wait": 10}).status_code == 200
         time.sleep(1.2)
         assert client.get(f"/jobs/{job['id']}").status_code == 404

@@ -20,13 +20,19 @@ from runtime.http.prefer import Preferences, parse_prefer
         (['wait="3"'], Preferences(wait_s=3.0)),
         (["wait=1;foo=bar"], Preferences(wait_s=1.0)),
         (["wait=1, wait=9"], Preferences(wait_s=1.0)),
+        # Malformed preferences are ignored like unknown ones; a wait beside them counts.
+        (["a b, wait=2"], Preferences(wait_s=2.0)),
+        (['"quoted", respond-async'], Preferences(respond_async=True)),
+        (["wait 5"], Preferences()),
     ],
 )
 def test_parses(headers: list[str], expected: Preferences) -> None:
     assert parse_prefer(headers) == expected
 
 
-@pytest.mark.parametrize("header", ["wait=abc", "wait=-1", "wait", "wait=nan", "wait=inf", "a b"])
+@pytest.mark.parametrize(
+    "header", ["wait=abc", "wait=-1", "wait", "wait=", "wait=nan", "wait=inf", "x" * 1025]
+)
 def test_rejects(header: str) -> None:
     with pytest.raises(InvalidPrefer):
         parse_prefer([header])

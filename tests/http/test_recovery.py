@@ -56,14 +56,16 @@ def test_a_job_orphaned_by_kill_9_is_run_again_at_once_by_the_next_server(
     doomed = serve(**env)
     sibling = serve(**env)  # alive on the same node throughout
     with doomed.client() as client:
-        done = client.post("/jobs/logged", json={"tag": "done"}).json()
+        done = client.post("/handlers/logged/jobs", json={"tag": "done"}).json()
         finished = client.get(f"/jobs/{done['id']}", params={"wait": 30}).json()
         assert finished["status"] == "succeeded"
-        orphan = client.post("/jobs/logged", json={"tag": "orphan", "hold": str(orphan_hold)})
+        orphan = client.post(
+            "/handlers/logged/jobs", json={"tag": "orphan", "hold": str(orphan_hold)}
+        )
         orphan_id = orphan.json()["id"]
     with sibling.client() as client:
         theirs_id = client.post(
-            "/jobs/logged", json={"tag": "sibling", "hold": str(sibling_hold)}
+            "/handlers/logged/jobs", json={"tag": "sibling", "hold": str(sibling_hold)}
         ).json()["id"]
     until(lambda: runs(run_log, "orphan") and runs(run_log, "sibling"), "both jobs started")
 
@@ -111,7 +113,7 @@ def test_a_job_orphaned_by_kill_9_is_run_again_at_once_by_the_next_server(
     # The dead owner's lock file is gone; the living ones hold theirs.
     owners = Path(doomed.env["THAW_STATE_DIR"]) / "owners"
     assert len(list(owners.glob("*.lock"))) == 2
-    assert "died on this node" in heir.log()
+    assert "died on this node" in heir.log_path.read_text()
 
 
 def test_a_clean_stop_leaves_no_dead_owner_behind(

@@ -30,7 +30,7 @@ def test_a_job_submitted_as_soon_as_healthz_answers_is_recorded(
     servers.append(server)
     server.start()
     with server.client() as client:
-        job = client.post("/jobs/echo", json={"at": "start"})
+        job = client.post("/handlers/echo/jobs", json={"at": "start"})
         assert job.status_code == 202, job.text
         done = client.get(f"/jobs/{job.json()['id']}", params={"wait": 10}).json()
         assert done["status"] == "succeeded" and done["output"] == {"at": "start"}

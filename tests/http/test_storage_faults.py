@@ -97,14 +97,16 @@ def test_a_full_disk_refuses_jobs_with_503_and_keeps_a_finished_output(
         THAW_JOB_LEASE_S="1",  # lapses during the outage; the sweep runs every second
     )
     with server.client() as client:
-        held = client.post("/jobs/logged", json={"tag": "held", "hold": str(hold)})
+        held = client.post("/handlers/logged/jobs", json={"tag": "held", "hold": str(hold)})
         assert held.status_code == 202
         held_id = held.json()["id"]
         until(lambda: runs(run_log, "held"), "the held job started")
 
         filler = tmpfs.fill(disk)
         for _ in range(3):
-            assert_storage_unavailable(client.post("/jobs/logged", json={"tag": "refused"}))
+            assert_storage_unavailable(
+                client.post("/handlers/logged/jobs", json={"tag": "refused"})
+            )
             assert_storage_unavailable(
                 client.post(
                     "/invoke/logged", json={"tag": "refused"}, headers={"Prefer": "respond-async"}
@@ -134,7 +136,7 @@ def test_a_full_disk_refuses_jobs_with_503_and_keeps_a_finished_output(
         assert done["status"] == "succeeded", done
         assert done["attempts"] == 1 and done["output"]["tag"] == "held"
         until(lambda: readiness(client) == (200, []), "ready again")
-        accepted = client.post("/jobs/logged", json={"tag": "after"})
+        accepted = client.post("/handlers/logged/jobs", json={"tag": "after"})
         assert accepted.status_code == 202
         after_id = accepted.json()["id"]
         assert client.get(f"/jobs/{after_id}", params={"wait": 30}).json()["status"] == (
@@ -143,7 +145,8 @@ def test_a_full_disk_refuses_jobs_with_503_and_keeps_a_finished_output(
 
     assert len(runs(run_log, "held")) == 1, "the finished job was run again"
     assert runs(run_log, "refused") == []
-    log = server.log()
+    # The whole log: the tail `log()` keeps is mostly access lines by now.
+    log = server.log_path.read_text()
     assert count(log, "unready: job-store") == 1, log
     assert count(log, "ready again: job-store") == 1, log
     assert count(log, "load estimates cannot be saved") == 1, log
@@ -168,7 +171,9 @@ def test_a_job_database_deleted_while_serving_loses_no_accepted_job(
     hold.touch()
     server = serve_at(THAW_JOB_STORE=f"sqlite:///{database}", THAW_JOB_LEASE_S="1")
     with server.client() as client:
-        held_id = client.post("/jobs/logged", json={"tag": "held", "hold": str(hold)}).json()["id"]
+        held_id = client.post(
+            "/handlers/logged/jobs", json={"tag": "held", "hold": str(hold)}
+        ).json()["id"]
         until(lambda: runs(tmp_path / "runs.log", "held"), "the held job started")
         database.unlink()
         if side_files_too:
@@ -177,7 +182,7 @@ def test_a_job_database_deleted_while_serving_loses_no_accepted_job(
 
         accepted = []
         for index in range(5):
-            response = client.post("/jobs/logged", json={"tag": f"new-{index}"})
+            response = client.post("/handlers/logged/jobs", json={"tag": f"new-{index}"})
             if response.status_code == 503:  # refused: fine, as long as it is not a 202
                 assert_storage_unavailable(response)
             else:
@@ -188,7 +193,8 @@ def test_a_job_database_deleted_while_serving_loses_no_accepted_job(
         for job_id in [held_id, *accepted]:
             final = client.get(f"/jobs/{job_id}", params={"wait": 30}).json()
             assert final["status"] == "succeeded", final
-    log = server.log()
+    # The whole log: the tail `log()` keeps is mostly access lines by now.
+    log = server.log_path.read_text()
     assert count(log, "now using the file at that path") == 1, log
     # A write that raced the deletion was refused (readiness off, then back), or none did.
     assert count(log, "unready: job-store") == count(log, "ready again: job-store") <= 1, log
@@ -208,20 +214,23 @@ def test_a_job_database_overwritten_while_serving_is_refused_until_removed(
     database = tmp_path / "jobs.sqlite3"
     server = serve_at(THAW_JOB_STORE=f"sqlite:///{database}")
     with server.client() as client:
-        first = client.post("/jobs/logged", json={"tag": "first"}).json()["id"]
+        first = client.post("/handlers/logged/jobs", json={"tag": "first"}).json()["id"]
         assert client.get(f"/jobs/{first}", params={"wait": 30}).json()["status"] == "succeeded"
         with open(database, "r+b") as handle:  # garbage over the header, same inode
             handle.write(os.urandom(16384))
 
         for _ in range(3):
-            assert_storage_unavailable(client.post("/jobs/logged", json={"tag": "refused"}))
+            assert_storage_unavailable(
+                client.post("/handlers/logged/jobs", json={"tag": "refused"})
+            )
         assert_storage_unavailable(client.get(f"/jobs/{first}"))
         assert readiness(client) == (503, ["job-store"])
 
         database.unlink()  # the operator removes the broken file
         accepted = until(
             lambda: (
-                (r := client.post("/jobs/logged", json={"tag": "after"})).status_code == 202
+                (r := client.post("/handlers/logged/jobs", json={"tag": "after"})).status_code
+                == 202
                 and r.json()["id"]
             ),
             "a job accepted on the new file",
@@ -231,7 +240,8 @@ def test_a_job_database_overwritten_while_serving_is_refused_until_removed(
         )
         until(lambda: readiness(client) == (200, []), "ready again")
     assert runs(tmp_path / "runs.log", "refused") == []
-    log = server.log()
+    # The whole log: the tail `log()` keeps is mostly access lines by now.
+    log = server.log_path.read_text()
     assert count(log, "unready: job-store") == 1, log
     assert count(log, "ready again: job-store") == 1, log
 
@@ -255,12 +265,13 @@ def test_a_state_dir_that_cannot_be_created_costs_estimates_never_loads(
         for name in ("alpha", "beta", "alpha"):
             response = client.post(f"/invoke/{name}", json={}, headers={"Prefer": "wait=120"})
             assert response.status_code == 200, response.text
-        job = client.post("/jobs/beta", json={}).json()
+        job = client.post("/handlers/beta/jobs", json={}).json()
         assert client.get(f"/jobs/{job['id']}", params={"wait": 30}).json()["status"] == (
             "succeeded"
         )
         assert readiness(client) == (200, [])
-    log = server.log()
+    # The whole log: the tail `log()` keeps is mostly access lines by now.
+    log = server.log_path.read_text()
     assert count(log, "load estimates cannot be saved") == 1, log
     assert count(log, "verified-file stamps cannot be saved") == 1, log
     assert count(log, "dead-owner recovery is off") == 1, log

@@ -96,7 +96,7 @@ async def test_outcomes_of_failing_work_are_recorded(store: SQLiteJobStore) -> N
     assert failed.error == {"type": "handler-error", "message": "ValueError: bad input"}
     refused = store.get(ours.id)
     assert refused is not None and refused.status is JobStatus.FAILED
-    assert refused.error == LoadFailed("bundle broke").to_job_error()
+    assert refused.error == {"type": "load-failed", "message": "bundle broke"}
 
 
 async def test_a_job_cancelled_in_the_store_stops_at_the_next_heartbeat(

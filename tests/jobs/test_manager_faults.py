@@ -11,7 +11,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +37,25 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield disk
 
 
+class Rerun:
+    """The job manager's runner (the dispatcher's part): each job's work, from `work(job)`."""
+
+    def __init__(self, work: Callable[[Job], Awaitable[Any]]) -> None:
+        self.work = work
+
+    def run_job(self, job: Job) -> asyncio.Future[Any]:
+        return asyncio.ensure_future(self.work(job))
+
+    def can_run(self, handler: str) -> bool:
+        return True
+
+
 def manager(
-    store: SQLiteJobStore, health: Health, owner: str = "here", owners: Path | None = None
+    store: SQLiteJobStore,
+    health: Health,
+    owner: str = "here",
+    owners: Path | None = None,
+    runner: Rerun | None = None,
 ) -> JobManager:
     return JobManager(
         store,
@@ -48,6 +65,7 @@ def manager(
         metrics=Metrics(),
         health=health,
         owners_dir=owners,
+        runner=runner,
     )
 
 
@@ -64,7 +82,6 @@ async def test_an_outcome_refused_by_a_full_disk_is_kept_and_recorded_once_freed
 ) -> None:
     store = SQLiteJobStore(small_disk / "jobs.sqlite3", ttl_s=600.0)
     health = Health()
-    jobs = manager(store, health)
     runs: list[int] = []
     release = asyncio.Event()
 
@@ -73,7 +90,7 @@ async def test_an_outcome_refused_by_a_full_disk_is_kept_and_recorded_once_freed
         await release.wait()
         return {"run": runs[-1]}
 
-    jobs.execute = lambda job: asyncio.ensure_future(work())  # a re-run would count
+    jobs = manager(store, health, runner=Rerun(lambda job: work()))  # a re-run would count
     job = await jobs.record("echo", {}, phase="running", key_id=None)
     jobs.follow(job, asyncio.ensure_future(work()), lambda: ("running", None))
 
@@ -199,14 +216,13 @@ async def test_the_jobs_of_a_dead_owner_of_this_node_are_taken_at_once(tmp_path:
     theirs = running_job(store, "living")
     elsewhere = running_job(store, "other-node")  # no lock file here: its lease decides
 
-    jobs = manager(store, Health(), owner="heir", owners=owners)
     ran: list[str] = []
 
     async def rerun(job: Job) -> str:
         ran.append(job.id)
         return "again"
 
-    jobs.execute = lambda job: asyncio.ensure_future(rerun(job))
+    jobs = manager(store, Health(), owner="heir", owners=owners, runner=Rerun(rerun))
     jobs.hold_owner_lock()
     assert await jobs.reclaim_dead_owners() == 1
     await asyncio.wait_for(jobs.wait_idle(), 20)

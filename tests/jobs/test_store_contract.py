@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from runtime.errors import Conflict
-from runtime.jobs.job import LOST_ERROR, Job, JobStatus, new_job_id
+from runtime.errors import Conflict, WorkerLost
+from runtime.jobs.job import Job, JobStatus, new_job_id
 from runtime.jobs.store import JobStore
 from runtime.jobs.stores.dynamodb import DynamoDBJobStore
 from runtime.jobs.stores.sqlite import SQLiteJobStore
@@ -301,7 +301,7 @@ def test_attempts_exhausted_fails_the_job_as_worker_lost(store: JobStore) -> Non
     assert store.claim(job.id, "c", 30.0, 2) is None
     got = store.get(job.id)
     assert got is not None and got.status is JobStatus.FAILED and got.phase == "failed"
-    assert got.error is not None and got.error["type"] == LOST_ERROR
+    assert got.error is not None and got.error["type"] == WorkerLost.slug
     assert got.attempts == 2
     assert job.id not in store.lapsed()
     assert store.claim(job.id, "d", 30.0, 5) is None
@@ -454,7 +454,7 @@ def test_claim_orphan_out_of_attempts_fails_the_job_as_worker_lost(store: JobSto
     assert store.claim_orphan(job.id, "dead", "heir", 30.0, 1) is None
     got = store.get(job.id)
     assert got is not None and got.status is JobStatus.FAILED and got.phase == "failed"
-    assert got.error is not None and got.error["type"] == LOST_ERROR
+    assert got.error is not None and got.error["type"] == WorkerLost.slug
     assert got.attempts == 1
     assert store.owned("dead") == []
 

@@ -36,8 +36,7 @@ def settings_for(tmp_path: Path, **overrides: Any) -> Settings:
         state_dir=str(tmp_path / "state"),
         job_store=f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
         handlers=("tests.handlers.loadlog",),
-        retry_backoff_s=0.2,
-        **overrides,
+        **{"retry_backoff_s": 0.2, **overrides},
     )
 
 
@@ -47,8 +46,21 @@ async def call(instance: Instance, handler: str, event: Any = None) -> Any:
     return outcome.output
 
 
-async def started(settings: Settings) -> Instance:
-    instance = Instance.create(settings, discover(settings.handlers))
+class SkipClock:
+    """time.monotonic(), which a test moves past a back-off at once instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.skipped = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.skipped
+
+    def skip(self, seconds: float) -> None:
+        self.skipped += seconds
+
+
+async def started(settings: Settings, clock: SkipClock | None = None) -> Instance:
+    instance = Instance.create(settings, discover(settings.handlers), clock=clock or time.monotonic)
     await instance.start()
     return instance
 
@@ -141,7 +153,9 @@ async def test_flipped_byte_fails_integrity_then_recovers(tmp_path: Path) -> Non
     corrupt = bytearray(original)
     corrupt[len(corrupt) // 2] ^= 0x01
     shard.write_bytes(bytes(corrupt))
-    instance = await started(settings_for(tmp_path))
+    clock = SkipClock()
+    # A back-off no test run outlasts: only the clock's skip gets past it.
+    instance = await started(settings_for(tmp_path, retry_backoff_s=600.0), clock)
     try:
         with pytest.raises(IntegrityError, match=manifest.files[1].path):
             await call(instance, "alpha")
@@ -152,7 +166,9 @@ async def test_flipped_byte_fails_integrity_then_recovers(tmp_path: Path) -> Non
         assert entry.lifecycle.error["type"] == "integrity"
         assert instance.cache.reserved_bytes() == 0
         shard.write_bytes(original)
-        await asyncio.sleep(0.25)  # past the back-off
+        with pytest.raises(LoadFailed, match="integrity"):
+            await call(instance, "alpha")  # within the back-off: not tried again
+        clock.skip(600.0)
         output = await call(instance, "alpha")
         assert output["tensors"] == 3
         assert entry.lifecycle.state is State.READY
@@ -164,7 +180,8 @@ async def test_builder_fault_fails_then_succeeds_after_backoff(tmp_path: Path) -
     fault = tmp_path / "fault"
     fault.touch()
     make_bundle(tmp_path / "bundles", "alpha", config={"fault_file": str(fault)})
-    instance = await started(settings_for(tmp_path))
+    clock = SkipClock()
+    instance = await started(settings_for(tmp_path, retry_backoff_s=600.0), clock)
     try:
         with pytest.raises(Exception, match="injected builder fault"):
             await call(instance, "alpha")
@@ -177,7 +194,7 @@ async def test_builder_fault_fails_then_succeeds_after_backoff(tmp_path: Path) -
         with pytest.raises(LoadFailed, match="injected builder fault") as info:
             await call(instance, "alpha")
         assert info.value.retry_after_s is not None and info.value.retry_after_s > 0
-        await asyncio.sleep(0.25)
+        clock.skip(600.0)
         assert (await call(instance, "alpha"))["bundle"] == "alpha"
     finally:
         await instance.stop()
@@ -217,7 +234,8 @@ async def test_budget_evicts_lru_idle_never_in_use_and_refuses_too_large(tmp_pat
     try:
         # alpha is busy for the whole test; beta idle; gamma needs room.
         busy = asyncio.ensure_future(call(instance, "alpha", {"sleep_s": 1.0}))
-        await asyncio.sleep(0.3)
+        while cache.in_flight("alpha") == 0:  # loaded, and its handler running
+            await asyncio.sleep(0.01)
         await call(instance, "beta")
         assert cache.in_flight("alpha") == 1
         await call(instance, "gamma")

@@ -67,27 +67,37 @@ def test_transparent_pixels_are_composited_on_white(efficientnet: ImageClassifie
 
 
 @pytest.mark.parametrize(
-    "image",
+    ("image", "same_as"),
     [
-        Image.new("L", (50, 40), 90),
-        Image.new("LA", (50, 40), (90, 200)),
-        Image.new("P", (50, 40), 3),
-        Image.new("I;16", (50, 40), 40000),
-        Image.new("1", (50, 40), 1),
-        Image.new("RGBA", (3000, 20), (10, 200, 30, 255)),
+        (Image.new("L", (50, 40), 90), Image.new("RGB", (50, 40), (90, 90, 90))),
+        # Gray with alpha is composited on white as RGBA is.
+        (Image.new("LA", (50, 40), (90, 200)), Image.new("RGBA", (50, 40), (90, 90, 90, 200))),
+        # A palette index is its palette's colour, not a gray level.
+        (Image.new("P", (50, 40), 3), Image.new("P", (50, 40), 3).convert("RGB")),
+        # 16-bit samples scaled to 8 bits: 40000 / 257 = 155.6.
+        (Image.new("I;16", (50, 40), 40000), Image.new("RGB", (50, 40), (155, 155, 155))),
+        (Image.new("1", (50, 40), 1), Image.new("RGB", (50, 40), (255, 255, 255))),
+        (
+            Image.new("RGBA", (3000, 20), (10, 200, 30, 255)),
+            Image.new("RGB", (3000, 20), (10, 200, 30)),
+        ),
     ],
     ids=lambda im: f"{im.mode}-{im.width}x{im.height}",
 )
-def test_any_mode_and_size(efficientnet: ImageClassifier, image: Image.Image) -> None:
-    labels(efficientnet, encoded(image))
+def test_any_mode_and_size(
+    efficientnet: ImageClassifier, image: Image.Image, same_as: Image.Image
+) -> None:
+    """Every mode is read as the RGB image it shows: the answers are the same."""
+    assert labels(efficientnet, encoded(image)) == labels(efficientnet, encoded(same_as))
 
 
 def test_jpeg_variants(efficientnet: ImageClassifier) -> None:
     photo = Image.open(io.BytesIO(grace_hopper()))
     big = photo.resize((2400, 2812))  # decoded at a reduced scale (JPEG draft)
     assert labels(efficientnet, encoded(big, "JPEG", quality=90))[0]["index"] == 652
-    labels(efficientnet, encoded(photo.convert("L"), "JPEG"))
-    labels(efficientnet, encoded(photo.convert("CMYK"), "JPEG"))
+    # Grayscale and CMYK JPEGs of the same photo are still the same uniform.
+    assert labels(efficientnet, encoded(photo.convert("L"), "JPEG"))[0]["index"] == 652
+    assert labels(efficientnet, encoded(photo.convert("CMYK"), "JPEG"))[0]["index"] == 652
 
 
 def test_every_warmup_example_runs(efficientnet: ImageClassifier) -> None:

@@ -91,9 +91,6 @@ def test_bad_input_names_the_field(minilm: MiniLM, event: Any, field: str) -> No
 
 
 def test_thaw_invoke_embed(minilm: MiniLM, minilm_bundle: Path, thaw_env: dict[str, str]) -> None:
-    pytest.importorskip(
-        "runtime.cli.invoke", reason="runtime/cli/invoke.py (thaw invoke) not written yet"
-    )
     env = {
         **thaw_env,
         "THAW_BUNDLE_SOURCE": str(minilm_bundle.parent),

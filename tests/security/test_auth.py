@@ -53,7 +53,8 @@ def test_probes_need_no_key(server: ServerProcess, path: str) -> None:
     ("method", "path"),
     [
         ("POST", "/invoke/echo"),
-        ("POST", "/jobs/echo"),
+        ("POST", "/handlers/echo/jobs"),
+        ("POST", "/jobs/echo"),  # the deprecated submit route
         ("GET", "/jobs/abc"),
         ("DELETE", "/jobs/abc"),
         ("GET", "/models"),

@@ -43,7 +43,7 @@ def fuzz(server: ServerProcess, headers: dict[str, str]) -> int:
             # request ids are ignored by contract, not refused.
             operation.as_strategy(generation_mode=GenerationMode.NEGATIVE, headers=PINNED),
         ]
-        if operation.path.startswith(("/invoke/", "/jobs/{handler}")):
+        if operation.path.startswith(("/invoke/", "/handlers/")):
             strategies += [
                 operation.as_strategy(path_parameters={"handler": name}) for name in HANDLERS
             ]

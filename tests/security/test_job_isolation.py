@@ -28,7 +28,7 @@ def server(launch_module: Launch) -> ServerProcess:
 def submit(
     server: ServerProcess, key: str, event: object, handler: str = "echo"
 ) -> dict[str, object]:
-    response = httpx.post(f"{server.url}/jobs/{handler}", json=event, headers=bearer(key))
+    response = httpx.post(f"{server.url}/handlers/{handler}/jobs", json=event, headers=bearer(key))
     assert response.status_code == 202, response.text
     job: dict[str, object] = response.json()
     return job

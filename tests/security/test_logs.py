@@ -38,7 +38,7 @@ def server_log(launch_module: Launch) -> tuple[ServerProcess, list[dict[str, Any
         # Handler errors whose message is the caller's input, sync and as a job.
         event = {"message": ERROR_MARK}
         assert client.post("/invoke/raises", json=event, headers=auth).status_code == 500
-        job = client.post("/jobs/raises", json=event, headers=auth).json()
+        job = client.post("/handlers/raises/jobs", json=event, headers=auth).json()
         polled = client.get(f"/jobs/{job['id']}", params={"wait": 10}, headers=auth).json()
         assert polled["status"] == "failed"
         # Invalid JSON, an over-deep body, a bad Prefer, an unknown handler, all marked.
@@ -50,7 +50,9 @@ def server_log(launch_module: Launch) -> tuple[ServerProcess, list[dict[str, Any
         assert client.post("/invoke/echo", json={}, headers=prefer).status_code == 400
         assert client.post(f"/invoke/{BODY_MARK}", json={}, headers=auth).status_code == 404
         # A job cancelled while it runs.
-        sleeper = client.post("/jobs/sleepy", json={"s": 30, "m": BODY_MARK}, headers=auth).json()
+        sleeper = client.post(
+            "/handlers/sleepy/jobs", json={"s": 30, "m": BODY_MARK}, headers=auth
+        ).json()
         assert client.delete(f"/jobs/{sleeper['id']}", headers=auth).status_code == 200
     time.sleep(0.5)  # let the job followers write their lines
     text = server.log_path.read_text()

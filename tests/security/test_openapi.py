@@ -1,8 +1,11 @@
 """GET /openapi.json describes exactly the routes the app serves, with the contract's
-error responses, the Prefer header and the job object."""
+error responses, the Prefer header and the job object; it is valid OpenAPI 3.1 (no
+two paths differ only in their variables' names), its 202s link to the job's poll
+and cancel, and every answer declares X-Request-Id."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import httpx
@@ -26,10 +29,12 @@ def document(launch_module: Launch) -> dict[str, Any]:
 
 
 def route_table() -> set[tuple[str, str]]:
+    """Every (path, method) served, but routes kept out of the document (the deprecated
+    POST /jobs/{handler})."""
     return {
         (route.path, method)
         for route in ROUTES
-        if isinstance(route, Route)
+        if isinstance(route, Route) and route.include_in_schema
         for method in (route.methods or set()) - {"HEAD"}
     }
 
@@ -91,6 +96,56 @@ def test_invoke_documents_prefer_200_202_and_the_job(document: dict[str, Any]) -
         for op in item.values()
     }
     assert summaries["invoke"].startswith("Invoke a handler")  # from the docstring
+
+
+def test_no_two_paths_differ_only_in_their_variables_names(document: dict[str, Any]) -> None:
+    # OpenAPI 3.1 §4.8.8: templated paths with the same hierarchy but different
+    # names are identical, and must not both appear.
+    shapes = [re.sub(r"{[^}]+}", "{}", path) for path in document["paths"]]
+    assert len(shapes) == len(set(shapes)), sorted(shapes)
+
+
+def test_the_submit_route_and_its_deprecated_alias(document: dict[str, Any]) -> None:
+    submit = document["paths"]["/handlers/{handler}/jobs"]["post"]
+    assert submit["operationId"] == "submit_job"
+    assert set(submit["responses"]) >= {"202", "400", "404", "413", "429", "503"}
+    assert "/jobs/{handler}" not in document["paths"]
+    served = {route.path for route in ROUTES if isinstance(route, Route)}
+    assert "/jobs/{handler}" in served  # still answers, deprecated (tests/http/test_contract.py)
+    assert "POST /jobs/{handler}" in document["info"]["description"]
+
+
+def test_a_202_links_to_the_jobs_poll_and_cancel(document: dict[str, Any]) -> None:
+    operation_ids = {
+        op["operationId"] for item in document["paths"].values() for op in item.values()
+    }
+    for path in ("/invoke/{handler}", "/handlers/{handler}/jobs"):
+        links = document["paths"][path]["post"]["responses"]["202"]["links"]
+        assert links["GetJob"]["operationId"] == "get_job"
+        assert links["CancelJob"]["operationId"] == "cancel_job"
+        for link in links.values():
+            assert link["operationId"] in operation_ids
+            assert link["parameters"] == {"job_id": "$response.body#/id"}
+    get_job = document["paths"]["/jobs/{job_id}"]["get"]
+    assert [p["name"] for p in get_job["parameters"] if p.get("in") == "path"] == ["job_id"]
+
+
+def test_every_answer_declares_x_request_id(document: dict[str, Any]) -> None:
+    components = document["components"]
+    assert components["headers"]["RequestId"]["required"] is True
+    expected = {"$ref": "#/components/headers/RequestId"}
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            assert {"$ref": "#/components/parameters/RequestId"} in operation["parameters"]
+            for status, response in operation["responses"].items():
+                if "$ref" in response:
+                    response = components["responses"][response["$ref"].rsplit("/", 1)[1]]
+                assert response["headers"]["X-Request-Id"] == expected, (method, path, status)
+    invoke = document["paths"]["/invoke/{handler}"]["post"]["responses"]
+    for status in ("200", "202"):
+        assert invoke[status]["headers"]["Vary"] == {"$ref": "#/components/headers/VaryPrefer"}
+    prefer = components["parameters"]["Prefer"]
+    assert "respond-async, wait=5" in prefer["examples"]["async unless quick"]["value"]
 
 
 def test_a_route_without_a_description_is_refused() -> None:

@@ -40,7 +40,7 @@ import orjson
 from botocore.exceptions import ClientError
 
 from runtime.errors import ConfigError, Conflict
-from runtime.jobs.job import LOST_ERROR, Job, JobStatus
+from runtime.jobs.job import Job, JobStatus, cancelled_error, lost_error
 from runtime.jobs.stores.payloads import FIELDS, Payloads, translated
 
 ACTIVE_INDEX = "active-created_at"
@@ -365,17 +365,12 @@ class DynamoDBJobStore:
         )
         if claimed is not None:
             return self._to_job(claimed)
-        error = {
-            "type": LOST_ERROR,
-            "message": "the instance running this job stopped;"
-            f" gave up after {max_attempts} attempts",
-        }
         self._update(
             job_id,
             {
                 "status": "failed",
                 "phase": "failed",
-                "error": orjson.dumps(error),
+                "error": orjson.dumps(lost_error(max_attempts)),
                 "updated_at": now,
             },
             ["owner", "active", "error_ref"],
@@ -462,13 +457,12 @@ class DynamoDBJobStore:
         return self._owned_update(job_id, owner, sets, removes)
 
     def cancel(self, job_id: str) -> Job | None:
-        error = {"type": "cancelled", "message": "cancelled by the client"}
         self._update(
             job_id,
             {
                 "status": "cancelled",
                 "phase": "cancelled",
-                "error": orjson.dumps(error),
+                "error": orjson.dumps(cancelled_error()),
                 "updated_at": time.time(),
             },
             ["output", "output_ref", "error_ref", "active"],

@@ -36,7 +36,13 @@ from typing import Any
 import orjson
 
 from runtime.errors import ConfigError, Conflict, StorageUnavailable
-from runtime.jobs.job import LOST_ERROR, STORE_RETRY_AFTER_S, Job, JobStatus
+from runtime.jobs.job import (
+    STORE_RETRY_AFTER_S,
+    Job,
+    JobStatus,
+    cancelled_error,
+    lost_error,
+)
 
 log = logging.getLogger("thaw.jobs")
 
@@ -134,17 +140,6 @@ def _descriptors_of(identity: Identity) -> Iterator[int]:
     for name in names:
         if name.isdigit() and _identity_of_fd(int(name)) == identity:
             yield int(name)
-
-
-def _lost_error(max_attempts: int) -> bytes:
-    return orjson.dumps(
-        {
-            "type": LOST_ERROR,
-            "message": (
-                f"the instance running this job stopped; gave up after {max_attempts} attempts"
-            ),
-        }
-    )
 
 
 class _Connection(threading.local):
@@ -440,7 +435,7 @@ class SQLiteJobStore:
             "UPDATE jobs SET status = 'failed', phase = 'failed', error = ?, owner = NULL,"
             " updated_at = ? WHERE id = ? AND status = 'running' AND lease_until < ?"
             " AND attempts >= ?",
-            (_lost_error(max_attempts), now, job_id, now, max_attempts),
+            (orjson.dumps(lost_error(max_attempts)), now, job_id, now, max_attempts),
         )
         return None
 
@@ -463,7 +458,7 @@ class SQLiteJobStore:
             "UPDATE jobs SET status = 'failed', phase = 'failed', error = ?, owner = NULL,"
             " updated_at = ? WHERE id = ? AND owner = ? AND status = 'running'"
             " AND attempts >= ?",
-            (_lost_error(max_attempts), now, job_id, dead_owner, max_attempts),
+            (orjson.dumps(lost_error(max_attempts)), now, job_id, dead_owner, max_attempts),
         )
         return None
 
@@ -534,7 +529,7 @@ class SQLiteJobStore:
         return changed == 1
 
     def cancel(self, job_id: str) -> Job | None:
-        error = orjson.dumps({"type": "cancelled", "message": "cancelled by the client"})
+        error = orjson.dumps(cancelled_error())
         self._write(
             f"cancelling job {job_id}",
             "UPDATE jobs SET status = 'cancelled', phase = 'cancelled', error = ?, output = NULL,"

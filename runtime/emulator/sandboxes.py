@@ -1,11 +1,11 @@
 """One emulated execution environment: a process, or a container, running the runtime.
 
-An instance is started by a launcher: `ProcessLauncher` runs `python -m runtime`
+A sandbox is started by a launcher: `ProcessLauncher` runs `python -m runtime`
 from this interpreter in its own process group (so a kill takes whatever the
 handler started with it); `containers.ContainerLauncher` runs an image's
-entrypoint. Either way the instance talks to a Runtime API listener of its own
+entrypoint. Either way the sandbox talks to a Runtime API listener of its own
 (`AWS_LAMBDA_RUNTIME_API=127.0.0.1:PORT`), and its combined stdout/stderr is
-captured: echoed to the emulator's stderr line by line with an `[iid]` prefix,
+captured: echoed to the emulator's stderr line by line with an `[sid]` prefix,
 and kept (the last 64 KB) for `X-Amz-Log-Type: Tail`. Peak memory is the
 runtime process's VmHWM.
 """
@@ -44,16 +44,16 @@ def _die_with_parent() -> None:
 
 
 class Launcher(Protocol):
-    """How an instance's runtime is started, signalled and measured."""
+    """How a sandbox's runtime is started, signalled and measured."""
 
-    def command(self, instance: Instance, api_address: str) -> tuple[list[str], dict[str, str]]:
+    def command(self, sandbox: Sandbox, api_address: str) -> tuple[list[str], dict[str, str]]:
         """argv and environment of the process the emulator spawns."""
         ...
 
-    def signal(self, instance: Instance, sig: signal.Signals) -> None: ...
+    def signal(self, sandbox: Sandbox, sig: signal.Signals) -> None: ...
 
-    async def runtime_pid(self, instance: Instance) -> int:
-        """The pid whose peak memory is the instance's (0 if unknown)."""
+    async def runtime_pid(self, sandbox: Sandbox) -> int:
+        """The pid whose peak memory is the sandbox's (0 if unknown)."""
         ...
 
     def exit_reason(self, code: int) -> str:
@@ -72,24 +72,24 @@ class ProcessLauncher:
         self.base_env = dict(base_env)
         self.local_env = dict(local_env)
 
-    def command(self, instance: Instance, api_address: str) -> tuple[list[str], dict[str, str]]:
-        env = instance_env(instance.function, self.base_env, self.local_env, api_address)
+    def command(self, sandbox: Sandbox, api_address: str) -> tuple[list[str], dict[str, str]]:
+        env = sandbox_env(sandbox.function, self.base_env, self.local_env, api_address)
         return [sys.executable, "-m", "runtime"], env
 
-    def signal(self, instance: Instance, sig: signal.Signals) -> None:
-        if instance.process is None or instance.process.returncode is not None:
+    def signal(self, sandbox: Sandbox, sig: signal.Signals) -> None:
+        if sandbox.process is None or sandbox.process.returncode is not None:
             return  # not started, or reaped: its group id may be someone else's by now
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(instance.process.pid, sig)
+            os.killpg(sandbox.process.pid, sig)
 
-    async def runtime_pid(self, instance: Instance) -> int:
-        return instance.pid
+    async def runtime_pid(self, sandbox: Sandbox) -> int:
+        return sandbox.pid
 
     def exit_reason(self, code: int) -> str:
         return exit_reason(code)
 
 
-class InstanceState(StrEnum):
+class SandboxState(StrEnum):
     STARTING = "starting"  # spawned, no `next` yet (the Init phase)
     RUNNING = "running"
     STOPPING = "stopping"  # takes no new invocations
@@ -98,7 +98,7 @@ class InstanceState(StrEnum):
 
 @dataclass
 class LogBuffer:
-    """The tail of an instance's output, addressable by absolute byte offset."""
+    """The tail of a sandbox's output, addressable by absolute byte offset."""
 
     data: bytearray = field(default_factory=bytearray)
     end: int = 0  # bytes written since the start
@@ -126,21 +126,21 @@ def max_memory_mb(pid: int) -> int:
     return 0
 
 
-class Instance:
+class Sandbox:
     """A runtime process and its bookkeeping; the pool owns the policy.
 
-    The instance exists (and holds its first reservation) before its process
+    The sandbox exists (and holds its first reservation) before its process
     does, so concurrent callers never race past the limit while it spawns.
     """
 
     def __init__(self, function: FunctionConfig, launcher: Launcher) -> None:
-        self.iid = secrets.token_hex(4)
+        self.sid = secrets.token_hex(4)
         self.function = function
         self.launcher = launcher
         self.process: asyncio.subprocess.Process | None = None
         # The process whose peak memory the REPORT gives (a container's runtime, once known).
         self.memory_pid = 0
-        self.state = InstanceState.STARTING
+        self.state = SandboxState.STARTING
         self.spawned_at = time.monotonic()
         self.init_ms: float | None = None
         self.capacity = function.max_concurrency
@@ -184,8 +184,8 @@ class Instance:
 
         True when the poll ends a worker's previous invocation (not one of Init's).
         """
-        if self.state is InstanceState.STARTING:
-            self.state = InstanceState.RUNNING
+        if self.state is SandboxState.STARTING:
+            self.state = SandboxState.RUNNING
             self.init_ms = (time.monotonic() - self.spawned_at) * 1000.0
         self.polls += 1
         returning = self._initial_polls >= self.capacity
@@ -200,19 +200,19 @@ class Instance:
     @property
     def finishing(self) -> int:
         """Workers that answered but have not asked for the next event yet."""
-        if self.state is not InstanceState.RUNNING:
+        if self.state is not SandboxState.RUNNING:
             return 0
         return self.capacity - self.slots_free - len(self.assigned)
 
     @property
     def idle(self) -> bool:
-        return self.state is InstanceState.RUNNING and self.slots_free == self.capacity
+        return self.state is SandboxState.RUNNING and self.slots_free == self.capacity
 
     def signal(self, sig: signal.Signals) -> None:
         self.launcher.signal(self, sig)
 
 
-def instance_env(
+def sandbox_env(
     function: FunctionConfig,
     base: Mapping[str, str],
     local: Mapping[str, str],
@@ -242,14 +242,14 @@ def instance_env(
     return env
 
 
-async def pump_output(instance: Instance, echo: IO[str]) -> None:
-    """Capture the instance's output until it closes, echoing whole lines."""
-    assert instance.process is not None and instance.process.stdout is not None
-    stream = instance.process.stdout
-    prefix = f"[{instance.function.logical_id} {instance.iid}] "
+async def pump_output(sandbox: Sandbox, echo: IO[str]) -> None:
+    """Capture the sandbox's output until it closes, echoing whole lines."""
+    assert sandbox.process is not None and sandbox.process.stdout is not None
+    stream = sandbox.process.stdout
+    prefix = f"[{sandbox.function.logical_id} {sandbox.sid}] "
     partial = b""
     while chunk := await stream.read(65536):
-        instance.log.append(chunk)
+        sandbox.log.append(chunk)
         *lines, partial = (partial + chunk).split(b"\n")
         for line in lines:
             echo.write(prefix + line.decode("utf-8", "replace") + "\n")

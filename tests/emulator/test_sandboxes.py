@@ -1,4 +1,4 @@
-"""Instance scaling, throttling, timeouts, crashes, idle reaping and shutdown."""
+"""Sandbox scaling, throttling, timeouts, crashes, idle reaping and shutdown."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_one_instance_takes_max_concurrency_invocations(emulator: Emulator) -> N
 def test_timeout_kills_the_instance_and_the_next_call_is_cold(emulator: Emulator) -> None:
     first = emulator.invoke("Short", orjson.dumps({"handler": "sleepy", "input": {"s": 0}}))
     pid = first.json()["output"]["pid"]
-    # `blocks` holds the instance's event loop: not even a 202 can be sent.
+    # `blocks` holds the sandbox's event loop: not even a 202 can be sent.
     timed_out = emulator.invoke("Short", orjson.dumps({"handler": "blocks", "input": {"s": 5}}))
     assert timed_out.status_code == 200
     assert timed_out.headers["x-amz-function-error"] == "Unhandled"
@@ -61,7 +61,8 @@ def test_timeout_kills_the_instance_and_the_next_call_is_cold(emulator: Emulator
         "errorType": "Sandbox.Timedout",
         "errorMessage": f"{request_id} Task timed out after 1.00 seconds",
     }
-    assert emulator.report(request_id).fields["Status"] == "timeout"
+    report = emulator.report(request_id).fields
+    assert report["Status"] == "timeout" and "Error Type" not in report  # as Lambda prints it
     wait_for(lambda: not alive(pid))
     after = emulator.invoke("Short", orjson.dumps({"handler": "sleepy", "input": {"s": 0}}))
     assert after.status_code == 200 and "x-amz-function-error" not in after.headers
@@ -75,12 +76,14 @@ def test_a_crashed_instance_is_replaced(emulator: Emulator) -> None:
     error = crashed.json()
     assert error["errorType"] == "Runtime.ExitError"
     assert "exit status 3" in error["errorMessage"]
+    report = emulator.report(crashed.headers["x-amzn-RequestId"]).fields
+    assert report["Status"] == "error" and report["Error Type"] == "Runtime.ExitError"
     after = emulator.invoke("ThawFunction", orjson.dumps({"handler": "echo", "input": 1}))
     assert after.json() == {"output": 1}
 
 
 def test_idle_instances_are_stopped(emulator: Emulator) -> None:
-    """The module's emulator stops instances idle for 2 s."""
+    """The module's emulator stops sandboxes idle for 2 s."""
     payload = orjson.dumps({"handler": "sleepy", "input": {"s": 0}})
     first = emulator.invoke("Capped", payload)
     pid = first.json()["output"]["pid"]
@@ -104,7 +107,7 @@ def test_report_lines_measure_the_process(emulator: Emulator) -> None:
 
 
 def test_shutdown_stops_every_instance(tmp_path: Path) -> None:
-    emu = Emulator(tmp_path, emulator_env(tmp_path), "--max-instances", "2")
+    emu = Emulator(tmp_path, emulator_env(tmp_path), "--max-sandboxes", "2")
     try:
         payload = orjson.dumps({"handler": "sleepy", "input": {"s": 0.5}, "wait_s": 5})
         with concurrent.futures.ThreadPoolExecutor(2) as pool:

@@ -1,0 +1,50 @@
+"""Finished jobs, remembered: a bounded, expiring memory of final job records.
+
+A job record stops changing once it is final (succeeded, failed, cancelled):
+nothing writes it again, and a cancel of a final job returns it as it is. So
+a poll of a finished job need not go to the store. That matters for what
+clients do after a job ends: poll once more, fetch the result again, several
+clients follow one job; on DynamoDB each of those is a billed read and a
+round trip. It matters most when the store cannot serve for a while: a result
+this instance has seen stays readable (runtime/jobs/manager.py).
+
+`cachetools.TLRUCache` does both bounds: least recently used out first past
+`max_jobs`, and each record out at its own `expires_at` (THAW_JOB_TTL_S),
+measured on the wall clock the store writes it with, so the memory never
+answers for a job the store has expired.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from cachetools import TLRUCache
+
+from runtime.jobs.job import Job
+
+MAX_JOBS = 4096
+
+
+def _expires(_job_id: str, job: Job, now: float) -> float:
+    # A record without an expiry (a store that keeps jobs for ever) stays until pushed out.
+    return job.expires_at if job.expires_at > 0 else float("inf")
+
+
+class FinishedJobs:
+    """Final job records by id, at most `max_jobs`, none past its expiry."""
+
+    def __init__(self, max_jobs: int = MAX_JOBS, clock: Callable[[], float] = time.time) -> None:
+        self._jobs: TLRUCache[str, Job] = TLRUCache(maxsize=max_jobs, ttu=_expires, timer=clock)
+
+    def get(self, job_id: str) -> Job | None:
+        found: Job | None = self._jobs.get(job_id)
+        return found
+
+    def remember(self, job: Job) -> None:
+        """Keep `job` if it is final; a running one changes and is never kept."""
+        if job.status.final:
+            self._jobs[job.id] = job
+
+    def __len__(self) -> int:
+        return len(self._jobs)

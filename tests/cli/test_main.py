@@ -1,0 +1,93 @@
+"""`thaw`'s contract with scripts: one error prefix, documented exit codes, `--json`.
+
+0  done                    2  the command line is wrong (argparse's code)
+1  the command failed      3  a handler refused its event (invalid-input)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runtime.render import EXIT_FAILED, EXIT_INVALID_INPUT, EXIT_USAGE
+from tests.support import make_bundle
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def thaw(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "runtime.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+def test_version() -> None:
+    done = thaw("--version")
+    assert done.returncode == 0 and done.stdout.startswith("thaw ")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("bundle", "verify"),  # a missing argument
+        ("serve", "--port", "eighty"),  # a bad flag value
+        ("invoke", "echo", "--event", "{x"),  # an --event that is not JSON
+        ("invoke", "echo", "--event", "@/nonexistent/event.json"),  # one that cannot be read
+        ("bundle", "build", ".", "--name", "x", "--config", "[1]"),  # a --config not an object
+    ],
+)
+def test_usage_errors_exit_2_with_the_one_prefix(
+    args: tuple[str, ...], thaw_env: dict[str, str]
+) -> None:
+    done = thaw(*args, env=thaw_env)
+    assert done.returncode == EXIT_USAGE == 2, done.stderr
+    assert done.stderr.splitlines()[-1].startswith("thaw: error: ")
+
+
+def test_handler_errors_exit_codes(thaw_env: dict[str, str]) -> None:
+    env = {**thaw_env, "THAW_HANDLERS": "tests.handlers.refuses,tests.handlers.raises"}
+    unknown = thaw("invoke", "nope", env=env)
+    assert unknown.returncode == EXIT_USAGE
+    assert unknown.stderr.strip() == "thaw: error: unknown-handler: no handler named 'nope'"
+    refused = thaw("invoke", "refuses", "--event", "{}", env=env)
+    assert refused.returncode == EXIT_INVALID_INPUT == 3
+    assert refused.stderr.strip() == "thaw: error: invalid-input: value: must be a number"
+    failed = thaw("invoke", "raises", "--event", '{"message": "no luck"}', env=env)
+    assert failed.returncode == EXIT_FAILED == 1
+    assert failed.stderr.strip().endswith("thaw: error: handler-error: ValueError: no luck")
+
+
+def test_bundle_commands_print_json(tmp_path: Path) -> None:
+    manifest = make_bundle(tmp_path / "bundles", "alpha")
+    path = tmp_path / "bundles" / "alpha"
+    verified = thaw("bundle", "verify", str(path), "--json")
+    assert verified.returncode == 0, verified.stderr
+    assert json.loads(verified.stdout) == {
+        "id": manifest.id,
+        "name": "alpha",
+        "version": manifest.version,
+        "path": str(path),
+        "files": len(manifest.files),
+        "bytes": manifest.total_bytes,
+    }
+    out = tmp_path / "rebuilt"
+    built = thaw("bundle", "build", str(path), "--name", "beta", "--out", str(out), "--json")
+    assert built.returncode == 0, built.stderr
+    assert json.loads(built.stdout)["id"].startswith("beta@sha256:")
+
+    shard = path / manifest.files[0].path
+    shard.write_bytes(shard.read_bytes()[:-1])
+    broken = thaw("bundle", "verify", str(path), "--json")
+    assert broken.returncode == EXIT_FAILED
+    error = json.loads(broken.stdout)["error"]
+    assert error["type"] == "integrity" and manifest.files[0].path in error["message"]
+    assert broken.stderr.startswith("thaw: error: integrity: ")
