@@ -32,10 +32,17 @@ def run(main: Coroutine[Any, Any, T]) -> T:
         loop.close()  # shuts the default executor down without waiting for it
 
 
+def _busy(thread: threading.Thread) -> bool:
+    """Whether the interpreter's exit would wait for `thread`, or it runs user code:
+    a non-daemon thread (the default executor's: builders, warm-up), or a handler
+    thread in a call (daemon threads, runtime/dispatch/threads.py, that say so)."""
+    return not thread.daemon or bool(getattr(thread, "running_user_code", False))
+
+
 def exit_past_stuck_threads(code: int, *, grace_s: float = 0.5) -> None:
     """If threads other than idle pool workers are still running after `grace_s`,
     end the process now with `code` (logs flushed) instead of joining them."""
-    others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    others = [t for t in threading.enumerate() if t is not threading.main_thread() and _busy(t)]
     for thread in others:
         thread.join(timeout=grace_s / max(1, len(others)))
     stuck = [t.name for t in others if t.is_alive()]

@@ -1,6 +1,8 @@
 """Calling user code: async handlers on the loop, sync ones on threads of their own.
 
-Sync handlers run on the handler threads, not on the loop's default pool.
+Sync handlers run on the handler threads (runtime/dispatch/threads.py: the
+thread idle last takes the next call, so warm threads serve), not on the
+loop's default pool.
 That pool carries the runtime's own blocking work (job records, manifest
 reads, fetches), and 64 slow handlers must not hold up a 202's job record
 behind them.
@@ -25,6 +27,7 @@ from functools import partial
 from typing import Any
 
 from runtime.context import Context
+from runtime.dispatch.threads import HandlerThreads
 from runtime.errors import Draining, HandlerError, ThawError
 from runtime.models import weights as weights_mod
 from runtime.registry import HandlerSpec
@@ -91,7 +94,7 @@ class Caller:
     """Runs handlers: `submit` (sync ones, with a callback), `call` (an awaitable), `run`."""
 
     def __init__(self, threads: int) -> None:
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, "thaw-handler")
+        self._pool = HandlerThreads(threads, "thaw-handler")
 
     def submit(
         self,
@@ -113,7 +116,7 @@ class Caller:
         if spec.uses:
             call = partial(_with_inference_mode, call)
         try:
-            done = self._pool.submit(contextvars.copy_context().run, call)
+            done = self._pool.submit(partial(contextvars.copy_context().run, call))
         except RuntimeError:  # shut down: the instance stopped after admitting this call
             raise Draining("this instance is shutting down and runs no more handlers") from None
         done.add_done_callback(partial(_back_to_loop, loop, then))
@@ -145,4 +148,4 @@ class Caller:
 
     def shutdown(self) -> None:
         """Start no more handlers; running ones finish on their own (threads cannot be stopped)."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()

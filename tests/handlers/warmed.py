@@ -1,5 +1,5 @@
 """Bundle `paths` and handler `paths`, which records every call it gets, warm-up or
-not, in `Paths.calls` (request id, event's `path`), in order. Two CPU warm-up
+not, in `Paths.calls` (request id, event's `path`, thread name), in order. Two CPU warm-up
 paths and one accelerator-only path."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from runtime import Context, bundle, handler
 
 class Paths:
     def __init__(self) -> None:
-        self.calls: list[tuple[str, str]] = []
+        self.calls: list[tuple[str, str, str]] = []
         self.lock = threading.Lock()
 
 
@@ -29,5 +29,7 @@ def build_paths(weights: dict[str, Any]) -> Paths:
 )
 def paths(event: Any, model: Paths, ctx: Context) -> dict[str, Any]:
     with model.lock:
-        model.calls.append((ctx.request_id, str(event.get("path"))))
+        model.calls.append(
+            (ctx.request_id, str(event.get("path")), threading.current_thread().name)
+        )
     return {"calls": len(model.calls)}

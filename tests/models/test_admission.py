@@ -84,8 +84,12 @@ async def test_waiters_for_a_memory_slot_are_all_served_in_arrival_order(
             assert job.status is JobStatus.SUCCEEDED, job.public()
         model = instance.cache.entries["slot"].model
         ran = [r for r in model.order if r != "load"]
-        assert ran == sorted(ran), "slots were not granted in arrival order"
-        assert len(ran) == callers
+        assert sorted(ran) == [f"r{i:03d}" for i in range(callers)]
+        # Granted in arrival order: with one slot, exactly; with `slots` slots,
+        # requests granted together start on their threads together, in any order
+        # among themselves, so each starts within `slots` places of its arrival.
+        late = {r: abs(place - int(r[1:])) for place, r in enumerate(ran)}
+        assert max(late.values()) < slots, f"slots were not granted in arrival order: {ran}"
         assert instance.dispatcher.pending["slot"] == 0
         assert instance.cache.in_flight("slot") == 0 and instance.cache.budget.waiting() == 0
         assert instance.cache.reserved_bytes() <= budget_for(slots)

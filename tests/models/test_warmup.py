@@ -55,9 +55,9 @@ async def test_every_declared_path_is_warm_before_the_first_request_is_served(
         )
         assert all(isinstance(o, Completed) for o in outcomes)
         calls = instance.cache.entries["paths"].model.calls
-        warmups = [path for request_id, path in calls if request_id.startswith("warmup-")]
+        warmups = [path for request_id, path, _ in calls if request_id.startswith("warmup-")]
         assert warmups == ["small", "sampled"]  # on the CPU: no accelerator example
-        first_real = next(i for i, (rid, _) in enumerate(calls) if not rid.startswith("warmup"))
+        first_real = next(i for i, (rid, _, _) in enumerate(calls) if not rid.startswith("warmup"))
         assert first_real == len(warmups), calls
     finally:
         await instance.stop()
@@ -84,7 +84,7 @@ async def test_a_load_onto_cuda_runs_the_accelerator_warmup_too(tmp_path: Path) 
         )
         assert isinstance(outcome, Completed)
         calls = instance.cache.entries["paths"].model.calls
-        assert [p for rid, p in calls if rid.startswith("warmup-")] == [
+        assert [p for rid, p, _ in calls if rid.startswith("warmup-")] == [
             "small",
             "sampled",
             "large",

@@ -1,0 +1,180 @@
+"""The handler threads: a call set off by another's completion runs on the thread
+that just finished (the warm one), the thread idle last is used first, the pool
+grows only while calls overlap, waits in arrival order past its bound, and a
+shutdown cancels what waits and lets idle threads end.
+
+Also end to end: after a bundle is READY, the first requests run on the thread
+its warm-up ran on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from concurrent.futures import CancelledError, Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.dispatch.dispatcher import Completed
+from runtime.dispatch.threads import HandlerThreads
+from runtime.settings import Settings
+from tests.support import make_bundle, running_instance
+
+WAIT_S = 10.0  # a safety limit only
+
+
+def name() -> str:
+    return threading.current_thread().name
+
+
+def test_a_call_set_off_by_a_completion_runs_on_the_thread_that_completed() -> None:
+    """As the dispatcher does (the next warm-up example, the first request after
+    READY): each call is submitted by the previous one's completion callback."""
+    pool = HandlerThreads(8, "t")
+    ran: list[str] = []
+    done = threading.Event()
+
+    def chain(left: int) -> None:
+        future = pool.submit(name)
+
+        def then(f: Future[Any]) -> None:
+            ran.append(f.result())
+            if left:
+                chain(left - 1)
+            else:
+                done.set()
+
+        future.add_done_callback(then)
+
+    chain(200)
+    assert done.wait(WAIT_S)
+    assert set(ran) == {"t_0"} and len(ran) == 201
+    assert pool.started == 1
+    pool.shutdown()
+
+
+def test_the_thread_idle_last_takes_the_next_call_and_overlap_grows_the_pool() -> None:
+    pool = HandlerThreads(8, "t")
+    gates = [threading.Event() for _ in range(3)]
+    running = [pool.submit(lambda g=g: (g.wait(WAIT_S), name())[1]) for g in gates]
+    assert pool.started == 3  # three overlapping calls, three threads
+    gates[1].set()
+    second = running[1].result(WAIT_S)
+    gates[0].set()
+    first = running[0].result(WAIT_S)
+    # Idle now: the first thread last. Then the second. The third is still busy.
+    assert pool.submit(name).result(WAIT_S) == first
+    gates[2].set()
+    running[2].result(WAIT_S)
+    assert pool.started == 3
+    assert second != first
+    pool.shutdown()
+
+
+def test_calls_past_the_bound_wait_in_arrival_order() -> None:
+    pool = HandlerThreads(1, "t")
+    gate = threading.Event()
+    order: list[int] = []
+    blocker = pool.submit(lambda: gate.wait(WAIT_S))
+    waiting = [pool.submit(lambda i=i: order.append(i)) for i in range(5)]
+    gate.set()
+    blocker.result(WAIT_S)
+    for future in waiting:
+        future.result(WAIT_S)
+    assert order == [0, 1, 2, 3, 4]
+    assert pool.started == 1
+    pool.shutdown()
+
+
+def test_an_exception_even_system_exit_ends_the_call_not_the_thread() -> None:
+    pool = HandlerThreads(1, "t")
+
+    def exits() -> None:
+        raise SystemExit(2)
+
+    def raises() -> None:
+        raise ValueError("bad")
+
+    with pytest.raises(SystemExit):
+        pool.submit(exits).result(WAIT_S)
+    with pytest.raises(ValueError, match="bad"):
+        pool.submit(raises).result(WAIT_S)
+    assert pool.submit(name).result(WAIT_S) == "t_0"
+    pool.shutdown()
+
+
+def test_shutdown_cancels_waiting_calls_refuses_new_ones_and_ends_the_threads() -> None:
+    pool = HandlerThreads(1, "t")
+    gate = threading.Event()
+    busy = pool.submit(lambda: (gate.wait(WAIT_S), name())[1])
+    waiting = pool.submit(name)
+    pool.shutdown()
+    with pytest.raises(RuntimeError):
+        pool.submit(name)
+    assert waiting.cancelled()
+    with pytest.raises(CancelledError):
+        waiting.result(0)
+    gate.set()
+    assert busy.result(WAIT_S) == "t_0", "a running call finishes"
+    threads = [t for t in threading.enumerate() if t.name == "t_0"]
+    for thread in threads:
+        thread.join(WAIT_S)
+        assert not thread.is_alive()
+
+
+def test_a_cancelled_call_never_runs_and_its_thread_goes_on() -> None:
+    pool = HandlerThreads(1, "t")
+    gate = threading.Event()
+    ran: list[str] = []
+    busy = pool.submit(lambda: gate.wait(WAIT_S))
+    skipped = pool.submit(lambda: ran.append("skipped"))
+    assert skipped.cancel()
+    gate.set()
+    busy.result(WAIT_S)
+    assert pool.submit(name).result(WAIT_S) == "t_0"
+    assert ran == []
+    pool.shutdown()
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_the_first_requests_after_ready_run_on_the_warm_up_thread(tmp_path: Path) -> None:
+    make_bundle(tmp_path / "bundles", "paths")
+    settings = Settings(
+        bundle_source=str(tmp_path / "bundles"),
+        cache_dir=str(tmp_path / "cache"),
+        state_dir=str(tmp_path / "state"),
+        job_store=f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
+        handlers=("tests.handlers.warmed",),
+        prewarm=("paths",),
+    )
+    async with running_instance(settings) as instance:
+        dispatcher = instance.dispatcher
+        await until(lambda: instance.cache.is_ready("paths"))
+        outcomes = [
+            await dispatcher.invoke("paths", {"path": "small"}, request_id=f"r{i}")
+            for i in range(20)
+        ]
+        assert all(isinstance(o, Completed) for o in outcomes)
+        model = instance.cache.entries["paths"].model
+        threads = {thread for _, _, thread in model.calls}
+        assert len(threads) == 1, f"warm-up and requests on {threads}"
+        assert [request for request, _, _ in model.calls[:2]] == [
+            "warmup-paths-0",
+            "warmup-paths-1",
+        ]
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(int(WAIT_S / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("never happened")
