@@ -26,6 +26,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+# How long a shutdown waits for an idle thread to end (it ends at once).
+JOIN_S = 1.0
 # A call and the future of its outcome.
 _Call = tuple[Callable[[], Any], "Future[Any]"]
 
@@ -75,7 +77,12 @@ class HandlerThreads:
 
     def shutdown(self) -> None:
         """Take no more calls and cancel the waiting ones; idle threads end now,
-        busy ones when their call returns (a thread cannot be stopped)."""
+        busy ones when their call returns (a thread cannot be stopped).
+
+        The idle ones are joined: a daemon thread still ending (the framework's
+        thread-local destructors) while the process exits can abort it
+        (`terminate called without an active exception`), and the interpreter
+        joins only non-daemon threads before it exits."""
         with self._lock:
             self._closed = True
             waiting, self._waiting = list(self._waiting), deque()
@@ -84,6 +91,8 @@ class HandlerThreads:
             future.cancel()
         for worker in idle:
             worker.inbox.put(None)
+        for worker in idle:
+            worker.join(JOIN_S)
 
 
 class _Worker(threading.Thread):
