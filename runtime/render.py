@@ -53,9 +53,9 @@ EXIT_INVALID_INPUT = 3  # a handler refused its event (invalid-input)
 
 _RUNTIME_DIR = str(Path(__file__).resolve().parent) + os.sep
 _PATHS = sysconfig.get_paths()
-_STDLIB = _PATHS["stdlib"] + os.sep
+_STDLIB = os.path.realpath(_PATHS["stdlib"]) + os.sep
 # site-packages may sit inside the stdlib dir, and the image may install user handlers there.
-_SITE = tuple({_PATHS["purelib"] + os.sep, _PATHS["platlib"] + os.sep})
+_SITE = tuple({os.path.realpath(_PATHS[key]) + os.sep for key in ("purelib", "platlib")})
 # The server stack that calls a handler over HTTP (the Lambda loop too routes
 # events through the ASGI app): its frames are the runtime's, wherever installed.
 _SERVER_STACK = ("starlette", "anyio", "httpx", "httpcore", "uvicorn", "h11")
@@ -155,12 +155,19 @@ def _runtime_dirs() -> tuple[str, ...]:
     return tuple(dirs)
 
 
+@functools.lru_cache(maxsize=1024)
 def _hidden(filename: str) -> bool:
     """The runtime's own frames, its server stack's and the standard library's
-    (importlib around an import, a thread pool around a sync handler)."""
-    if filename.startswith((*_runtime_dirs(), "<frozen")):
+    (importlib around an import, a thread pool around a sync handler).
+
+    Compared as real paths: a frame's file is named as it was imported (a
+    virtualenv reached through a symlink, say), the directories resolved."""
+    if filename.startswith("<frozen"):
         return True
-    return filename.startswith(_STDLIB) and not filename.startswith(_SITE)
+    real = os.path.realpath(filename)
+    if real.startswith(_runtime_dirs()):
+        return True
+    return real.startswith(_STDLIB) and not real.startswith(_SITE)
 
 
 def user_frames(exc: BaseException) -> list[str]:
