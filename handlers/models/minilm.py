@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-# Texts per forward pass: attention memory grows with batch x heads x tokens^2.
+# Texts of the longest sequence per forward pass: attention memory grows with
+# batch x heads x tokens^2, the feed-forward's with batch x tokens.
 MAX_BATCH_TEXTS = 8
 
 
@@ -130,18 +131,35 @@ class MiniLM:
             x = self._layer_norm(x + F.linear(h, layer.ffn_out_w, layer.ffn_out_b), layer.ffn_norm)
         return x
 
+    def _sub_batches(self, lengths: list[int], order: list[int]) -> list[list[int]]:
+        """`order` (sorted by token count, `lengths`) cut into passes of at most
+        MAX_BATCH_TEXTS x max_tokens padded tokens."""
+        budget = MAX_BATCH_TEXTS * self.max_tokens
+        passes: list[list[int]] = []
+        rows: list[int] = []
+        for length, index in zip(lengths, order, strict=True):
+            # Sorted ascending: this text sets the pass's padded length.
+            if rows and (len(rows) + 1) * max(1, length) > budget:
+                passes.append(rows)
+                rows = []
+            rows.append(index)
+        if rows:
+            passes.append(rows)
+        return passes
+
     def encode(self, texts: Sequence[str]) -> torch.Tensor:
         """(len(texts), dim) unit vectors.
 
-        Texts run in length-sorted sub-batches, each padded to its own longest:
-        less padding, and attention memory bounded by MAX_BATCH_TEXTS.
+        Texts run in length-sorted sub-batches, each padded to its own longest
+        (less padding) and holding at most MAX_BATCH_TEXTS x max_tokens tokens:
+        no pass takes more memory than MAX_BATCH_TEXTS texts of the longest
+        sequence, and short texts (a batch of concurrent requests) share one pass.
         """
         encodings = self.tokenizer.encode_batch(list(texts))
         order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
         out = torch.empty(len(encodings), self.dim, device=self.device)
         with torch.inference_mode():
-            for first in range(0, len(order), MAX_BATCH_TEXTS):
-                rows = order[first : first + MAX_BATCH_TEXTS]
+            for rows in self._sub_batches([len(encodings[i].ids) for i in order], order):
                 seq = max(len(encodings[i].ids) for i in rows)
                 ids = torch.full((len(rows), seq), self.cfg.pad_token_id, dtype=torch.long)
                 mask = torch.zeros(len(rows), seq)
