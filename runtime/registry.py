@@ -76,18 +76,25 @@ class LazyExamples(Sequence[dict[str, Any]]):
 
 @dataclass(frozen=True)
 class Batch:
-    """A handler's batching policy: concurrent requests share one call of up to
-    `max_size` events; a request waits at most `max_wait_ms` for company, and only
-    while another batch of the handler runs (runtime/dispatch/batcher.py)."""
+    """A handler's batching policy (runtime/dispatch/batcher.py).
+
+    Concurrent requests share one call of up to `max_size` events. A batch
+    waits for the company it expects (as many requests as the handler's last
+    batch held) at most `max_wait_ms`: a request that comes alone runs at
+    once. At most `max_concurrent` batches of the handler run at a time;
+    later ones queue and go when one ends (a request whose deadline comes is
+    never held for either).
+    """
 
     max_size: int = 32
     max_wait_ms: float = 5.0
+    max_concurrent: int = 1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_size, int) or isinstance(self.max_size, bool):
-            raise TypeError(f"Batch.max_size must be an int, not {self.max_size!r}")
-        if self.max_size < 1:
-            raise ValueError(f"Batch.max_size must be at least 1, not {self.max_size}")
+        for name in ("max_size", "max_concurrent"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Batch.{name} must be an int >= 1, not {value!r}")
         if not self.max_wait_ms >= 0:  # also refuses NaN
             raise ValueError(f"Batch.max_wait_ms must be >= 0, not {self.max_wait_ms}")
 
@@ -96,7 +103,11 @@ class Batch:
         return self.max_wait_ms / 1000
 
     def describe(self) -> dict[str, Any]:
-        return {"max_size": self.max_size, "max_wait_ms": self.max_wait_ms}
+        return {
+            "max_size": self.max_size,
+            "max_wait_ms": self.max_wait_ms,
+            "max_concurrent": self.max_concurrent,
+        }
 
 
 @dataclass(frozen=True)

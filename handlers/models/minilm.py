@@ -115,21 +115,42 @@ class MiniLM:
         return F.layer_norm(x, (self.cfg.hidden_size,), *params, eps=self.cfg.layer_norm_eps)
 
     def _encode_tokens(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Mean-pooled last hidden states, (batch, hidden), of padded `ids`.
+
+        The linear layers (most of the work) run on the real tokens only,
+        packed: texts of different lengths batched together (concurrent
+        requests) pay no padding there. Attention alone needs the padded
+        (batch, seq) layout.
+        """
         cfg = self.cfg
         batch, seq = ids.shape
-        heads, head_dim = cfg.num_heads, cfg.hidden_size // cfg.num_heads
-        x = self.word[ids] + self.position[:seq] + self.token_type
+        hidden = cfg.hidden_size
+        heads, head_dim = cfg.num_heads, hidden // cfg.num_heads
+        real = mask.reshape(-1).bool()
+        packed = None if bool(real.all()) else real.nonzero().squeeze(1)
+        x = (self.word[ids] + self.position[:seq] + self.token_type).reshape(batch * seq, hidden)
+        if packed is not None:
+            x = x.index_select(0, packed)
         x = self._layer_norm(x, self.embed_norm)
         key_mask = mask.bool()[:, None, None, :]
         for layer in self.layers:
-            qkv = F.linear(x, layer.qkv_w, layer.qkv_b).view(batch, seq, 3, heads, head_dim)
-            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+            qkv = F.linear(x, layer.qkv_w, layer.qkv_b)
+            if packed is not None:
+                qkv = qkv.new_zeros(batch * seq, 3 * hidden).index_copy_(0, packed, qkv)
+            q, k, v = qkv.view(batch, seq, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
             att = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
-            att = att.transpose(1, 2).reshape(batch, seq, cfg.hidden_size)
+            att = att.transpose(1, 2).reshape(batch * seq, hidden)
+            if packed is not None:
+                att = att.index_select(0, packed)
             x = self._layer_norm(x + F.linear(att, layer.out_w, layer.out_b), layer.attn_norm)
             h = F.gelu(F.linear(x, layer.ffn_in_w, layer.ffn_in_b))
             x = self._layer_norm(x + F.linear(h, layer.ffn_out_w, layer.ffn_out_b), layer.ffn_norm)
-        return x
+        # Mean over each text's own tokens.
+        text_of = torch.arange(batch, device=x.device).repeat_interleave(seq)
+        if packed is not None:
+            text_of = text_of.index_select(0, packed)
+        sums = x.new_zeros(batch, hidden).index_add_(0, text_of, x)
+        return sums / mask.sum(dim=1, keepdim=True)
 
     def _sub_batches(self, lengths: list[int], order: list[int]) -> list[list[int]]:
         """`order` (sorted by token count, `lengths`) cut into passes of at most
@@ -160,15 +181,14 @@ class MiniLM:
         out = torch.empty(len(encodings), self.dim, device=self.device)
         with torch.inference_mode():
             for rows in self._sub_batches([len(encodings[i].ids) for i in order], order):
-                seq = max(len(encodings[i].ids) for i in rows)
-                ids = torch.full((len(rows), seq), self.cfg.pad_token_id, dtype=torch.long)
-                mask = torch.zeros(len(rows), seq)
-                for row, i in enumerate(rows):
-                    n = len(encodings[i].ids)
-                    ids[row, :n] = torch.tensor(encodings[i].ids)
-                    mask[row, :n] = 1.0
+                tokens = [encodings[i].ids for i in rows]
+                seq = max(len(t) for t in tokens)
+                pad = [self.cfg.pad_token_id] * seq
+                # One tensor from padded lists: one small tensor per text held the
+                # GIL (and the event loop) for longer than the tokenizer did.
+                ids = torch.tensor([t + pad[len(t) :] for t in tokens], dtype=torch.long)
+                mask = torch.tensor([[1.0] * len(t) + [0.0] * (seq - len(t)) for t in tokens])
                 ids, mask = ids.to(self.device), mask.to(self.device)
-                hidden = self._encode_tokens(ids, mask)
-                pooled = (hidden * mask[:, :, None]).sum(dim=1) / mask.sum(dim=1, keepdim=True)
+                pooled = self._encode_tokens(ids, mask)
                 out[torch.tensor(rows, device=self.device)] = F.normalize(pooled, p=2, dim=-1)
         return out

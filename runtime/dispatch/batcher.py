@@ -9,17 +9,22 @@ can never break the budget. The queue is served in arrival order.
 
 When the head of the queue runs (`due_at`):
 
-    full         max_size requests are queued
-    idle         no batch of the handler is running: waiting could only add
-                 latency, as nobody else is being served (one caller in flight
-                 is never held)
-    waited       the oldest has waited max_wait_ms
     deadline     a member's answer-by time, less the margin and the handler's
-                 estimated run time, has come: it is not held for company
+                 estimated run time, has come: it is never held, neither for
+                 company nor for a free run slot
+    busy         `max_concurrent` batches of the handler run already: the
+                 queue waits for one to end (a batch needs the capacity to
+                 run, as in Triton's and Ray Serve's batchers; on a CPU, two
+                 forward passes at once only share the cores)
+    company      the queue holds as many requests as the handler's last batch
+                 did (at most max_size): the company it can expect is there.
+                 A request that comes alone after a batch of one (one caller
+                 in flight) runs at once: the wait adds no latency
+    waited       the oldest has waited max_wait_ms for company that did not
+                 come (the load dropped): it goes with what it has
 
-So under load the queue fills while a batch runs and goes as soon as that
-batch ends (or when its oldest has waited max_wait_ms), and alone a request
-runs at once.
+Under load the queue fills while a batch runs and goes as soon as that batch
+ends; the next batch's size follows the load.
 
 The batch's outcome is spread to its members: an item returned as an
 exception fails only its own caller (InvalidInput: 400; anything else:
@@ -94,25 +99,28 @@ class _Queue:
     policy: Batch
     waiting: deque[Member] = field(default_factory=deque)
     running: int = 0
+    # The size of its last batch: the company a new request can expect.
+    expected: int = 1
     timer: asyncio.TimerHandle | None = None
     # Inside `_serve`: a batch that ends at once (an async handler that never
     # waits) leaves the queue to the `_serve` already running.
     serving: bool = False
 
 
-def due_at(policy: Batch, waiting: Sequence[Member], running: int) -> float:
+def due_at(policy: Batch, waiting: Sequence[Member], running: int, expected: int) -> float:
     """When the head of a queue must run: -inf for now, else a time on the batcher's clock.
 
-    Pure, so the rule is tested with plain numbers.
+    `running`: batches of the handler running now; `expected`: the size of its
+    last batch. Pure, so the rule is tested with plain numbers.
     """
     if not waiting:
         return math.inf
-    if len(waiting) >= policy.max_size or running == 0:
+    deadline = min(member.start_by for member in waiting)
+    if running >= policy.max_concurrent:
+        return deadline
+    if len(waiting) >= min(policy.max_size, max(1, expected)):
         return -math.inf
-    due = waiting[0].queued_at + policy.max_wait_s
-    for member in waiting:
-        due = min(due, member.start_by)
-    return due
+    return min(waiting[0].queued_at + policy.max_wait_s, deadline)
 
 
 class Batcher:
@@ -173,7 +181,7 @@ class Batcher:
         try:
             while queue.waiting:
                 self._drop_settled(queue)
-                due = due_at(queue.policy, queue.waiting, queue.running)
+                due = due_at(queue.policy, queue.waiting, queue.running, queue.expected)
                 if due == math.inf:
                     return
                 delay = due - self._clock()
@@ -196,6 +204,7 @@ class Batcher:
         size = min(len(queue.waiting), queue.policy.max_size)
         members = [queue.waiting.popleft() for _ in range(size)]
         queue.running += 1
+        queue.expected = size
         started = self._clock()
         self._hooks.batch_started(spec, members, started)
         events = [m.event for m in members]

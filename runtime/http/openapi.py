@@ -150,10 +150,11 @@ SCHEMAS: dict[str, Any] = {
                 "description": "the handlers of this bundle that batch, by name, and their policy",
                 "additionalProperties": {
                     "type": "object",
-                    "required": ["max_size", "max_wait_ms"],
+                    "required": ["max_size", "max_wait_ms", "max_concurrent"],
                     "properties": {
                         "max_size": {"type": "integer", "minimum": 1},
                         "max_wait_ms": {"type": "number", "minimum": 0},
+                        "max_concurrent": {"type": "integer", "minimum": 1},
                     },
                 },
             },
