@@ -136,7 +136,8 @@ class Batcher:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`run_estimate_s(handler)` is the handler's expected run time: a member is
-        started no later than its deadline less `margin_s` and that. `clock` is the
+        started no later than its deadline less `margin_s` and that (at least
+        `margin_s` again). `clock` is the
         one `Context.deadline_at` is on (a seam: tests pass the loop's)."""
         self._caller = caller
         self._hooks = hooks
@@ -150,6 +151,11 @@ class Batcher:
         queue = self._queues.get(handler)
         return len(queue.waiting) if queue is not None else 0
 
+    def running(self, handler: str) -> int:
+        """Batches of `handler` running now."""
+        queue = self._queues.get(handler)
+        return queue.running if queue is not None else 0
+
     def join(
         self, spec: HandlerSpec, event: Any, ctx: Context, models: list[Any], work: Any = None
     ) -> asyncio.Future[Any]:
@@ -162,7 +168,10 @@ class Batcher:
         now = self._clock()
         start_by = math.inf
         if ctx.deadline_at is not None:
-            start_by = ctx.deadline_at - self._margin_s - self._run_estimate_s(spec.name)
+            # It must be answered by its deadline less the margin, after a run
+            # whose estimate is 0 before the first: at least one margin more.
+            run_s = max(self._run_estimate_s(spec.name), self._margin_s)
+            start_by = ctx.deadline_at - self._margin_s - run_s
         outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         queue.waiting.append(Member(event, ctx, models, outcome, now, start_by, work))
         self._serve(queue)
