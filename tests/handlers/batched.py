@@ -16,7 +16,7 @@ event it returns:
 `batch_raises`: raises for the whole batch. `batch_miscounts`: returns one
 output fewer than it was given.
 `batch_ledger`: `batch_gated` over bundle `ledger` (any weights), for memory
-admission under batching.
+admission under batching; its warm-up example is {"id": "warm-up"}.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def build_ledger(weights: dict[str, Any]) -> Ledger:
     return Ledger(len(weights))
 
 
-@handler("batch_ledger", uses=["ledger"], batch=POLICY)
+@handler("batch_ledger", uses=["ledger"], batch=POLICY, warmup=[{"id": "warm-up"}])
 def batch_ledger(events: list[Any], ledger: Ledger, ctxs: list[Context]) -> list[Any]:
     for event in events:
         if isinstance(event, dict):
