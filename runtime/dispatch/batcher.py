@@ -42,7 +42,7 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -222,7 +222,7 @@ class Batcher:
         models = members[0].models
         ended = partial(self._ended, queue, members, started)
         if spec.is_async:
-            outcome = eager.start(spec.fn(events, *models, ctxs))
+            outcome = eager.start(_exit_as_value(spec.fn(events, *models, ctxs)))
             if outcome.done():
                 ended(outcome)
             else:
@@ -276,6 +276,8 @@ class Batcher:
         if outcome.cancelled():
             return [None] * len(members)
         exc = outcome.exception()
+        if exc is None and isinstance(outcome.result(), _Exited):
+            exc = outcome.result().exc
         if exc is None:
             try:
                 items = batch_outputs(spec, outcome.result(), len(members))
@@ -316,6 +318,20 @@ def _batch_errors(
         error.__cause__ = exc
         errors.append(error)
     return errors
+
+
+@dataclass(slots=True)
+class _Exited:
+    exc: SystemExit
+
+
+async def _exit_as_value(call: Awaitable[Any]) -> Any:
+    """An async batch that calls sys.exit() (code built on argparse or click) fails its
+    batch; raised from the first step of an eager start it would stop the event loop."""
+    try:
+        return await call
+    except SystemExit as exc:
+        return _Exited(exc)
 
 
 def _on_loop(ended: Callable[[asyncio.Future[Any]], None], done: ThreadOutcome) -> None:

@@ -199,6 +199,13 @@ def _queue_depth(runtime_api: FakeRuntimeAPI, handler: str) -> float:
     return 0.0
 
 
+def _until_queue_depth(runtime_api: FakeRuntimeAPI, handler: str, depth: float) -> None:
+    for _ in range(2000):  # a hang guard, not a time bound
+        if _queue_depth(runtime_api, handler) == depth:
+            return
+    raise AssertionError(f"{handler} never had {depth} requests in flight")
+
+
 def test_concurrent_slots_are_batched_together(
     start_runtime: Start, runtime_api: FakeRuntimeAPI, tmp_path: Path
 ) -> None:
@@ -208,12 +215,9 @@ def test_concurrent_slots_are_batched_together(
     held = runtime_api.push(
         {"handler": "batch_gated", "input": {"id": 0, "hold_file": str(opened)}}
     )
+    _until_queue_depth(runtime_api, "batch_gated", 1)  # the held batch runs
     rest = [runtime_api.push({"handler": "batch_gated", "input": {"id": i}}) for i in (1, 2, 3)]
-    for _ in range(2000):  # a hang guard: the three wait behind the held batch
-        if _queue_depth(runtime_api, "batch_gated") == 4:
-            break
-    else:
-        raise AssertionError("the invocations never queued")
+    _until_queue_depth(runtime_api, "batch_gated", 4)  # the three wait behind it
     opened.touch()
     assert runtime_api.result(held).json()["output"]["batch"] == [0]
     outputs = [runtime_api.result(r).json()["output"] for r in rest]

@@ -219,6 +219,16 @@ async def test_async_handlers_batch_and_answer_each_caller(instance: Instance) -
     assert sorted(i for batch in batched.BATCHES for i in batch) == list(range(6))
 
 
+async def test_an_async_batch_calling_sys_exit_fails_its_batch_not_the_server(
+    instance: Instance,
+) -> None:
+    dispatcher = instance.dispatcher
+    with pytest.raises(HandlerError, match="SystemExit"):
+        await dispatcher.invoke("batch_async", {"id": 1, "exit": True}, request_id="r1")
+    after = await dispatcher.invoke("batch_async", {"id": 2}, request_id="r2")
+    assert isinstance(after, Completed) and after.output["id"] == 2
+
+
 async def test_a_request_near_its_deadline_is_not_held_for_a_forming_batch(
     instance: Instance,
 ) -> None:

@@ -12,7 +12,8 @@ event it returns:
     {"refuse": F}         InvalidInput(F, ...)   -> only that caller gets a 400
     {"fail": M}           ValueError(M)          -> only that caller gets a 500
 
-`batch_async`: the same outputs from an `async def` (no holding).
+`batch_async`: the same outputs from an `async def` (no holding); an event
+{"exit": true} makes it call sys.exit() for the whole batch.
 `batch_raises`: raises for the whole batch. `batch_miscounts`: returns one
 output fewer than it was given.
 `batch_ledger`: `batch_gated` over bundle `ledger` (any weights), for memory
@@ -72,6 +73,8 @@ def batch_gated(events: list[Any], ctxs: list[Context]) -> list[Any]:
 
 @handler("batch_async", batch=POLICY)
 async def batch_async(events: list[Any], ctxs: list[Context]) -> list[Any]:
+    if any(isinstance(e, dict) and e.get("exit") for e in events):
+        raise SystemExit(2)  # as argparse does on bad input
     return _outputs(events, ctxs)
 
 
