@@ -303,6 +303,7 @@ class Dispatcher:
         elif batched:
             work.leases = leases
             self._queued(work, time.monotonic(), {}, stats)
+            work.phase = "batching"
             outcome = self.batcher.join(spec, event, ctx, [lease.model for lease in leases], work)
         else:
             work.leases = leases
