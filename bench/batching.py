@@ -41,6 +41,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -274,13 +275,12 @@ def _cos(a: list[float], b: list[float]) -> float:
     return dot / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
 
 
-async def _run(targets: list[Target], rounds: int, solo_s: float, busy_s: float) -> dict:  # type: ignore[type-arg]
+async def _run(targets: list[Target], rounds: int, solo_s: float, busy_s: float) -> dict[str, Any]:
     reference = await _first_vector(targets[0])
     agreement = {t.name: _cos(reference, await _first_vector(t)) for t in targets[1:]}
     for target in targets:  # warm every path: first calls, thread pools, allocator
         await measure(target, CONCURRENCY, 1.0)
     thaw_port = targets[0].port
-    before = await _batch_sizes(thaw_port)
     solo: dict[str, list[Slot]] = {t.name: [] for t in targets}
     busy: dict[str, list[Slot]] = {t.name: [] for t in targets}
     batched_busy_sizes: list[float] = []
@@ -296,7 +296,6 @@ async def _run(targets: list[Target], rounds: int, solo_s: float, busy_s: float)
                 end = await _batch_sizes(thaw_port)
                 if end[1] > start[1]:
                     batched_busy_sizes.append((end[0] - start[0]) / (end[1] - start[1]))
-    del before
     return {
         "solo": solo,
         "busy": busy,
@@ -309,7 +308,7 @@ def _ratio(a: list[Slot], b: list[Slot], field: str) -> float:
     return median([getattr(x, field) / getattr(y, field) for x, y in zip(a, b, strict=True)])
 
 
-def table(result: dict, infinity_note: str) -> str:  # type: ignore[type-arg]
+def table(result: dict[str, Any], infinity_note: str) -> str:
     solo, busy = result["solo"], result["busy"]
     b, u = "Thaw batched", "Thaw unbatched"
     has_inf = "Infinity" in solo
