@@ -95,7 +95,9 @@ async def _measure(
         threads: list[tuple[bool, int]] = []
 
         def traced(event: Any, model: Any, ctx: Any) -> Any:
-            threads.append((ctx.warmup, threading.get_ident()))
+            # A batched handler (embed, classify) gets lists of events and contexts.
+            first = ctx[0] if isinstance(ctx, list) else ctx
+            threads.append((first.warmup, threading.get_ident()))
             return spec.fn(event, model, ctx)
 
         registry.handlers[handler] = dataclasses.replace(

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from handlers.models.fields import check_event, get_str_list, require
-from runtime import Context, bundle, handler
+from runtime import Batch, Context, InvalidInput, bundle, handler
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -57,10 +57,29 @@ def build_minilm(
     uses=["minilm"],
     warmup=[{"texts": ["hi"]}],
     accelerator_warmup=[{"texts": [_LONG_TEXT] * MAX_TEXTS}, {"texts": ["hi"]}],
+    batch=Batch(max_size=32, max_wait_ms=5),
 )
-def embed(event: dict[str, Any], minilm: MiniLM, ctx: Context) -> dict[str, Any]:
+def embed(
+    events: list[Any], minilm: MiniLM, ctxs: list[Context]
+) -> list[dict[str, Any] | InvalidInput]:
     """Embed up to 32 texts as 384-d unit vectors."""
-    fields = check_event(event, {"texts"})
-    texts = get_str_list(require(fields, "texts"), "texts", MAX_TEXTS, MAX_TEXT_CHARS)
-    vectors = minilm.encode(texts)
-    return {"embeddings": vectors.tolist(), "dim": minilm.dim}
+    # Concurrent requests' texts go through the model together (one tokenizer call,
+    # forward passes as full as memory allows); a refused event fails only its caller.
+    outputs: list[dict[str, Any] | InvalidInput] = []
+    texts: list[str] = []
+    spans: list[tuple[int, int, int]] = []  # (event index, first text, text count)
+    for index, event in enumerate(events):
+        try:
+            fields = check_event(event, {"texts"})
+            mine = get_str_list(require(fields, "texts"), "texts", MAX_TEXTS, MAX_TEXT_CHARS)
+        except InvalidInput as refused:
+            outputs.append(refused)
+            continue
+        outputs.append({})
+        spans.append((index, len(texts), len(mine)))
+        texts += mine
+    if texts:
+        vectors = minilm.encode(texts).tolist()
+        for index, first, count in spans:
+            outputs[index] = {"embeddings": vectors[first : first + count], "dim": minilm.dim}
+    return outputs

@@ -6,7 +6,7 @@ its own module. Importing this package must stay cheap (no torch).
 
 from runtime.context import Context
 from runtime.errors import InvalidInput
-from runtime.registry import bundle, handler
+from runtime.registry import Batch, bundle, handler
 
-__all__ = ["Context", "InvalidInput", "bundle", "handler"]
+__all__ = ["Batch", "Context", "InvalidInput", "bundle", "handler"]
 __version__ = "0.1.0"

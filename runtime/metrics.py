@@ -17,6 +17,9 @@ event loop, so nothing here needs a lock.
                                                    first byte in to last byte out, per route
                                                    template (never the raw path)
     thaw_estimate_error_seconds{bundle,direction}  |actual - estimated| load seconds
+    thaw_batch_size{handler}                       requests per call of a batched handler
+    thaw_batch_wait_seconds{handler}               a request's wait for its batch to start
+                                                   (Server-Timing's `batch`)
     process_*                                      the process collector (CPU, memory, fds)
 """
 
@@ -65,6 +68,9 @@ REQUEST_BUCKETS = (
 # Magnitudes: a histogram with negative buckets may not expose `_sum` (OpenMetrics),
 # as a sum of signed values is no counter; the sign is the `direction` label.
 _ESTIMATE_BUCKETS = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 60.0, 120.0, 300.0, math.inf)
+# Batched handlers: requests per call, and each request's wait for its batch.
+BATCH_SIZE_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, math.inf)
+BATCH_WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, math.inf)
 OUTCOMES = ("sync", "async", "client_error", "error", "throttled")
 # The route label of a request no route matched (404), or refused before routing (401).
 UNMATCHED = "(unmatched)"
@@ -119,6 +125,43 @@ class HandlerStats:
     def observe_queue(self, seconds: float) -> None:
         self.queue_sum += seconds
         self.queue_counts[bisect_left(_RUN_BUCKETS, seconds)] += 1
+
+
+class BatchStats:
+    """One batched handler's batch sizes and its requests' waits for their batch."""
+
+    __slots__ = ("size", "wait")
+
+    def __init__(self) -> None:
+        self.size = Buckets(BATCH_SIZE_BUCKETS)
+        self.wait = Buckets(BATCH_WAIT_BUCKETS)
+
+    def observe_size(self, size: int) -> None:
+        self.size.observe(float(size))
+
+    def observe_wait(self, seconds: float) -> None:
+        self.wait.observe(seconds)
+
+
+class _BatchCollector(Collector):
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        size = HistogramMetricFamily(
+            "thaw_batch_size", "Requests per call of a batched handler.", labels=["handler"]
+        )
+        wait = HistogramMetricFamily(
+            "thaw_batch_wait_seconds",
+            "Seconds a request of a batched handler waited for its batch to start.",
+            labels=["handler"],
+        )
+        size_le, wait_le = _le(BATCH_SIZE_BUCKETS), _le(BATCH_WAIT_BUCKETS)
+        for name, stats in sorted(self._metrics.batches.items()):
+            size.add_metric([name], stats.size.cumulative(size_le), stats.size.sum)
+            wait.add_metric([name], stats.wait.cumulative(wait_le), stats.wait.sum)
+        yield size
+        yield wait
 
 
 class RequestStats:
@@ -238,6 +281,8 @@ class Metrics:
         self.requests = RequestStats()
         self.estimate_error_seconds = EstimateError()
         self.registry.register(_Collector(self))
+        self.batches: dict[str, BatchStats] = {}
+        self.registry.register(_BatchCollector(self))
         self.cache_events = Counter(
             "thaw_cache_events",
             "Model cache hits, misses (a load was needed) and evictions.",
@@ -269,6 +314,12 @@ class Metrics:
         found = self.handlers.get(name)
         if found is None:
             found = self.handlers[name] = HandlerStats()
+        return found
+
+    def batch(self, handler: str) -> BatchStats:
+        found = self.batches.get(handler)
+        if found is None:
+            found = self.batches[handler] = BatchStats()
         return found
 
     def render(self) -> bytes:

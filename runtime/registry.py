@@ -75,6 +75,42 @@ class LazyExamples(Sequence[dict[str, Any]]):
 
 
 @dataclass(frozen=True)
+class Batch:
+    """A handler's batching policy (runtime/dispatch/batcher.py).
+
+    Concurrent requests share one call of up to `max_size` events. A batch
+    waits for the company it expects (as many requests as the handler's last
+    batch held) at most `max_wait_ms`: a request that comes alone runs at
+    once. At most `max_concurrent` batches of the handler run at a time;
+    later ones queue and go when one ends (a request whose deadline comes is
+    never held for either).
+    """
+
+    max_size: int = 32
+    max_wait_ms: float = 5.0
+    max_concurrent: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("max_size", "max_concurrent"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Batch.{name} must be an int >= 1, not {value!r}")
+        if not self.max_wait_ms >= 0:  # also refuses NaN
+            raise ValueError(f"Batch.max_wait_ms must be >= 0, not {self.max_wait_ms}")
+
+    @property
+    def max_wait_s(self) -> float:
+        return self.max_wait_ms / 1000
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "max_size": self.max_size,
+            "max_wait_ms": self.max_wait_ms,
+            "max_concurrent": self.max_concurrent,
+        }
+
+
+@dataclass(frozen=True)
 class HandlerSpec:
     name: str
     fn: Callable[..., Any]
@@ -84,6 +120,8 @@ class HandlerSpec:
     accelerator_warmup: Sequence[dict[str, Any]] = ()
     is_async: bool = False
     description: str = ""
+    # Set: `fn(events, *models, ctxs)` takes lists and returns a list of outputs.
+    batch: Batch | None = None
 
     def warmup_for(self, device: str) -> list[dict[str, Any]]:
         """The examples a load onto `device` runs, in order."""
@@ -123,17 +161,27 @@ def handler(
     uses: Iterable[str] = (),
     warmup: Examples = (),
     accelerator_warmup: Examples = (),
+    batch: Batch | None = None,
 ) -> Callable[[F], F]:
-    """Declare `fn(event, *models, ctx)` as handler `name`."""
+    """Declare `fn(event, *models, ctx)` as handler `name`.
+
+    With `batch`, `fn(events, *models, ctxs)` is called with a list of events
+    (and their contexts, in the same order) and returns a list of as many
+    outputs; an item may be an exception (e.g. InvalidInput) that only its own
+    caller gets. Warm-up examples are single events, each run as a batch of one.
+    """
 
     def decorate(fn: F) -> F:
         uses_t = tuple(uses)
         arity = len(inspect.signature(fn).parameters)
         if arity != len(uses_t) + 2:
+            first, last = ("events", "ctxs") if batch is not None else ("event", "ctx")
             raise TypeError(
-                f"handler {name!r} takes {arity} parameters; expected event, "
-                f"{len(uses_t)} model(s) for {list(uses_t)}, ctx"
+                f"handler {name!r} takes {arity} parameters; expected {first}, "
+                f"{len(uses_t)} model(s) for {list(uses_t)}, {last}"
             )
+        if batch is not None and not isinstance(batch, Batch):
+            raise TypeError(f"handler {name!r}: batch must be a runtime.Batch, not {batch!r}")
         spec = HandlerSpec(
             name=name,
             fn=fn,
@@ -142,6 +190,7 @@ def handler(
             accelerator_warmup=_examples(accelerator_warmup),
             is_async=inspect.iscoroutinefunction(fn),
             description=(inspect.getdoc(fn) or "").split("\n")[0],
+            batch=batch,
         )
         setattr(fn, _SPEC_ATTR, spec)
         return fn

@@ -9,7 +9,7 @@ request runs convolutions only.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,17 +146,31 @@ class ImageClassifier:
 
     def classify(self, image: Any, top_k: int) -> list[dict[str, Any]]:
         """Top-k classes of an RGB PIL image, with softmax scores."""
+        [labels] = self.classify_many([image], [top_k])
+        return labels
+
+    def classify_many(
+        self, images: Sequence[Any], top_ks: Sequence[int]
+    ) -> list[list[dict[str, Any]]]:
+        """`classify` for several images in one forward pass (a batch of requests)."""
         from PIL import Image
 
-        # Bicubic resize to the full frame (no crop): the reference check gives
-        # class 652 for grace_hopper.jpg this way.
-        resized = image.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BICUBIC)
-        pixels = torch.from_numpy(np.asarray(resized, dtype=np.float32) / 255.0)
-        batch = pixels.permute(2, 0, 1).unsqueeze(0).to(self.device)
+        rows = []
+        for image in images:
+            # Bicubic resize to the full frame (no crop): the reference check gives
+            # class 652 for grace_hopper.jpg this way.
+            resized = image.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BICUBIC)
+            rows.append(torch.from_numpy(np.asarray(resized, dtype=np.float32) / 255.0))
+        batch = torch.stack(rows).permute(0, 3, 1, 2).to(self.device)
         with torch.inference_mode():
-            probs = torch.softmax(self.net(batch)[0].float(), dim=-1)
-        scores, indices = probs.topk(top_k)
-        return [
-            {"index": int(i), "label": self.labels[int(i)], "score": float(p)}
-            for p, i in zip(scores.tolist(), indices.tolist(), strict=True)
-        ]
+            probs = torch.softmax(self.net(batch).float(), dim=-1)
+        out = []
+        for row, top_k in zip(probs, top_ks, strict=True):
+            scores, indices = row.topk(top_k)
+            out.append(
+                [
+                    {"index": int(i), "label": self.labels[int(i)], "score": float(p)}
+                    for p, i in zip(scores.tolist(), indices.tolist(), strict=True)
+                ]
+            )
+        return out

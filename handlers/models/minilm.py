@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-# Texts per forward pass: attention memory grows with batch x heads x tokens^2.
+# Texts of the longest sequence per forward pass: attention memory grows with
+# batch x heads x tokens^2, the feed-forward's with batch x tokens.
 MAX_BATCH_TEXTS = 8
 
 
@@ -114,43 +115,80 @@ class MiniLM:
         return F.layer_norm(x, (self.cfg.hidden_size,), *params, eps=self.cfg.layer_norm_eps)
 
     def _encode_tokens(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Mean-pooled last hidden states, (batch, hidden), of padded `ids`.
+
+        The linear layers (most of the work) run on the real tokens only,
+        packed: texts of different lengths batched together (concurrent
+        requests) pay no padding there. Attention alone needs the padded
+        (batch, seq) layout.
+        """
         cfg = self.cfg
         batch, seq = ids.shape
-        heads, head_dim = cfg.num_heads, cfg.hidden_size // cfg.num_heads
-        x = self.word[ids] + self.position[:seq] + self.token_type
+        hidden = cfg.hidden_size
+        heads, head_dim = cfg.num_heads, hidden // cfg.num_heads
+        real = mask.reshape(-1).bool()
+        packed = None if bool(real.all()) else real.nonzero().squeeze(1)
+        x = (self.word[ids] + self.position[:seq] + self.token_type).reshape(batch * seq, hidden)
+        if packed is not None:
+            x = x.index_select(0, packed)
         x = self._layer_norm(x, self.embed_norm)
         key_mask = mask.bool()[:, None, None, :]
         for layer in self.layers:
-            qkv = F.linear(x, layer.qkv_w, layer.qkv_b).view(batch, seq, 3, heads, head_dim)
-            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+            qkv = F.linear(x, layer.qkv_w, layer.qkv_b)
+            if packed is not None:
+                qkv = qkv.new_zeros(batch * seq, 3 * hidden).index_copy_(0, packed, qkv)
+            q, k, v = qkv.view(batch, seq, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
             att = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
-            att = att.transpose(1, 2).reshape(batch, seq, cfg.hidden_size)
+            att = att.transpose(1, 2).reshape(batch * seq, hidden)
+            if packed is not None:
+                att = att.index_select(0, packed)
             x = self._layer_norm(x + F.linear(att, layer.out_w, layer.out_b), layer.attn_norm)
             h = F.gelu(F.linear(x, layer.ffn_in_w, layer.ffn_in_b))
             x = self._layer_norm(x + F.linear(h, layer.ffn_out_w, layer.ffn_out_b), layer.ffn_norm)
-        return x
+        # Mean over each text's own tokens.
+        text_of = torch.arange(batch, device=x.device).repeat_interleave(seq)
+        if packed is not None:
+            text_of = text_of.index_select(0, packed)
+        sums = x.new_zeros(batch, hidden).index_add_(0, text_of, x)
+        return sums / mask.sum(dim=1, keepdim=True)
+
+    def _sub_batches(self, lengths: list[int], order: list[int]) -> list[list[int]]:
+        """`order` (sorted by token count, `lengths`) cut into passes of at most
+        MAX_BATCH_TEXTS x max_tokens padded tokens."""
+        budget = MAX_BATCH_TEXTS * self.max_tokens
+        passes: list[list[int]] = []
+        rows: list[int] = []
+        for length, index in zip(lengths, order, strict=True):
+            # Sorted ascending: this text sets the pass's padded length.
+            if rows and (len(rows) + 1) * max(1, length) > budget:
+                passes.append(rows)
+                rows = []
+            rows.append(index)
+        if rows:
+            passes.append(rows)
+        return passes
 
     def encode(self, texts: Sequence[str]) -> torch.Tensor:
         """(len(texts), dim) unit vectors.
 
-        Texts run in length-sorted sub-batches, each padded to its own longest:
-        less padding, and attention memory bounded by MAX_BATCH_TEXTS.
+        Texts run in length-sorted sub-batches, each padded to its own longest
+        (less padding) and holding at most MAX_BATCH_TEXTS x max_tokens tokens:
+        no pass takes more memory than MAX_BATCH_TEXTS texts of the longest
+        sequence, and short texts (a batch of concurrent requests) share one pass.
         """
         encodings = self.tokenizer.encode_batch(list(texts))
         order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
         out = torch.empty(len(encodings), self.dim, device=self.device)
         with torch.inference_mode():
-            for first in range(0, len(order), MAX_BATCH_TEXTS):
-                rows = order[first : first + MAX_BATCH_TEXTS]
-                seq = max(len(encodings[i].ids) for i in rows)
-                ids = torch.full((len(rows), seq), self.cfg.pad_token_id, dtype=torch.long)
-                mask = torch.zeros(len(rows), seq)
-                for row, i in enumerate(rows):
-                    n = len(encodings[i].ids)
-                    ids[row, :n] = torch.tensor(encodings[i].ids)
-                    mask[row, :n] = 1.0
+            for rows in self._sub_batches([len(encodings[i].ids) for i in order], order):
+                tokens = [encodings[i].ids for i in rows]
+                seq = max(len(t) for t in tokens)
+                pad = [self.cfg.pad_token_id] * seq
+                # One tensor from padded lists: one small tensor per text held the
+                # GIL (and the event loop) for longer than the tokenizer did.
+                ids = torch.tensor([t + pad[len(t) :] for t in tokens], dtype=torch.long)
+                mask = torch.tensor([[1.0] * len(t) + [0.0] * (seq - len(t)) for t in tokens])
                 ids, mask = ids.to(self.device), mask.to(self.device)
-                hidden = self._encode_tokens(ids, mask)
-                pooled = (hidden * mask[:, :, None]).sum(dim=1) / mask.sum(dim=1, keepdim=True)
+                pooled = self._encode_tokens(ids, mask)
                 out[torch.tensor(rows, device=self.device)] = F.normalize(pooled, p=2, dim=-1)
         return out

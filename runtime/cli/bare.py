@@ -71,8 +71,14 @@ def run(handler: str, event: Any) -> dict[str, Any]:
         )
         built_s += time.monotonic() - built
     ran = time.monotonic()
+    ctx = Context(request_id="bare", handler=handler)
     with torch.inference_mode():
-        output = spec.fn(event, *models, Context(request_id="bare", handler=handler))
+        if spec.batch is None:
+            output = spec.fn(event, *models, ctx)
+        else:  # a batched handler: the event as a batch of one
+            [output] = spec.fn([event], *models, [ctx])
+            if isinstance(output, BaseException):
+                raise output
     done = time.monotonic()
     return {
         "handler": handler,

@@ -90,6 +90,40 @@ def _copy_outcome(
         future.set_result(done.result())
 
 
+def _copy_raw(future: asyncio.Future[Any], done: ThreadOutcome) -> None:
+    if future.done():
+        return
+    if done.cancelled():
+        future.cancel()
+    elif (exc := done.exception()) is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(done.result())
+
+
+def batch_outputs(spec: HandlerSpec, result: Any, size: int) -> list[Any]:
+    """A batched handler's result for `size` events, checked: a list of `size` items."""
+    if not isinstance(result, list | tuple):
+        raise HandlerError(
+            f"batched handler {spec.name!r} returned {type(result).__name__} for {size} "
+            f"event(s); it must return a list of {size} outputs",
+            handler=spec.name,
+        )
+    if len(result) != size:
+        raise HandlerError(
+            f"batched handler {spec.name!r} returned {len(result)} outputs for {size} "
+            f"event(s); it must return exactly one output per event, in order",
+            handler=spec.name,
+        )
+    return list(result)
+
+
+def item_error(spec: HandlerSpec, ctx: Context, item: BaseException) -> BaseException:
+    """What the caller of one item gets when the batch returned an exception in its place:
+    the runtime's own errors (InvalidInput: 400) as they are, anything else `handler-error`."""
+    return item if isinstance(item, ThawError) else handler_error(spec, ctx, item)
+
+
 class Caller:
     """Runs handlers: `submit` (sync ones, with a callback), `call` (an awaitable), `run`."""
 
@@ -111,8 +145,13 @@ class Caller:
         torch.inference_mode, and model-less ones never touch torch. Raises
         Draining once the handler threads are shut down.
         """
+        self.submit_call(spec, partial(spec.fn, event, *models, ctx), then)
+
+    def submit_call(
+        self, spec: HandlerSpec, call: Callable[[], Any], then: Callable[[ThreadOutcome], None]
+    ) -> None:
+        """`submit` for a call made already (a batch: runtime/dispatch/batcher.py)."""
         loop = asyncio.get_running_loop()
-        call = partial(spec.fn, event, *models, ctx)
         if spec.uses:
             call = partial(_with_inference_mode, call)
         try:
@@ -138,13 +177,38 @@ class Caller:
         return future
 
     async def run(self, spec: HandlerSpec, event: Any, models: list[Any], ctx: Context) -> Any:
-        """`call`, awaited; what the handler raises becomes a HandlerError."""
+        """`call`, awaited; what the handler raises becomes a HandlerError.
+
+        A batched handler runs `event` as a batch of one (warm-up runs here), so
+        its batched path is the one warmed."""
+        if spec.batch is not None:
+            return await self._run_alone(spec, event, models, ctx)
         try:
             return await self.call(spec, event, models, ctx)
         except ThawError:
             raise
         except (Exception, SystemExit) as exc:  # see Dispatcher._execute
             raise handler_error(spec, ctx, exc) from exc
+
+    async def _run_alone(
+        self, spec: HandlerSpec, event: Any, models: list[Any], ctx: Context
+    ) -> Any:
+        if spec.is_async:
+            result = spec.fn([event], *models, [ctx])
+        else:
+            done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            call = partial(spec.fn, [event], *models, [ctx])
+            self.submit_call(spec, call, partial(_copy_raw, done))
+            result = done
+        try:
+            [output] = batch_outputs(spec, await result, 1)
+        except ThawError:
+            raise
+        except (Exception, SystemExit) as exc:
+            raise handler_error(spec, ctx, exc) from exc
+        if isinstance(output, BaseException):
+            raise item_error(spec, ctx, output)
+        return output
 
     def shutdown(self) -> None:
         """Start no more handlers; running ones finish on their own (threads cannot be stopped)."""

@@ -21,13 +21,14 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from runtime.context import CLIENT_CONTEXT, Context
 from runtime.dispatch import eager
+from runtime.dispatch.batcher import Batcher, Member
 from runtime.dispatch.calls import Caller, ThreadOutcome, caller_error, handler_error
 from runtime.dispatch.deadlines import Deadlines
 from runtime.dispatch.overruns import Overruns
@@ -57,6 +58,8 @@ FRAMEWORK_STALL_S = 0.4
 class Completed:
     output: Any
     timings_ms: dict[str, float]
+    # How many requests shared its handler call (None: the handler does not batch).
+    batch_size: int | None = None
 
 
 @dataclass
@@ -92,6 +95,7 @@ class Work:
     """
 
     __slots__ = (
+        "batch_size",
         "handler",
         "leases",
         "outcome",
@@ -119,6 +123,8 @@ class Work:
         self.outcome: asyncio.Future[Any] | None = None
         # Its handler ran past THAW_RUN_TIMEOUT_S.
         self.overran = False
+        # Requests in the batch it ran in (runtime/dispatch/batcher.py); None: unbatched.
+        self.batch_size: int | None = None
 
     def release(self) -> None:
         """Let go of the models it holds (once)."""
@@ -156,6 +162,12 @@ class Dispatcher:
         self.in_flight: set[asyncio.Future[Any]] = set()
         self.deadlines = Deadlines()
         self.overruns: Overruns[Work] = Overruns(settings.run_timeout_s, self._overran)
+        self.batcher = Batcher(
+            caller=caller,
+            hooks=self,
+            run_estimate_s=estimator.run_s,
+            margin_s=settings.deadline_margin_s,
+        )
         for name in registry.handlers:
             self.handler_stats(name)
 
@@ -231,7 +243,7 @@ class Dispatcher:
         if outcome.done() or await self._settled_by(work, outcome, answer_by):
             output = _result(outcome)
             stats.count("sync")
-            return Completed(output, work.timings_ms)
+            return Completed(output, work.timings_ms, work.batch_size)
         # The estimate was wrong: answer 202 now; the same work goes on.
         job = await self._record(spec, event, work, key_id)
         self._follow(spec, job, outcome, work)
@@ -284,9 +296,15 @@ class Dispatcher:
     ) -> asyncio.Future[Any]:
         """Start the work now (its queue slot taken already): the future of its outcome."""
         stats = self.handler_stats(spec.name)
-        leases = None if spec.is_async else self.cache.leases_now(spec.uses)
+        batched = spec.batch is not None
+        leases = None if spec.is_async and not batched else self.cache.leases_now(spec.uses)
         if leases is None:
             outcome = eager.start(self._execute(spec, event, ctx, work, stats))
+        elif batched:
+            work.leases = leases
+            self._queued(work, time.monotonic(), {}, stats)
+            work.phase = "batching"
+            outcome = self.batcher.join(spec, event, ctx, [lease.model for lease in leases], work)
         else:
             work.leases = leases
             outcome = self._in_thread(spec, event, ctx, work, stats)
@@ -373,17 +391,24 @@ class Dispatcher:
         self, work: Work, started: float, load_ms: dict[str, float], stats: HandlerStats
     ) -> float:
         """Mark `work` running (its queue and load times recorded); when it started to run."""
+        run_started = self._queued(work, started, load_ms, stats)
         work.phase = "running"
         work.running = True
-        run_started = time.monotonic()
         self.overruns.watch(work, run_started)
+        return run_started
+
+    def _queued(
+        self, work: Work, started: float, load_ms: dict[str, float], stats: HandlerStats
+    ) -> float:
+        """Record `work`'s queue and load times, up to now (returned)."""
+        now = time.monotonic()
         timings = work.timings_ms
-        queue_ms = max(0.0, (run_started - started) * 1000 - sum(load_ms.values()))
+        queue_ms = max(0.0, (now - started) * 1000 - sum(load_ms.values()))
         timings["queue"] = queue_ms
         if load_ms:
             timings.update(load_ms)
         stats.observe_queue(queue_ms / 1000)
-        return run_started
+        return now
 
     def _ran(self, spec: HandlerSpec, work: Work, stats: HandlerStats, run_started: float) -> None:
         run_s = time.monotonic() - run_started
@@ -416,8 +441,12 @@ class Dispatcher:
                     phases = self.cache.entries[name].lifecycle.phase_ms
                     for phase in LOAD_PHASES:
                         load_ms[phase] = load_ms.get(phase, 0.0) + phases.get(phase, 0.0)
-            run_started = self._running(work, started, load_ms, stats)
             models = [lease.model for lease in work.leases]
+            if spec.batch is not None:
+                self._queued(work, started, load_ms, stats)
+                work.phase = "batching"
+                return await self.batcher.join(spec, event, ctx, models, work)
+            run_started = self._running(work, started, load_ms, stats)
             try:
                 output = await self.caller.call(spec, event, models, ctx)
             except ThawError:  # a sync handler's error arrives mapped already
@@ -437,6 +466,40 @@ class Dispatcher:
                 work.release()
             if work.settled is not None:
                 _settle(work.settled)
+
+    # ---- batches (the Batcher's hooks: runtime/dispatch/batcher.py) ----------------
+
+    def batch_started(self, spec: HandlerSpec, members: Sequence[Member], started: float) -> None:
+        """Each member runs from now: its wait for the batch timed, its run limit watched."""
+        size = len(members)
+        batches = self.metrics.batch(spec.name)
+        batches.observe_size(size)
+        for member in members:
+            work: Work = member.work
+            wait_s = max(0.0, started - member.queued_at)
+            batches.observe_wait(wait_s)
+            work.phase = "running"
+            work.running = True
+            work.batch_size = size
+            work.timings_ms["batch"] = wait_s * 1000
+            self.overruns.watch(work, started)
+
+    def batch_ran(self, spec: HandlerSpec, members: Sequence[Member], run_s: float) -> None:
+        """One run for the estimate (what a request waits for); one per member in stats."""
+        self.estimator.record_run(spec.name, run_s)
+        stats = self.handler_stats(spec.name)
+        for member in members:
+            member.work.timings_ms["run"] = run_s * 1000
+            stats.observe_run(run_s)
+
+    def member_done(self, member: Member) -> None:
+        work: Work = member.work
+        if work.leases:
+            work.release()
+        # Woken here, a turn early, only where the member's outcome is the work's own
+        # (a warm request); cold work ends with its task.
+        if work.outcome is member.outcome and work.settled is not None:
+            _settle(work.settled)
 
     def can_run(self, handler: str) -> bool:
         """Whether a stored job of `handler` can run here (the JobRunner protocol)."""

@@ -504,9 +504,17 @@ def parse_json(body: bytes, max_depth: int = 64) -> Any:
 
 
 # Values that hold no number to check (bool is an int).
-def server_timing(timings_ms: dict[str, float]) -> str:
-    """The Server-Timing value; the dispatcher fills `timings_ms` in phase order."""
-    return ", ".join([f"{name};dur={ms:.3f}" for name, ms in timings_ms.items()])
+def server_timing(timings_ms: dict[str, float], batch_size: int | None = None) -> str:
+    """The Server-Timing value; the dispatcher fills `timings_ms` in phase order.
+    A batched request's `batch` (its wait for the batch) says the batch's size."""
+    return ", ".join(
+        [
+            f'{name};dur={ms:.3f};desc="n={batch_size}"'
+            if name == "batch" and batch_size is not None
+            else f"{name};dur={ms:.3f}"
+            for name, ms in timings_ms.items()
+        ]
+    )
 
 
 def job_response(
@@ -569,7 +577,7 @@ async def _invoke(request: Request, *, force_async: bool) -> Response:
         return Response(
             body,
             media_type="application/json",
-            headers={"Server-Timing": server_timing(outcome.timings_ms)},
+            headers={"Server-Timing": server_timing(outcome.timings_ms, outcome.batch_size)},
         )
     finally:
         intake.release(size)

@@ -145,6 +145,19 @@ SCHEMAS: dict[str, Any] = {
             "progress": {"type": "object"},
             "estimate": {"type": "object"},
             "memory": {"type": "object"},
+            "batching": {
+                "type": "object",
+                "description": "the handlers of this bundle that batch, by name, and their policy",
+                "additionalProperties": {
+                    "type": "object",
+                    "required": ["max_size", "max_wait_ms", "max_concurrent"],
+                    "properties": {
+                        "max_size": {"type": "integer", "minimum": 1},
+                        "max_wait_ms": {"type": "number", "minimum": 0},
+                        "max_concurrent": {"type": "integer", "minimum": 1},
+                    },
+                },
+            },
         },
     },
     "Models": {
@@ -301,7 +314,10 @@ OPERATIONS: dict[str, dict[str, Any]] = {
                 "the handler's output",
                 headers={
                     "Server-Timing": {
-                        "description": "queue, fetch, load, init, warmup, run (ms)",
+                        "description": (
+                            "queue, fetch, load, init, warmup, batch, run (ms); a batched "
+                            'handler\'s `batch` (the wait for its batch) has desc="n=<size>"'
+                        ),
                         "schema": {"type": "string"},
                     },
                     **_VARY,

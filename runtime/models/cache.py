@@ -355,6 +355,11 @@ class ModelCache:
         view = entry.view()
         view["in_flight"] = self.in_flight(entry.name)
         view["waiting_for_memory"] = self.budget.waiting(entry.name)
+        batching = {
+            h.name: h.batch.describe() for h in self.registry.users_of(entry.name) if h.batch
+        }
+        if batching:  # the handlers of this bundle that batch, and their policy
+            view["batching"] = batching
         if entry.manifest is not None:
             view["estimate"] = self.estimator.describe(entry.manifest)
             view["memory"] = self.memory_plan(entry)

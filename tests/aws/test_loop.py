@@ -186,3 +186,41 @@ def test_concurrent_workers_share_one_model_load(
     assert all(at <= first_answer for _, at in runtime_api.deliveries[:4])
     loads = (tiny_bundles.parent / "loads.log").read_text().splitlines()
     assert len(loads) == 1
+
+
+def _queue_depth(runtime_api: FakeRuntimeAPI, handler: str) -> float:
+    """thaw_queue_depth{handler} read through a Function URL event (another slot)."""
+    result = runtime_api.result(runtime_api.push(http_event("GET", "/metrics"))).json()
+    body = result["body"]
+    text = (base64.b64decode(body) if result["isBase64Encoded"] else body.encode()).decode()
+    for line in text.splitlines():
+        if line.startswith(f'thaw_queue_depth{{handler="{handler}"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _until_queue_depth(runtime_api: FakeRuntimeAPI, handler: str, depth: float) -> None:
+    for _ in range(2000):  # a hang guard, not a time bound
+        if _queue_depth(runtime_api, handler) == depth:
+            return
+    raise AssertionError(f"{handler} never had {depth} requests in flight")
+
+
+def test_concurrent_slots_are_batched_together(
+    start_runtime: Start, runtime_api: FakeRuntimeAPI, tmp_path: Path
+) -> None:
+    """Invocations of one process's slots that arrive while a batch runs share the next."""
+    start_runtime(THAW_HANDLERS="tests.handlers.batched", AWS_LAMBDA_MAX_CONCURRENCY="5")
+    opened = tmp_path / "open"
+    held = runtime_api.push(
+        {"handler": "batch_gated", "input": {"id": 0, "hold_file": str(opened)}}
+    )
+    _until_queue_depth(runtime_api, "batch_gated", 1)  # the held batch runs
+    rest = [runtime_api.push({"handler": "batch_gated", "input": {"id": i}}) for i in (1, 2, 3)]
+    _until_queue_depth(runtime_api, "batch_gated", 4)  # the three wait behind it
+    opened.touch()
+    assert runtime_api.result(held).json()["output"]["batch"] == [0]
+    outputs = [runtime_api.result(r).json()["output"] for r in rest]
+    assert {o["size"] for o in outputs} == {3}
+    assert sorted(outputs[0]["batch"]) == [1, 2, 3]
+    assert [o["id"] for o in outputs] == [1, 2, 3], "each slot gets its own output"

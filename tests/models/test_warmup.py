@@ -91,3 +91,22 @@ async def test_a_load_onto_cuda_runs_the_accelerator_warmup_too(tmp_path: Path) 
         ]
     finally:
         await instance.stop()
+
+
+async def test_a_batched_handler_is_warmed_through_its_batched_function(tmp_path: Path) -> None:
+    from tests.handlers import batched
+
+    settings = settings_for(tmp_path, handlers=("tests.handlers.batched",))
+    make_bundle(tmp_path / "bundles", "ledger")
+    batched.BATCHES.clear()
+    instance = Instance.create(settings, discover(settings.handlers))
+    await instance.start()
+    try:
+        outcome = await instance.dispatcher.invoke(
+            "batch_ledger", {"id": 1}, wait_s=60.0, request_id="r1"
+        )
+        assert isinstance(outcome, Completed) and outcome.batch_size == 1
+    finally:
+        await instance.stop()
+    # The warm-up example ran as a batch of one, before the first request's batch.
+    assert batched.BATCHES == [["warm-up"], [1]]

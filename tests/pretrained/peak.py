@@ -1,5 +1,6 @@
 """Measure one request's peak memory in a fresh process: `python -m tests.pretrained.peak
-BUNDLE_DIR HANDLER_MODULE HANDLER` with the largest event on stdin (JSON).
+BUNDLE_DIR HANDLER_MODULE HANDLER [BATCH_SIZE]` with the largest event on stdin (JSON);
+a batched handler runs BATCH_SIZE copies of it as one batch (default 1).
 
 Builds the model with its real builder, serves one small request (so one-time
 allocations are paid first), resets the kernel's resident high-water mark
@@ -53,11 +54,22 @@ def main() -> int:
         }
     )
     ctx = Context(request_id="peak", handler=handler_name)
+    # A batched handler takes a list of events: the one event, or `size` copies of
+    # it (a full batch of the largest request, which admission charges `size` slots).
+    size = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+
+    def run(one: Any, copies: int) -> None:
+        if spec.batch is None:
+            spec.fn(one, model, ctx)
+            return
+        outputs = spec.fn([one] * copies, model, [ctx] * copies)
+        assert not any(isinstance(o, BaseException) for o in outputs), outputs
+
     with torch.inference_mode():
-        spec.fn(dict(spec.warmup[0]), model, ctx)
+        run(dict(spec.warmup[0]), 1)
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
         before = _status_bytes("VmRSS")
-        spec.fn(event, model, ctx)
+        run(event, size)
         peak = _status_bytes("VmHWM")
     sys.stdout.write(orjson.dumps({"peak_bytes": peak - before}).decode() + "\n")
     return 0

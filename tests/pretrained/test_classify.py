@@ -38,7 +38,7 @@ def encoded(image: Image.Image, fmt: str = "PNG", **options: Any) -> str:
 
 
 def labels(model: ImageClassifier, image: str, top_k: int = 5) -> list[dict[str, Any]]:
-    out = classify({"image": image, "top_k": top_k}, model, CTX)
+    [out] = classify([{"image": image, "top_k": top_k}], model, [CTX])
     result: list[dict[str, Any]] = out["labels"]
     assert len(result) == top_k
     scores = [entry["score"] for entry in result]
@@ -52,7 +52,7 @@ def test_reference_top1_grace_hopper(efficientnet: ImageClassifier) -> None:
     assert top[0]["label"] == "military uniform"
     # The default top_k, and a data URL, give the same answer.
     url = "data:image/jpeg;base64," + b64(grace_hopper())
-    assert classify({"image": url}, efficientnet, CTX)["labels"] == top
+    assert classify([{"image": url}], efficientnet, [CTX])[0]["labels"] == top
 
 
 def test_labels_are_the_1000_imagenet_classes(efficientnet: ImageClassifier) -> None:
@@ -142,6 +142,6 @@ def _too_many_pixels() -> str:
     ],
 )
 def test_bad_input_names_the_field(efficientnet: ImageClassifier, event: Any, field: str) -> None:
-    with pytest.raises(InvalidInput) as exc:
-        classify(event, efficientnet, CTX)
-    assert exc.value.field == field
+    [refused] = classify([event], efficientnet, [CTX])
+    assert isinstance(refused, InvalidInput)
+    assert refused.field == field

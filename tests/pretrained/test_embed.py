@@ -21,7 +21,7 @@ CTX = Context(request_id="t", handler="embed")
 
 
 def vectors(model: MiniLM, texts: list[str]) -> list[list[float]]:
-    out = embed({"texts": texts}, model, CTX)
+    [out] = embed([{"texts": texts}], model, [CTX])
     assert out["dim"] == 384 and len(out["embeddings"]) == len(texts)
     result: list[list[float]] = out["embeddings"]
     return result
@@ -84,10 +84,10 @@ def test_every_warmup_example_runs(minilm: MiniLM) -> None:
     ],
 )
 def test_bad_input_names_the_field(minilm: MiniLM, event: Any, field: str) -> None:
-    with pytest.raises(InvalidInput) as exc:
-        embed(event, minilm, CTX)
-    assert exc.value.field == field
-    assert exc.value.status == 400
+    [refused] = embed([event], minilm, [CTX])
+    assert isinstance(refused, InvalidInput)
+    assert refused.field == field
+    assert refused.status == 400
 
 
 def test_thaw_invoke_embed(minilm: MiniLM, minilm_bundle: Path, thaw_env: dict[str, str]) -> None:

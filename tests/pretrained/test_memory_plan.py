@@ -21,9 +21,9 @@ from runtime.bundles.manifest import read_manifest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def measured_peak(bundle: Path, module: str, handler: str, event: Any) -> int:
+def measured_peak(bundle: Path, module: str, handler: str, event: Any, size: int = 1) -> int:
     done = subprocess.run(
-        [sys.executable, "-m", "tests.pretrained.peak", str(bundle), module, handler],
+        [sys.executable, "-m", "tests.pretrained.peak", str(bundle), module, handler, str(size)],
         input=orjson.dumps(event),
         capture_output=True,
         timeout=600,
@@ -34,12 +34,14 @@ def measured_peak(bundle: Path, module: str, handler: str, event: Any) -> int:
     return peak
 
 
-def check(bundle: Path, module: str, handler: str, event: Any) -> None:
-    declared = read_manifest(bundle).per_request_bytes
-    peak = measured_peak(bundle, module, handler, event)
+def check(bundle: Path, module: str, handler: str, event: Any, size: int = 1) -> None:
+    """`size` copies of `event` as one batch peak within `size` request slots: what
+    admission charges a batch (runtime/dispatch/batcher.py)."""
+    declared = read_manifest(bundle).per_request_bytes * size
+    peak = measured_peak(bundle, module, handler, event, size)
     print(f"{handler}: declared {declared / 2**20:.0f} MiB, measured peak {peak / 2**20:.0f} MiB")
     assert peak > 0, "the largest request allocated nothing: the measurement is broken"
-    assert peak <= declared, f"{handler} peaks at {peak} bytes, declares {declared}"
+    assert peak <= declared, f"{handler} x{size} peaks at {peak} bytes, declares {declared}"
 
 
 def test_embed_declares_its_largest_request(minilm_bundle: Path) -> None:
@@ -48,12 +50,27 @@ def test_embed_declares_its_largest_request(minilm_bundle: Path) -> None:
     check(minilm_bundle, "handlers.embed", "embed", {"texts": [_LONG_TEXT] * MAX_TEXTS})
 
 
+def test_a_batch_of_embed_requests_fits_its_members_slots(minilm_bundle: Path) -> None:
+    from handlers.embed import _LONG_TEXT, MAX_TEXTS
+
+    event = {"texts": [_LONG_TEXT] * MAX_TEXTS}
+    check(minilm_bundle, "handlers.embed", "embed", event, size=3)
+
+
 def test_classify_declares_its_largest_request(efficientnet_bundle: Path) -> None:
     from handlers.classify import MAX_IMAGE_PIXELS, _png_base64
 
     side = int(MAX_IMAGE_PIXELS**0.5)
     image = _png_base64(side, side, 2, b"\x20\x80\xc0")  # the most pixels allowed, RGB
     check(efficientnet_bundle, "handlers.classify", "classify", {"image": image})
+
+
+def test_a_batch_of_classify_requests_fits_its_members_slots(efficientnet_bundle: Path) -> None:
+    from handlers.classify import MAX_IMAGE_PIXELS, _png_base64
+
+    side = int(MAX_IMAGE_PIXELS**0.5)
+    image = _png_base64(side, side, 2, b"\x20\x80\xc0")
+    check(efficientnet_bundle, "handlers.classify", "classify", {"image": image}, size=2)
 
 
 @pytest.mark.slow

@@ -1,0 +1,346 @@
+"""Dynamic batching: concurrent requests of one handler share one call.
+
+A handler declared with `batch=Batch(max_size, max_wait_ms)` is called with a
+list of events and returns a list of outputs. Each request joins its handler's
+queue only once it holds leases on its models, so a batch is formed only from
+requests whose models are READY and which the memory budget admitted one by
+one: a batch of n holds n request slots (n x per_request_bytes), and batching
+can never break the budget. The queue is served in arrival order.
+
+When the head of the queue runs (`due_at`):
+
+    deadline     a member's answer-by time, less the margin and the handler's
+                 estimated run time, has come: it is never held, neither for
+                 company nor for a free run slot
+    busy         `max_concurrent` batches of the handler run already: the
+                 queue waits for one to end (a batch needs the capacity to
+                 run, as in Triton's and Ray Serve's batchers; on a CPU, two
+                 forward passes at once only share the cores)
+    company      the queue holds as many requests as the handler's last batch
+                 did (at most max_size): the company it can expect is there.
+                 A request that comes alone after a batch of one (one caller
+                 in flight) runs at once: the wait adds no latency
+    waited       the oldest has waited max_wait_ms for company that did not
+                 come (the load dropped): it goes with what it has
+
+Under load the queue fills while a batch runs and goes as soon as that batch
+ends; the next batch's size follows the load.
+
+The batch's outcome is spread to its members: an item returned as an
+exception fails only its own caller (InvalidInput: 400; anything else:
+500 handler-error); a handler that raises, or returns other than a list of
+one output per event, fails every member with handler-error.
+
+What a batch means to each member (its phase, timings, run limit, leases) is
+the dispatcher's, through `BatchHooks`: this module owns only the queues,
+when they run and how an outcome is shared out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Protocol
+
+from runtime.context import Context
+from runtime.dispatch import eager
+from runtime.dispatch.calls import (
+    Caller,
+    ThreadOutcome,
+    batch_outputs,
+    handler_error,
+    item_error,
+)
+from runtime.errors import Draining, HandlerError
+from runtime.registry import Batch, HandlerSpec
+
+
+@dataclass(eq=False, slots=True)
+class Member:
+    """One request waiting in a batch queue."""
+
+    event: Any
+    ctx: Context
+    # Its models (leased by the request: one admission slot each).
+    models: list[Any]
+    # Settled with this request's own output or error.
+    outcome: asyncio.Future[Any]
+    queued_at: float
+    # The latest start of a batch that still answers it in time (inf: no deadline).
+    start_by: float
+    # The dispatcher's record of the request (its Work), handed back in the hooks.
+    work: Any = None
+
+
+class BatchHooks(Protocol):
+    """The dispatcher's side of a batch."""
+
+    def batch_started(self, spec: HandlerSpec, members: Sequence[Member], started: float) -> None:
+        """`members` start running together now (`started`, on the batcher's clock)."""
+        ...
+
+    def batch_ran(self, spec: HandlerSpec, members: Sequence[Member], run_s: float) -> None:
+        """The handler returned for `members` after `run_s` (before their outcomes are set)."""
+        ...
+
+    def member_done(self, member: Member) -> None:
+        """`member`'s outcome is set (or it was cut off before): let go of what it holds."""
+        ...
+
+
+@dataclass(eq=False)
+class _Queue:
+    spec: HandlerSpec
+    policy: Batch
+    waiting: deque[Member] = field(default_factory=deque)
+    running: int = 0
+    # The size of its last batch: the company a new request can expect.
+    expected: int = 1
+    timer: asyncio.TimerHandle | None = None
+    # Inside `_serve`: a batch that ends at once (an async handler that never
+    # waits) leaves the queue to the `_serve` already running.
+    serving: bool = False
+
+
+def due_at(policy: Batch, waiting: Sequence[Member], running: int, expected: int) -> float:
+    """When the head of a queue must run: -inf for now, else a time on the batcher's clock.
+
+    `running`: batches of the handler running now; `expected`: the size of its
+    last batch. Pure, so the rule is tested with plain numbers.
+    """
+    if not waiting:
+        return math.inf
+    deadline = min(member.start_by for member in waiting)
+    if running >= policy.max_concurrent:
+        return deadline
+    if len(waiting) >= min(policy.max_size, max(1, expected)):
+        return -math.inf
+    return min(waiting[0].queued_at + policy.max_wait_s, deadline)
+
+
+class Batcher:
+    """One queue per batched handler; runs batches on the handler threads or the loop."""
+
+    def __init__(
+        self,
+        *,
+        caller: Caller,
+        hooks: BatchHooks,
+        run_estimate_s: Callable[[str], float],
+        margin_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`run_estimate_s(handler)` is the handler's expected run time: a member is
+        started no later than its deadline less `margin_s` and that (at least
+        `margin_s` again). `clock` is the
+        one `Context.deadline_at` is on (a seam: tests pass the loop's)."""
+        self._caller = caller
+        self._hooks = hooks
+        self._run_estimate_s = run_estimate_s
+        self._margin_s = margin_s
+        self._clock = clock
+        self._queues: dict[str, _Queue] = {}
+
+    def queued(self, handler: str) -> int:
+        """Requests of `handler` waiting for a batch now."""
+        queue = self._queues.get(handler)
+        return len(queue.waiting) if queue is not None else 0
+
+    def running(self, handler: str) -> int:
+        """Batches of `handler` running now."""
+        queue = self._queues.get(handler)
+        return queue.running if queue is not None else 0
+
+    def join(
+        self, spec: HandlerSpec, event: Any, ctx: Context, models: list[Any], work: Any = None
+    ) -> asyncio.Future[Any]:
+        """Queue one request whose models are leased; the future of its own outcome."""
+        policy = spec.batch
+        assert policy is not None, f"handler {spec.name!r} does not batch"
+        queue = self._queues.get(spec.name)
+        if queue is None:
+            queue = self._queues[spec.name] = _Queue(spec, policy)
+        now = self._clock()
+        start_by = math.inf
+        if ctx.deadline_at is not None:
+            # It must be answered by its deadline less the margin, after a run
+            # whose estimate is 0 before the first: at least one margin more.
+            run_s = max(self._run_estimate_s(spec.name), self._margin_s)
+            start_by = ctx.deadline_at - self._margin_s - run_s
+        outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        queue.waiting.append(Member(event, ctx, models, outcome, now, start_by, work))
+        self._serve(queue)
+        return outcome
+
+    # ---- when batches run ---------------------------------------------------------
+
+    def _serve(self, queue: _Queue) -> None:
+        """Run every batch that is due; arm the timer for the next one."""
+        if queue.timer is not None:
+            queue.timer.cancel()
+            queue.timer = None
+        if queue.serving:
+            return
+        queue.serving = True
+        try:
+            while queue.waiting:
+                self._drop_settled(queue)
+                due = due_at(queue.policy, queue.waiting, queue.running, queue.expected)
+                if due == math.inf:
+                    return
+                delay = due - self._clock()
+                if delay > 0:
+                    loop = asyncio.get_running_loop()
+                    queue.timer = loop.call_later(delay, self._serve, queue)
+                    return
+                self._run(queue)
+        finally:
+            queue.serving = False
+
+    def _drop_settled(self, queue: _Queue) -> None:
+        # Requests cut off while queued (drain, a job that lost its lease, a run
+        # limit) are not run; their holder already let go of their models.
+        if any(m.outcome.done() for m in queue.waiting):
+            queue.waiting = deque(m for m in queue.waiting if not m.outcome.done())
+
+    def _run(self, queue: _Queue) -> None:
+        spec = queue.spec
+        size = min(len(queue.waiting), queue.policy.max_size)
+        members = [queue.waiting.popleft() for _ in range(size)]
+        queue.running += 1
+        queue.expected = size
+        started = self._clock()
+        self._hooks.batch_started(spec, members, started)
+        events = [m.event for m in members]
+        ctxs = [m.ctx for m in members]
+        # Every member leased the same model objects; the batch uses the first's.
+        models = members[0].models
+        ended = partial(self._ended, queue, members, started)
+        if spec.is_async:
+            outcome = eager.start(_exit_as_value(spec.fn(events, *models, ctxs)))
+            if outcome.done():
+                ended(outcome)
+            else:
+                outcome.add_done_callback(ended)
+            return
+        try:
+            self._caller.submit_call(
+                spec, partial(spec.fn, events, *models, ctxs), partial(_on_loop, ended)
+            )
+        except Draining as exc:
+            failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            ended(failed)
+
+    # ---- sharing out the outcome -------------------------------------------------
+
+    def _ended(
+        self,
+        queue: _Queue,
+        members: list[Member],
+        started: float,
+        outcome: asyncio.Future[Any],
+    ) -> None:
+        queue.running -= 1
+        spec = queue.spec
+        try:
+            results = self._results(spec, members, started, outcome)
+            for member, result in zip(members, results, strict=True):
+                if member.outcome.done():  # cut off while it ran
+                    continue
+                if result is None:
+                    member.outcome.cancel()
+                elif isinstance(result, _Failed):
+                    member.outcome.set_exception(result.error)
+                else:
+                    member.outcome.set_result(result.value)
+        finally:
+            for member in members:
+                self._hooks.member_done(member)
+            # The handler is free: what queued behind this batch may go now.
+            self._serve(queue)
+
+    def _results(
+        self,
+        spec: HandlerSpec,
+        members: list[Member],
+        started: float,
+        outcome: asyncio.Future[Any],
+    ) -> list[_Value | _Failed | None]:
+        """One result per member (None: cancelled, the handler threads shut down)."""
+        if outcome.cancelled():
+            return [None] * len(members)
+        exc = outcome.exception()
+        if exc is None and isinstance(outcome.result(), _Exited):
+            exc = outcome.result().exc
+        if exc is None:
+            try:
+                items = batch_outputs(spec, outcome.result(), len(members))
+            except HandlerError as wrong:
+                exc = wrong
+            else:
+                self._hooks.batch_ran(spec, members, self._clock() - started)
+                return [
+                    _Failed(item_error(spec, m.ctx, item))
+                    if isinstance(item, BaseException)
+                    else _Value(item)
+                    for m, item in zip(members, items, strict=True)
+                ]
+        return [_Failed(error) for error in _batch_errors(spec, members, exc)]
+
+
+@dataclass(slots=True)
+class _Value:
+    value: Any
+
+
+@dataclass(slots=True)
+class _Failed:
+    error: BaseException
+
+
+def _batch_errors(
+    spec: HandlerSpec, members: list[Member], exc: BaseException
+) -> list[BaseException]:
+    """Each member's error when the whole batch failed: `handler-error` (the runtime's
+    own errors, such as `drained`, as they are), logged once for the batch."""
+    if isinstance(exc, Draining | HandlerError):  # the runtime's own, not the handler's
+        return [exc] * len(members)
+    first = handler_error(spec, members[0].ctx, exc)
+    errors: list[BaseException] = [first]
+    for _ in members[1:]:
+        error = HandlerError(first.message, handler=spec.name)
+        error.__cause__ = exc
+        errors.append(error)
+    return errors
+
+
+@dataclass(slots=True)
+class _Exited:
+    exc: SystemExit
+
+
+async def _exit_as_value(call: Awaitable[Any]) -> Any:
+    """An async batch that calls sys.exit() (code built on argparse or click) fails its
+    batch; raised from the first step of an eager start it would stop the event loop."""
+    try:
+        return await call
+    except SystemExit as exc:
+        return _Exited(exc)
+
+
+def _on_loop(ended: Callable[[asyncio.Future[Any]], None], done: ThreadOutcome) -> None:
+    """A sync batch's thread outcome, on the loop, as the future `_ended` takes."""
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    if done.cancelled():
+        future.cancel()
+    elif (exc := done.exception()) is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(done.result())
+    ended(future)
