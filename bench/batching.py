@@ -257,7 +257,10 @@ def _start_infinity(tmp: Path, procs: list[Proc]) -> tuple[Target | None, str]:
         "--port",
         str(port),
     ]
-    proc = Proc(argv, env, port, tmp / "infinity.log").start()
+    try:
+        proc = Proc(argv, env, port, tmp / "infinity.log").start()
+    except OSError as exc:  # e.g. a virtualenv moved: its scripts name an interpreter gone
+        return None, f"cannot start {exe.relative_to(ROOT)}: {exc}"
     procs.append(proc)
     try:
         asyncio.run(_wait_http_ok(port, "/health", proc, INFINITY_START_S))
