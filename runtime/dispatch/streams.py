@@ -133,6 +133,9 @@ class Stream:
 
     def _end(self, outcome: asyncio.Future[Any]) -> None:
         if outcome.cancelled():
+            # Cut off (a drain, a cancelled job, a caller gone): a handler thread
+            # still running stops at its next item.
+            self.closed = True
             self.error = Draining("the stream was cut off before it finished; send it again")
         elif (exc := outcome.exception()) is not None:
             self.error = exc

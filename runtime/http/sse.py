@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
 from starlette.types import Receive, Scope, Send
 
 from runtime.dispatch.streams import Stream
-from runtime.errors import ThawError
+from runtime.errors import InvalidOutput, ThawError
 from runtime.jobs.job import Job, JobStatus
 from runtime.outputs import JSON_OPTIONS, encode_output
 from runtime.render import problem
@@ -87,8 +87,6 @@ async def stream_events(
             try:
                 chunk += item_event(index, item)
             except TypeError as exc:
-                from runtime.errors import InvalidOutput
-
                 stream.close()
                 bad = InvalidOutput(
                     f"handler {stream.spec.name!r} yielded an item that is not JSON: {exc}",
@@ -116,7 +114,7 @@ class EventStreamResponse:
         self,
         events: AsyncIterator[bytes],
         *,
-        on_disconnect: Any = None,
+        on_disconnect: Callable[[], None] | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         self.events = events

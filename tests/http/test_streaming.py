@@ -218,3 +218,26 @@ def test_following_an_unknown_job_is_404(server: ServerProcess) -> None:
         response = client.get("/jobs/nope", headers=SSE)
     assert response.status_code == 404
     assert response.headers["content-type"] == "application/problem+json"
+
+
+def test_cancelling_a_streaming_job_stops_its_generator(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    log = tick_log(server)
+    after = log.stat().st_size if log.exists() else 0
+    hold = tmp_path / "hold"
+    hold.touch()
+    event = {"n": 100_000, "hold": str(hold), "hold_at": 2}
+    with server.client() as client:
+        accepted = client.post("/handlers/ticks/jobs", json=event)
+        assert accepted.status_code == 202
+        job_url = accepted.headers["location"]
+        for _ in range(2000):
+            if client.get(job_url).json().get("progress", {}).get("items") == 2:
+                break
+            time.sleep(0.01)
+        assert client.delete(job_url).json()["status"] == "cancelled"
+    hold.unlink()  # the handler goes on to its next item, and stops there
+    _, count, how = wait_for_end(log, after).split()
+    assert how == "closed"
+    assert int(count) == 3
