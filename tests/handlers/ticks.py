@@ -11,6 +11,9 @@ With THAW_TEST_TICK_LOG set, each tick appends `tick <i>` to that file before
 it is yielded, and the run's end appends `end <ticks yielded> <how>`: how is
 `done`, `closed` (the generator was closed or cancelled: its caller went away)
 or `failed`. One write per line, O_APPEND.
+
+`model_ticks` is `ticks` using the bundle `tick-model`, whose builder sleeps
+its config's `sleep_s`: a stream that must wait for a load.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-from runtime import Context, handler
+from runtime import Context, bundle, handler
 
 
 def _log(line: str) -> None:
@@ -93,3 +96,14 @@ async def aticks(event: Any, ctx: Context) -> AsyncIterator[dict[str, Any]]:
         how = "done"
     finally:
         _log(f"end {count} {how}")
+
+
+@bundle("tick-model")
+def build_tick_model(config: dict[str, Any]) -> dict[str, Any]:
+    time.sleep(float(config.get("sleep_s", 0.0)))
+    return dict(config)
+
+
+@handler("model_ticks", uses=["tick-model"], join=join_ticks)
+def model_ticks(event: Any, model: dict[str, Any], ctx: Context) -> Iterator[dict[str, Any]]:
+    yield from ticks(event, ctx)

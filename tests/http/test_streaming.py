@@ -15,7 +15,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.support import ServerProcess
+from tests.support import ServerProcess, make_bundle
 
 SSE = {"accept": "text/event-stream"}
 
@@ -60,7 +60,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
             "PYTHONUNBUFFERED": "1",
         }
     )
-    (root / "bundles").mkdir()
+    make_bundle(root / "bundles", "tick-model", config={"sleep_s": 2.0})
     with ServerProcess(env) as started:
         yield started
 
@@ -241,3 +241,25 @@ def test_cancelling_a_streaming_job_stops_its_generator(
     _, count, how = wait_for_end(log, after).split()
     assert how == "closed"
     assert int(count) == 3
+
+
+def test_a_load_past_the_deadline_is_a_job_and_a_ready_model_streams_at_once(
+    server: ServerProcess,
+) -> None:
+    with server.client() as client:
+        # Cold: the load (2 s) cannot fit a 0.3 s deadline: the usual 202 job.
+        cold = client.post(
+            "/invoke/model_ticks", json={"n": 2}, headers={**SSE, "prefer": "wait=0.3"}
+        )
+        assert cold.status_code == 202
+        with client.stream("GET", cold.headers["location"], headers=SSE) as followed:
+            events = collect(followed)
+        assert orjson.loads(events[-1]["data"]) == {"text": "t0 t1 ", "ticks": 2}
+        # READY: the stream starts at once, though its run (0.6 s) outlasts the deadline.
+        event = {"n": 4, "gap_s": 0.2}
+        with client.stream(
+            "POST", "/invoke/model_ticks", json=event, headers={**SSE, "prefer": "wait=0.3"}
+        ) as warm:
+            assert warm.status_code == 200
+            events = collect(warm)
+        assert [e.get("id") for e in events] == ["0", "1", "2", "3", None]
