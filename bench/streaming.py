@@ -1,6 +1,6 @@
 """Token streaming (issue 18): `generate` over server-sent events and through the emulator.
 
-    .venv/bin/python bench/streaming.py [--rounds N]
+    .venv/bin/python bench/streaming.py [--rounds N] [--pairs N]
 
 One run, one prompt, the same SmolLM2 bundle (bundles/smollm2) everywhere:
 
@@ -8,11 +8,12 @@ One run, one prompt, the same SmolLM2 bundle (bundles/smollm2) everywhere:
   with `Accept: text/event-stream`, from just before the request is written to
   the arrival of the first token event, against a bare loop in this process
   with the same model code (the bundle's builder, `generate_steps`): encode,
-  prefill, sample the first token, decode its text. Alternating rounds, medians.
+  prefill, sample the first token, decode its text. Alternating rounds (11),
+  medians.
   Target: <= 1.1x.
 - tokens per second while streaming: the same request (128 tokens, greedy)
-  streamed and not streamed, from the same server, alternating; completion
-  tokens over each request's wall time. Target: >= 0.95x.
+  streamed and not streamed, from the same server, alternating (7 pairs);
+  completion tokens over each request's wall time, medians. Target: >= 0.95x.
 - the emulator: `thaw emulate` with the function's Function URL in
   RESPONSE_STREAM mode, boto3's `invoke_with_response_stream` with a direct
   streaming event: the first PayloadChunk against the InvokeComplete, from
@@ -171,7 +172,7 @@ def wait_ready(client: httpx.Client, timeout_s: float = 300.0) -> None:
         time.sleep(0.1)
 
 
-def http_rows(tmp: Path, rounds: int) -> list[Row]:
+def http_rows(tmp: Path, rounds: int, pairs: int) -> list[Row]:
     lm = load_bare()
     bare_first_token_s(lm)  # the bare loop's own first call pays its set-up
     port = free_port()
@@ -201,7 +202,7 @@ def http_rows(tmp: Path, rounds: int) -> list[Row]:
             streamed: list[float] = []
             plain: list[float] = []
             tokens = 0
-            for index in range(max(3, rounds // 3)):
+            for index in range(pairs):
                 first, second = (
                     (plain_rate, streamed_rate) if index % 2 else (streamed_rate, plain_rate)
                 )
@@ -209,7 +210,8 @@ def http_rows(tmp: Path, rounds: int) -> list[Row]:
                     time.sleep(SETTLE_S)
                     rate, tokens = fn(client, 128)
                     (streamed if fn is streamed_rate else plain).append(rate)
-            progress(f"tokens/s: streamed {median(streamed):.1f}, plain {median(plain):.1f}")
+            progress("tokens/s streamed: " + " ".join(f"{r:.1f}" for r in streamed))
+            progress("tokens/s plain:    " + " ".join(f"{r:.1f}" for r in plain))
     ttft = median(sse_s) / median(bare_s)
     rate = median(streamed) / median(plain)
     return [
@@ -310,13 +312,16 @@ def emulator_rows(tmp: Path, runs: int) -> list[Row]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=9, help="first-token rounds (default 9)")
+    parser.add_argument("--rounds", type=int, default=11, help="first-token rounds (default 11)")
+    parser.add_argument(
+        "--pairs", type=int, default=7, help="streamed/plain 128-token pairs (default 7)"
+    )
     args = parser.parse_args()
     if not (BUNDLE / "bundle.json").exists():
         print("bundles/smollm2 is missing: python scripts/build_model_bundles.py", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="thaw-bench-streaming-") as tmp:
-        rows = http_rows(Path(tmp), args.rounds)
+        rows = http_rows(Path(tmp), args.rounds, args.pairs)
         rows += emulator_rows(Path(tmp), 3)
     print(render(rows))
     return 0 if all(r.verdict != "FAIL" for r in rows) else 1
