@@ -8,6 +8,11 @@
         "usage": {"prompt_tokens", "completion_tokens", "total_tokens"}}
 
 A given seed gives the same sampled text every time.
+
+Streamed (`Accept: text/event-stream`), it yields `{"text": delta}` as tokens
+are sampled and a last item `{"text": "", "finish_reason", "usage"}`; a
+caller that asked for no stream gets them joined (`join_completion`), the
+answer above.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from handlers.models.fields import check_event, get_float, get_int, get_str, get
 from runtime import Context, InvalidInput, bundle, handler
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterator, Mapping
 
     import torch
 
@@ -125,9 +130,26 @@ def _prompt_ids(fields: Mapping[str, Any], lm: ChatLM) -> tuple[str, list[int]]:
         raise InvalidInput("messages", str(exc)) from None
 
 
-@handler("generate", uses=["smollm2"], warmup=_WARMUP, accelerator_warmup=_ACCELERATOR_WARMUP)
-def generate(event: dict[str, Any], smollm2: ChatLM, ctx: Context) -> dict[str, Any]:
+def join_completion(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """The streamed items as one answer: the text, and the last item's finish and usage
+    (absent while the stream runs: a job's partial output is the text so far)."""
+    joined: dict[str, Any] = {"text": "".join(item["text"] for item in items)}
+    if items and "finish_reason" in items[-1]:
+        joined["finish_reason"] = items[-1]["finish_reason"]
+        joined["usage"] = items[-1]["usage"]
+    return joined
+
+
+@handler(
+    "generate",
+    uses=["smollm2"],
+    warmup=_WARMUP,
+    accelerator_warmup=_ACCELERATOR_WARMUP,
+    join=join_completion,
+)
+def generate(event: dict[str, Any], smollm2: ChatLM, ctx: Context) -> Iterator[dict[str, Any]]:
     """Complete a prompt or a chat; greedy by default, seeded sampling on request."""
+    from handlers.models.chat import Completion
     from handlers.models.llama import Sampling
 
     fields = check_event(event, _FIELDS)
@@ -149,13 +171,16 @@ def generate(event: dict[str, Any], smollm2: ChatLM, ctx: Context) -> dict[str, 
             f"prompt is {len(prompt_ids)} tokens; with max_tokens {max_tokens} it exceeds "
             f"the {context}-token context",
         )
-    result = smollm2.complete(prompt_ids, max_tokens, opts, stop)
-    return {
-        "text": result.text,
-        "finish_reason": result.finish_reason,
-        "usage": {
-            "prompt_tokens": result.prompt_tokens,
-            "completion_tokens": result.completion_tokens,
-            "total_tokens": result.prompt_tokens + result.completion_tokens,
-        },
-    }
+    for piece in smollm2.stream(prompt_ids, max_tokens, opts, stop):
+        if not isinstance(piece, Completion):
+            yield {"text": piece}
+            continue
+        yield {
+            "text": "",
+            "finish_reason": piece.finish_reason,
+            "usage": {
+                "prompt_tokens": piece.prompt_tokens,
+                "completion_tokens": piece.completion_tokens,
+                "total_tokens": piece.prompt_tokens + piece.completion_tokens,
+            },
+        }

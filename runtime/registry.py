@@ -10,6 +10,16 @@
     def predict(event, mlp, ctx):                  # models positional, in `uses` order
         ...
 
+A handler that is a generator (sync or async) streams: each item it yields
+reaches a streaming caller as soon as it exists (runtime/dispatch/streams.py),
+and a caller that asked for no stream gets `join(items)`, the rule the handler
+declares (default: the list of items). One handler serves both:
+
+    @handler("count", join=lambda items: {"text": "".join(items)})
+    def count(event, ctx):
+        for i in range(event["n"]):
+            yield str(i)
+
 `warmup` may also be a function returning the examples, called on first use:
 for examples that take a while to build (discovery runs before the server
 listens).
@@ -122,6 +132,14 @@ class HandlerSpec:
     description: str = ""
     # Set: `fn(events, *models, ctxs)` takes lists and returns a list of outputs.
     batch: Batch | None = None
+    # A generator handler: `fn` is it joined (what every non-streaming path calls),
+    # `stream_fn` the generator itself, and `join` the rule between them.
+    stream_fn: Callable[..., Any] | None = None
+    join: Callable[[list[Any]], Any] | None = None
+
+    @property
+    def streams(self) -> bool:
+        return self.stream_fn is not None
 
     def warmup_for(self, device: str) -> list[dict[str, Any]]:
         """The examples a load onto `device` runs, in order."""
@@ -162,6 +180,7 @@ def handler(
     warmup: Examples = (),
     accelerator_warmup: Examples = (),
     batch: Batch | None = None,
+    join: Callable[[list[Any]], Any] | None = None,
 ) -> Callable[[F], F]:
     """Declare `fn(event, *models, ctx)` as handler `name`.
 
@@ -169,6 +188,10 @@ def handler(
     (and their contexts, in the same order) and returns a list of as many
     outputs; an item may be an exception (e.g. InvalidInput) that only its own
     caller gets. Warm-up examples are single events, each run as a batch of one.
+
+    A generator `fn` streams its items; `join(items)` is the output of a call
+    that asked for no stream (default: the list of items). A handler streams
+    or batches, not both: a stream is one caller's.
     """
 
     def decorate(fn: F) -> F:
@@ -182,20 +205,43 @@ def handler(
             )
         if batch is not None and not isinstance(batch, Batch):
             raise TypeError(f"handler {name!r}: batch must be a runtime.Batch, not {batch!r}")
+        streams = inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
+        if join is not None and not streams:
+            raise TypeError(f"handler {name!r} declares join= but is not a generator")
+        if streams and batch is not None:
+            raise TypeError(f"handler {name!r} is a generator: a streaming handler cannot batch")
+        rule = (join or list) if streams else None
         spec = HandlerSpec(
             name=name,
-            fn=fn,
+            fn=joined(fn, rule) if rule is not None else fn,
             uses=uses_t,
             warmup=_examples(warmup),
             accelerator_warmup=_examples(accelerator_warmup),
-            is_async=inspect.iscoroutinefunction(fn),
+            is_async=inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn),
             description=(inspect.getdoc(fn) or "").split("\n")[0],
             batch=batch,
+            stream_fn=fn if streams else None,
+            join=rule,
         )
         setattr(fn, _SPEC_ATTR, spec)
         return fn
 
     return decorate
+
+
+def joined(fn: Callable[..., Any], join: Callable[[list[Any]], Any]) -> Callable[..., Any]:
+    """Generator handler `fn` as a plain one: its items, joined (sync or async alike)."""
+    if inspect.isasyncgenfunction(fn):
+
+        async def run_async(*args: Any) -> Any:
+            return join([item async for item in fn(*args)])
+
+        return functools.wraps(fn)(run_async)
+
+    def run(*args: Any) -> Any:
+        return join(list(fn(*args)))
+
+    return functools.wraps(fn)(run)
 
 
 @dataclass

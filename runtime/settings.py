@@ -85,6 +85,12 @@ class Settings:
     phase_stall_s: float = 300.0
     # A handler run longer than this fails with handler-timeout (a sync one wedges the instance).
     run_timeout_s: float = 900.0
+    # A server-sent event stream idle this long gets a comment line, so proxies
+    # and clients with read timeouts keep it open (runtime/http/sse.py).
+    sse_heartbeat_s: float = 15.0
+    # The Function URL's invoke mode (template.yaml's FunctionUrlInvokeMode):
+    # RESPONSE_STREAM makes the Lambda loop stream its Function URL answers.
+    invoke_mode: str = "BUFFERED"
     fetch_concurrency: int = 8
     min_residency_s: float = 30.0
     # Secrets: kept out of the settings' repr so no log line can carry them.
@@ -139,6 +145,10 @@ class Settings:
             raise ConfigError("THAW_PHASE_STALL_S must be > 0")
         if self.run_timeout_s <= 0:
             raise ConfigError("THAW_RUN_TIMEOUT_S must be > 0")
+        if self.sse_heartbeat_s <= 0:
+            raise ConfigError("THAW_SSE_HEARTBEAT_S must be > 0")
+        if self.invoke_mode not in ("BUFFERED", "RESPONSE_STREAM"):
+            raise ConfigError("THAW_INVOKE_MODE must be BUFFERED or RESPONSE_STREAM")
         if self.body_timeout_s <= 0:
             raise ConfigError("THAW_BODY_TIMEOUT_S must be > 0")
         # Bodies still arriving may not take the cap's last min(64 KiB, cap/4)

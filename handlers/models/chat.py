@@ -8,7 +8,7 @@ so a user cannot forge `<|im_start|>` turns.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from handlers.models.llama import Llama, LlamaConfig, Sampling, generate
+from handlers.models.llama import Llama, LlamaConfig, Sampling, generate_steps
 
 
 @dataclass(frozen=True)
@@ -77,16 +77,48 @@ class ChatLM:
     def complete(
         self, prompt_ids: Sequence[int], max_tokens: int, opts: Sampling, stop: Sequence[str]
     ) -> Completion:
+        for piece in self.stream(prompt_ids, max_tokens, opts, stop):
+            if isinstance(piece, Completion):
+                return piece
+        raise AssertionError("stream() ends with its Completion")
+
+    def stream(
+        self, prompt_ids: Sequence[int], max_tokens: int, opts: Sampling, stop: Sequence[str]
+    ) -> Iterator[str | Completion]:
+        """The completion's text in pieces as tokens are sampled, then its `Completion`.
+
+        The pieces join to exactly the Completion's text. A piece is held back
+        while it could still change: a trailing U+FFFD is half a UTF-8
+        character whose next bytes are in the next token, and the last
+        `longest stop - 1` characters could begin a stop string.
+        """
+
         def hit_stop(ids: list[int]) -> bool:
             text = self.tokenizer.decode(ids)
             return any(s in text for s in stop)
 
-        ids, stopped = generate(
+        hold = max((len(s) for s in stop), default=1) - 1
+        steps = generate_steps(
             self.model, prompt_ids, max_tokens, opts, self.stop_ids, hit_stop if stop else _never
         )
+        ids: list[int] = []
+        sent = 0
+        while True:
+            try:
+                ids.append(next(steps))
+            except StopIteration as end:
+                stopped: bool = end.value
+                break
+            text = self.tokenizer.decode(ids)
+            safe = len(text.rstrip("\ufffd")) - hold
+            if safe > sent and not any(s in text for s in stop):
+                yield text[sent:safe]
+                sent = safe
         text = self.tokenizer.decode(ids)
         cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))
-        return Completion(
+        if cut > sent:
+            yield text[sent:cut]
+        yield Completion(
             text=text[:cut],
             prompt_tokens=len(prompt_ids),
             completion_tokens=len(ids),

@@ -8,7 +8,7 @@ per-request state, so concurrent requests each bring their own `KVCache`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -227,6 +227,29 @@ def generate(
     The stop token itself is not returned. `use_cache=False` recomputes the
     whole sequence every step: slow, kept to check the cache against.
     """
+    steps = generate_steps(
+        model, prompt_ids, max_new_tokens, opts, stop_ids, should_stop, use_cache
+    )
+    out: list[int] = []
+    while True:
+        try:
+            out.append(next(steps))
+        except StopIteration as end:
+            stopped: bool = end.value
+            return out, stopped
+
+
+def generate_steps(
+    model: Llama,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    opts: Sampling,
+    stop_ids: frozenset[int],
+    should_stop: Callable[[list[int]], bool] = lambda _ids: False,
+    use_cache: bool = True,
+) -> Generator[int, None, bool]:
+    """`generate`, one token id at a time as each is sampled; returns whether a stop
+    token or `should_stop` ended them. Closing it stops the decoding there."""
     generator = None
     if opts.temperature > 0:
         generator = torch.Generator(device="cpu")
@@ -243,10 +266,11 @@ def generate(
         for _ in range(max_new_tokens):
             token = sample(logits, opts, generator)
             if token in stop_ids:
-                return out, True
+                return True
             out.append(token)
+            yield token
             if should_stop(out):
-                return out, True
+                return True
             if len(out) == max_new_tokens:
                 break
             step = torch.tensor([token], dtype=torch.long, device=device)
@@ -255,4 +279,4 @@ def generate(
             else:
                 ids = torch.cat([ids, step])
                 logits = model.forward(ids, 0, None)
-    return out, False
+    return False

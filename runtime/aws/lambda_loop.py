@@ -16,6 +16,13 @@ Events (see `runtime.aws.events` for the HTTP shape):
                                  -> {"output": ...} on 200, the job object on 202,
                                     a Lambda error otherwise
     {"job": ID, "wait_s"?: S}    -> the job object (polling without a Function URL)
+    {"handler": N, "input": I, "stream": true}
+                                 -> streamed through the Runtime API: a JSON line per
+                                    item, then {"output": ...} (runtime/aws/streaming.py)
+
+With THAW_INVOKE_MODE=RESPONSE_STREAM (the Function URL's invoke mode, from
+template.yaml), Function URL events are answered by response streaming too:
+an event stream reaches the caller event by event.
 
 A Lambda error is made by runtime/render.py's `lambda_error` from the error
 object itself: the app hands every error it answers, with its traceback, to
@@ -56,6 +63,7 @@ from runtime import process
 from runtime.aws.events import HttpRequest, HttpResponse, is_http_event, request_from_event
 from runtime.aws.events import result_from_response as proxy_result
 from runtime.aws.lambda_api import RuntimeAPI
+from runtime.aws.streaming import Streamer
 from runtime.context import CLIENT_CONTEXT
 from runtime.errors import InvalidEvent, ThawError
 from runtime.http.app import ERROR_SINK, ErrorSink
@@ -122,9 +130,12 @@ def prefer_with_wait(prefer: str | None, limit_s: float, default_s: float) -> st
 class Invoker:
     """Routes one event through the in-process ASGI app."""
 
-    def __init__(self, client: httpx.AsyncClient, settings: Settings) -> None:
+    def __init__(
+        self, client: httpx.AsyncClient, settings: Settings, streamer: Streamer | None = None
+    ) -> None:
         self.client = client
         self.settings = settings
+        self.streamer = streamer
 
     async def send(self, request: HttpRequest) -> HttpResponse:
         response = await self.client.request(
@@ -148,8 +159,9 @@ class Invoker:
         error, frames = sink[-1]
         return response, error.with_traceback(frames)
 
-    async def handle(self, event: Any, request_id: str, limit_s: float) -> tuple[bytes, int]:
-        """The response payload for `event` and the app's status; raises the error otherwise."""
+    async def handle(self, event: Any, request_id: str, limit_s: float) -> tuple[bytes | None, int]:
+        """The response payload for `event` and the app's status; raises the error otherwise.
+        A payload of None: the answer was streamed to the Runtime API already."""
         if is_http_event(event):
             request = request_from_event(event)
             headers = [(k, v) for k, v in request.headers if k != "prefer"]
@@ -158,9 +170,15 @@ class Invoker:
             if request.header("x-request-id") is None:
                 headers.append(("x-request-id", request_id))
             request = replace(request, headers=headers)
+            if self.streamer is not None and self.settings.invoke_mode == "RESPONSE_STREAM":
+                return None, await self.streamer.http(request, request_id)
             response = await self.send(request)
             return orjson.dumps(proxy_result(response)), response.status
         if isinstance(event, dict) and isinstance(event.get("handler"), str):
+            if event.get("stream") is True and self.streamer is not None:
+                wait_s = min(self._caller_wait(event, limit_s), limit_s)
+                streamed = await self.streamer.direct(event, request_id, wait_s)
+                return streamed if streamed is not None else (None, 200)
             return await self._direct(event, request_id, limit_s)
         if isinstance(event, dict) and isinstance(event.get("job"), str):
             wait_s = min(self._caller_wait(event, limit_s), limit_s)
@@ -222,7 +240,7 @@ async def _worker(api: RuntimeAPI, invoker: Invoker, instance: Instance, concurr
         if concurrency == 1 and invocation.trace_id:
             os.environ["_X_AMZN_TRACE_ID"] = invocation.trace_id
         limit_s = budget_s(invocation.deadline_ms, time.time())
-        payload = b""
+        payload: bytes | None = b""
         error: LambdaError | None = None
         status = 0
         try:
@@ -254,7 +272,8 @@ async def _worker(api: RuntimeAPI, invoker: Invoker, instance: Instance, concurr
             extra={"request_id": invocation.request_id, "duration_ms": round(took_ms, 3)},
         )
         if error is None:
-            await api.respond(invocation.request_id, payload)
+            if payload is not None:  # None: streamed (runtime/aws/streaming.py)
+                await api.respond(invocation.request_id, payload)
         else:
             await api.fail(invocation.request_id, error)
         # Lambda freezes a one-at-a-time instance while it waits on `next`, so a
@@ -287,8 +306,8 @@ async def run(address: str, concurrency: int = 1, environ: Mapping[str, str] | N
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         client = httpx.AsyncClient(transport=transport, base_url="http://lambda", timeout=None)
         stack.push_async_callback(client.aclose)
-        invoker = Invoker(client, settings)
         instance: Instance = app.state.instance
+        invoker = Invoker(client, settings, Streamer(address, app, instance.dispatcher))
         log.info("ready: %d worker(s) on %s", concurrency, address)
         workers = asyncio.gather(
             *(_worker(api, invoker, instance, concurrency) for _ in range(concurrency))

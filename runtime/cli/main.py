@@ -127,7 +127,7 @@ def _cmd_invoke(args: argparse.Namespace) -> int:
     from runtime.cli.invoke import invoke_once
 
     event = _read_json_arg(args.event, "--event")
-    return invoke_once(args.handler, event)
+    return invoke_once(args.handler, event, stream=args.stream)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -223,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     invoke = sub.add_parser("invoke", help="run one invocation in-process")
     invoke.add_argument("handler")
     invoke.add_argument("--event", default="{}", help="JSON or @file.json")
+    invoke.add_argument(
+        "--stream", action="store_true", help="print a generator handler's items as they come"
+    )
     invoke.set_defaults(func=_cmd_invoke)
 
     serve = sub.add_parser("serve", help="serve the HTTP contract")

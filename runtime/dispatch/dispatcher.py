@@ -13,6 +13,11 @@ task only where it must wait on the loop: work that needs a load, or an async
 handler that suspends (runtime/dispatch/eager.py). A sync handler whose models are
 ready goes straight to a handler thread, and the thread's callback finishes
 it (runtime/dispatch/calls.py).
+
+A generator handler's work runs bound to a `Stream` (runtime/dispatch/streams.py).
+For a caller that asked for the stream the rule waits for the handler to
+begin, not to end: READY models start the stream at once, and only a load
+that would pass the deadline makes the usual 202 job.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from runtime.dispatch.batcher import Batcher, Member
 from runtime.dispatch.calls import Caller, ThreadOutcome, caller_error, handler_error
 from runtime.dispatch.deadlines import Deadlines
 from runtime.dispatch.overruns import Overruns
+from runtime.dispatch.streams import Stream, Streaming, Streams
 from runtime.errors import Draining, HandlerTimeout, QueueFull, ThawError
 from runtime.health import Health
 from runtime.jobs.job import Job
@@ -104,6 +110,7 @@ class Work:
         "running",
         "settled",
         "spec",
+        "stream",
         "timings_ms",
     )
 
@@ -125,6 +132,8 @@ class Work:
         self.overran = False
         # Requests in the batch it ran in (runtime/dispatch/batcher.py); None: unbatched.
         self.batch_size: int | None = None
+        # A generator handler's items (runtime/dispatch/streams.py).
+        self.stream: Stream | None = None
 
     def release(self) -> None:
         """Let go of the models it holds (once)."""
@@ -168,6 +177,7 @@ class Dispatcher:
             run_estimate_s=estimator.run_s,
             margin_s=settings.deadline_margin_s,
         )
+        self.streams = Streams()
         for name in registry.handlers:
             self.handler_stats(name)
 
@@ -190,7 +200,8 @@ class Dispatcher:
         respond_async: bool = False,
         request_id: str,
         key_id: str | None = None,
-    ) -> Completed | Accepted:
+        stream: bool = False,
+    ) -> Completed | Accepted | Streaming:
         received = time.monotonic()
         spec = self.registry.handler(name)
         if self.draining:
@@ -220,8 +231,16 @@ class Dispatcher:
             )
             cold = bool(spec.uses) and not all(map(self.cache.is_ready, spec.uses))
             work = Work(spec, "loading" if cold else "queued")
-            # Warm: nothing to load, so the estimate is the run time (no cache lookups).
-            estimate_s = await self._estimate_s(spec) if cold else self.estimator.run_s(name)
+            run_spec = spec
+            if spec.streams or stream:
+                work.stream = Stream(spec)
+                run_spec = work.stream.bind(spec)
+            if stream:
+                # A stream waits for its models only: it answers once the handler begins.
+                estimate_s = await self._ready_s(spec) if cold else 0.0
+            else:
+                # Warm: nothing to load, so the estimate is the run time (no cache lookups).
+                estimate_s = await self._estimate_s(spec) if cold else self.estimator.run_s(name)
             # The margin never eats more than a quarter of a short deadline, so a
             # warm request with `wait=0.1` still runs instead of becoming a job.
             answer_by = deadline_at - min(self.settings.deadline_margin_s, wait * 0.25)
@@ -231,16 +250,21 @@ class Dispatcher:
                 # Record the job before starting the work, so the answer is not
                 # delayed by what the work does first (a cold load imports torch).
                 job = await self._record(spec, event, work, key_id)
-                outcome = self._start(spec, event, ctx, work)
+                outcome = self._start(run_spec, event, ctx, work)
                 started = True
                 self._follow(spec, job, outcome, work)
                 return Accepted(job, retry_after_s=max(1.0, estimate_s))
-            outcome = self._start(spec, event, ctx, work)
+            outcome = self._start(run_spec, event, ctx, work)
             started = True
         finally:
             if not started:
                 self.pending[name] -= 1
-        if outcome.done() or await self._settled_by(work, outcome, answer_by):
+        if stream:
+            assert work.stream is not None
+            if await self._started_by(work.stream, answer_by):
+                stats.count("sync")
+                return Streaming(work.stream, work.timings_ms)
+        elif outcome.done() or await self._settled_by(work, outcome, answer_by):
             output = _result(outcome)
             stats.count("sync")
             return Completed(output, work.timings_ms, work.batch_size)
@@ -261,6 +285,13 @@ class Dispatcher:
         await self.deadlines.wait(work.settled, answer_by)
         return outcome.done()
 
+    async def _started_by(self, stream: Stream, answer_by: float) -> bool:
+        """Wait until `answer_by` at the latest for the handler to begin; True when it has."""
+        waiter = asyncio.get_running_loop().create_future()
+        stream.started.add_done_callback(lambda _: _settle(waiter))
+        await self.deadlines.wait(waiter, answer_by)
+        return stream.started.done()
+
     async def _record(self, spec: HandlerSpec, event: Any, work: Work, key_id: str | None) -> Job:
         job = await self.jobs.record(spec.name, event, phase=work.phase, key_id=key_id)
         self.handler_stats(spec.name).count("async")
@@ -269,15 +300,22 @@ class Dispatcher:
     def _follow(
         self, spec: HandlerSpec, job: Job, outcome: asyncio.Future[Any], work: Work
     ) -> None:
-        self.jobs.follow(job, outcome, lambda: (work.phase, self._progress(spec)))
+        self.jobs.follow(job, outcome, lambda: (work.phase, self._progress(spec, work)))
+        if work.stream is not None:
+            self.streams.hold(job.id, work.stream)
 
-    async def _estimate_s(self, spec: HandlerSpec) -> float:
+    async def _ready_s(self, spec: HandlerSpec) -> float:
         ready_s = 0.0
         for name in spec.uses:
             ready_s = max(ready_s, await self.cache.estimate_ready_s(name))
-        return ready_s + self.estimator.run_s(spec.name)
+        return ready_s
 
-    def _progress(self, spec: HandlerSpec) -> dict[str, Any] | None:
+    async def _estimate_s(self, spec: HandlerSpec) -> float:
+        return await self._ready_s(spec) + self.estimator.run_s(spec.name)
+
+    def _progress(self, spec: HandlerSpec, work: Work | None = None) -> dict[str, Any] | None:
+        if work is not None and work.running and work.stream is not None:
+            return work.stream.partial()
         for name in spec.uses:
             entry = self.cache.entries.get(name)
             if entry is not None and entry.lifecycle.loading and entry.manifest is not None:
@@ -309,6 +347,8 @@ class Dispatcher:
             work.leases = leases
             outcome = self._in_thread(spec, event, ctx, work, stats)
         work.outcome = outcome
+        if work.stream is not None:
+            work.stream.attach(outcome)
         if outcome.done():
             self._finished(spec.name, work, stats, outcome)
         else:

@@ -3,6 +3,8 @@
 One Starlette app on uvicorn, 127.0.0.1 by default:
 
     POST /2015-03-31/functions/{name}/invocations    the Invoke API (invoke_api)
+    POST /2021-11-15/functions/{name}/response-streaming-invocations
+                                                     InvokeWithResponseStream (eventstream)
     every other path                                 the HTTP contract via a Function URL event
 
 and one Runtime API listener per sandbox on 127.0.0.1 (runtime_api), whose
@@ -49,7 +51,7 @@ from typing import IO
 import uvicorn
 from starlette.applications import Starlette
 
-from runtime.emulator import function_url, invoke_api
+from runtime.emulator import eventstream, function_url, invoke_api
 from runtime.emulator.containers import ContainerLauncher, check_image, find_engine
 from runtime.emulator.invoke_api import EventQueue
 from runtime.emulator.pool import Pool
@@ -133,7 +135,7 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
 def create_emulator_app(
     config: EmulatorConfig, *, out: IO[str] = sys.stdout, echo: IO[str] = sys.stderr
 ) -> Starlette:
-    routes = [*invoke_api.routes, *function_url.routes]
+    routes = [*eventstream.routes, *invoke_api.routes, *function_url.routes]
     app = Starlette(routes=routes, lifespan=_lifespan)
     app.state.config, app.state.out, app.state.echo = config, out, echo
     return app

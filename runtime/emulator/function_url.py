@@ -19,6 +19,7 @@ from starlette.routing import Route
 from runtime.aws.events import HttpRequest, event_from_request, response_from_payload
 from runtime.emulator.invocation import Throttled
 from runtime.emulator.pool import Pool
+from runtime.emulator.streaming import url_response
 from runtime.emulator.template import Template
 from runtime.errors import InvalidEvent
 
@@ -53,6 +54,8 @@ async def forward(request: Request) -> Response:
         outcome = await pool.invoke(template.url_function(), orjson.dumps(event))
     except Throttled:
         return JSONResponse({"Message": "Rate Exceeded."}, 429, headers=ids)
+    if outcome.stream is not None:
+        return await url_response(outcome.stream, ids)
     if outcome.error_type is not None:
         # Function URLs hide the error; the type is kept in a header for local debugging.
         headers = {**ids, "X-Amz-Function-Error": outcome.error_type}

@@ -20,6 +20,7 @@ import orjson
 
 from runtime.emulator.report import Report, end_line, start_line
 from runtime.emulator.sandboxes import Sandbox, max_memory_mb
+from runtime.emulator.streaming import ResponseChunks
 
 LOG_TAIL_BYTES = 4096
 
@@ -50,6 +51,8 @@ class Outcome:
     error_type: str | None
     # Set when the invocation ends (its REPORT); may be well after the answer.
     finished: asyncio.Future[Finished]
+    # A streamed response (runtime/emulator/streaming.py): its chunks as they come.
+    stream: ResponseChunks | None = None
 
 
 @dataclass
@@ -80,7 +83,11 @@ def error_payload(error_type: str, message: str) -> bytes:
 
 
 def answer(
-    invocation: Invocation, error_type: str | None, payload: bytes, status: str | None
+    invocation: Invocation,
+    error_type: str | None,
+    payload: bytes,
+    status: str | None,
+    stream: ResponseChunks | None = None,
 ) -> bool:
     """Hand the caller its answer; False if it had one already."""
     if invocation.result.done():
@@ -88,7 +95,7 @@ def answer(
     # The REPORT names an error type only beside a Status, as Lambda's does.
     invocation.status = status
     invocation.error_type = error_type if status is not None else None
-    outcome = Outcome(invocation.request_id, payload, error_type, invocation.finished)
+    outcome = Outcome(invocation.request_id, payload, error_type, invocation.finished, stream)
     invocation.result.set_result(outcome)
     return True
 

@@ -205,12 +205,18 @@ async def invoke(request: Request) -> Response:
     except Throttled as exc:
         return aws_error(429, "TooManyRequestsException", "Rate Exceeded.", Reason=exc.reason)
     headers = {"X-Amz-Executed-Version": version, "x-amzn-RequestId": outcome.request_id}
-    if outcome.error_type is not None:
+    payload, error_type = outcome.payload, outcome.error_type
+    if outcome.stream is not None:
+        # A plain invoke of a function that streamed: the whole answer, as Lambda gives it.
+        payload = await outcome.stream.read_all()
+        if (error_type := outcome.stream.error_type) is not None:
+            payload = outcome.stream.error_body
+    if error_type is not None:
         headers["X-Amz-Function-Error"] = "Unhandled"
     if request.headers.get("x-amz-log-type") == "Tail":
         finished = await asyncio.shield(outcome.finished)
         headers["X-Amz-Log-Result"] = base64.b64encode(finished.log_tail()).decode("ascii")
-    return Response(outcome.payload, headers=headers, media_type="application/json")
+    return Response(payload, headers=headers, media_type="application/json")
 
 
 # ---- the reads: GetFunction, GetFunctionConfiguration, ListFunctions ---------------

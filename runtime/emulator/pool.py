@@ -43,6 +43,7 @@ from runtime.emulator.invocation import (
 )
 from runtime.emulator.runtime_api import RuntimeListener
 from runtime.emulator.sandboxes import Launcher, Sandbox, SandboxState, pump_output
+from runtime.emulator.streaming import ResponseChunks
 from runtime.emulator.template import FunctionConfig, Template
 
 INIT_LIMIT_S = 10.0
@@ -216,9 +217,15 @@ class Pool:
         return invocation
 
     async def complete(
-        self, sid: str, request_id: str, payload: bytes, error_type: str | None
+        self,
+        sid: str,
+        request_id: str,
+        payload: bytes,
+        error_type: str | None,
+        stream: ResponseChunks | None = None,
     ) -> bool:
-        """A response or error was posted; False when nothing awaits it."""
+        """A response or error was posted (or a streamed response began: `stream`);
+        False when nothing awaits it."""
         sandbox = self.sandboxes.get(sid)
         invocation = sandbox.assigned.get(request_id) if sandbox else None
         if sandbox is None or invocation is None or not invocation.delivered.is_set():
@@ -226,7 +233,7 @@ class Pool:
         sandbox.assigned.pop(request_id, None)
         # A function error the runtime posted is an answer: Lambda's REPORT gives
         # it no Status (only a runtime that died, or timed out, gets one).
-        answer(invocation, error_type, payload, None)
+        answer(invocation, error_type, payload, None, stream)
         sandbox.unreported.append(invocation)
         if sandbox.capacity == 1:
             # Work after the response (a 202'd job) counts against the Timeout, as on Lambda.

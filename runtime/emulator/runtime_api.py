@@ -12,9 +12,13 @@ the URL. A container sandbox on the host network reaches it the same way.
     POST /2018-06-01/runtime/invocation/{rid}/error
     POST /2018-06-01/runtime/init/error
 
+A response posted with `Lambda-Runtime-Function-Response-Mode: streaming`
+is handed on chunk by chunk, its error trailers read at its end
+(runtime/emulator/streaming.py).
+
 A listener is a uvicorn server in the emulator's event loop; the emulator's
 own server keeps the signal handlers. It serves a `Platform` (the pool) and
-imports nothing else of the emulator's.
+imports nothing else of the emulator's but the streaming leaf.
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+from runtime.emulator import streaming
+from runtime.emulator.streaming import ResponseChunks
 
 PREFIX = "/2018-06-01/runtime"
 ERROR_TYPE_HEADER = "lambda-runtime-function-error-type"
@@ -55,7 +62,12 @@ class Platform(Protocol):
     async def next(self, sid: str) -> Delivery | None: ...
 
     async def complete(
-        self, sid: str, request_id: str, payload: bytes, error_type: str | None
+        self,
+        sid: str,
+        request_id: str,
+        payload: bytes,
+        error_type: str | None,
+        stream: ResponseChunks | None = None,
     ) -> bool: ...
 
     def init_failed(self, sid: str, error_type: str, payload: bytes) -> None: ...
@@ -99,6 +111,13 @@ async def next_invocation(request: Request) -> Response:
 
 
 async def invocation_response(request: Request) -> Response:
+    if streaming.is_streaming(request):
+        sink = ResponseChunks(request.headers.get("content-type", "application/octet-stream"))
+        rid = request.path_params["rid"]
+        if not await _pool(request).complete(_sid(request), rid, b"", None, sink):
+            return _answer(False)
+        await streaming.receive(request, sink)
+        return _answer(True)
     body = await request.body()
     done = await _pool(request).complete(_sid(request), request.path_params["rid"], body, None)
     return _answer(done)
@@ -156,7 +175,13 @@ class RuntimeListener:
         self._sock.bind((LISTEN_HOST, 0))
         self.address = f"{LISTEN_HOST}:{self._sock.getsockname()[1]}"
         config = uvicorn.Config(
-            app, lifespan="off", log_level="warning", log_config=None, timeout_graceful_shutdown=1
+            app,
+            lifespan="off",
+            log_level="warning",
+            log_config=None,
+            timeout_graceful_shutdown=1,
+            # h11, with the trailers of a streamed response kept (streaming.py).
+            http=streaming.TrailersH11,
         )
         self._server = _Server(config)
         self._task: asyncio.Task[None] | None = None

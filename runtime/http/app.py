@@ -40,6 +40,7 @@ from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.dispatch.dispatcher import Accepted, Completed
+from runtime.dispatch.streams import Streaming
 from runtime.errors import (
     BadRequest,
     Draining,
@@ -52,6 +53,7 @@ from runtime.errors import (
     ThawError,
     UnknownBundle,
 )
+from runtime.http import sse
 from runtime.http.auth import AuthMiddleware, KeyRing
 from runtime.http.prefer import NO_PREFERENCES, parse_prefer
 from runtime.instance import Instance
@@ -540,7 +542,7 @@ def _refused(instance: Instance, name: str, exc: ThawError) -> None:
         stats.count("client_error" if exc.status < 500 else "error")
 
 
-async def _invoke(request: Request, *, force_async: bool) -> Response:
+async def _invoke(request: Request, *, force_async: bool) -> Response | sse.EventStreamResponse:
     state = request.app.state
     instance: Instance = state.instance
     intake: Intake = state.intake
@@ -568,7 +570,13 @@ async def _invoke(request: Request, *, force_async: bool) -> Response:
             respond_async=force_async or (prefs.respond_async and prefs.wait_s is None),
             request_id=request_id_of(request),
             key_id=key_id_of(request),
+            stream=not force_async and sse.wants_events(request.headers.get("accept", "")),
         )
+        if isinstance(outcome, Streaming):
+            timing = {"Server-Timing": server_timing(outcome.timings_ms)}
+            return await sse.invocation_response(
+                outcome.stream, settings.sse_heartbeat_s, request.url.path, timing
+            )
         if isinstance(outcome, Accepted):
             applied = "respond-async" if prefs.respond_async else None
             return job_response(outcome.job, 202, outcome.retry_after_s, applied=applied)
@@ -583,12 +591,13 @@ async def _invoke(request: Request, *, force_async: bool) -> Response:
         intake.release(size)
 
 
-async def invoke(request: Request) -> Response:
-    """Invoke a handler; 200 with its output, or 202 with a job past the deadline."""
+async def invoke(request: Request) -> Response | sse.EventStreamResponse:
+    """Invoke a handler; 200 with its output (or its event stream with
+    `Accept: text/event-stream`), or 202 with a job past the deadline."""
     return await _invoke(request, force_async=False)
 
 
-async def submit_job(request: Request) -> Response:
+async def submit_job(request: Request) -> Response | sse.EventStreamResponse:
     """Submit a job: invoke a handler asynchronously; always 202 with the job."""
     return await _invoke(request, force_async=True)
 
@@ -600,6 +609,7 @@ _DEPRECATED = "@1796083200"
 async def submit_job_deprecated(request: Request) -> Response:
     """`POST /jobs/{handler}`: the submit route before `POST /handlers/{handler}/jobs`."""
     response = await _invoke(request, force_async=True)
+    assert isinstance(response, Response)  # a submit never streams
     successor = f"/handlers/{quote(request.path_params['handler'], safe='')}/jobs"
     response.headers["Deprecation"] = _DEPRECATED
     response.headers["Link"] = f'<{successor}>; rel="successor-version"'
@@ -638,12 +648,49 @@ def _wait_param(request: Request) -> float:
     return min(wait_s, 60.0)
 
 
-async def get_job(request: Request) -> Response:
-    """The job object; `?wait=S` long-polls up to S seconds for a final state."""
-    job = await _instance(request).jobs.get(
+async def get_job(request: Request) -> Response | sse.EventStreamResponse:
+    """The job object; `?wait=S` long-polls up to S seconds for a final state. A running
+    stream's job shows its output so far; `Accept: text/event-stream` follows it."""
+    instance = _instance(request)
+    if sse.wants_events(request.headers.get("accept", "")):
+        return await follow_job(request)
+    job = await instance.jobs.get(
         request.path_params["job_id"], key_id=key_id_of(request), wait_s=_wait_param(request)
     )
-    return JSONResponse(job.public())
+    body = job.public()
+    stream = instance.dispatcher.streams.get(job.id)
+    if stream is not None and not job.status.final:
+        # Held here: live, where the store has the last heartbeat's.
+        body["progress"] = stream.partial()
+    return JSONResponse(body)
+
+
+async def follow_job(request: Request) -> sse.EventStreamResponse:
+    """A job as server-sent events: its items so far and then as they come (when
+    this instance runs it), then its output or error."""
+    instance = _instance(request)
+    job_id = request.path_params["job_id"]
+    key_id = key_id_of(request)
+    job = await instance.jobs.get(job_id, key_id=key_id)  # 404 before any 200
+    heartbeat_s = instance.settings.sse_heartbeat_s
+    path = request.url.path
+    last = request.headers.get("last-event-id", "")
+    start = int(last) + 1 if last.isdigit() else 0
+
+    async def events() -> AsyncIterator[bytes]:
+        current = job
+        stream = instance.dispatcher.streams.get(job_id)
+        if stream is not None and not current.status.final:
+            async for chunk in sse.stream_events(stream, start, heartbeat_s, path):
+                yield chunk
+            return
+        # Not streamed here (run by another instance, or finished): its end.
+        while not current.status.final:
+            yield sse.HEARTBEAT
+            current = await instance.jobs.get(job_id, key_id=key_id, wait_s=heartbeat_s)
+        yield sse.job_final_event(current, path)
+
+    return sse.EventStreamResponse(events())
 
 
 async def cancel_job(request: Request) -> Response:

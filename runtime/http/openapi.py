@@ -56,13 +56,33 @@ def _problem(description: str, headers: dict[str, Any] | None = None) -> dict[st
     }
 
 
-def _json(schema: dict[str, Any], description: str, **extra: Any) -> dict[str, Any]:
+def _json(
+    schema: dict[str, Any],
+    description: str,
+    content_extra: dict[str, Any] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
     return {
         "description": description,
-        "content": {"application/json": {"schema": schema}},
+        "content": {"application/json": {"schema": schema}, **(content_extra or {})},
         **extra,
     }
 
+
+# Server-sent events (runtime/http/sse.py), with `Accept: text/event-stream`.
+_EVENT_STREAM = {
+    "text/event-stream": {
+        "schema": {
+            "type": "string",
+            "description": (
+                "One event per item a generator handler yields (`id: <index>`, `data: <item "
+                "JSON>`), as soon as it exists; then `event: result` with the output (the "
+                "items joined), or `event: error` with a problem+json object if the handler "
+                "failed midway; `: keep-alive` comments after THAW_SSE_HEARTBEAT_S of quiet"
+            ),
+        }
+    }
+}
 
 _RETRY_AFTER = {"description": "Seconds to wait before retrying", "schema": {"type": "integer"}}
 
@@ -121,7 +141,13 @@ SCHEMAS: dict[str, Any] = {
             "attempts": {"type": "integer", "minimum": 0},
             "created_at": {"type": "string", "format": "date-time"},
             "updated_at": {"type": "string", "format": "date-time"},
-            "progress": {"type": "object"},
+            "progress": {
+                "type": "object",
+                "description": (
+                    "a load's bytes so far; a running generator handler's `items` so far "
+                    "and `partial_output` (its items joined so far)"
+                ),
+            },
             "output": {"description": "the handler's output, once `succeeded`"},
             "error": _ref("schemas", "JobError"),
         },
@@ -311,7 +337,9 @@ OPERATIONS: dict[str, dict[str, Any]] = {
         "responses": {
             "200": _json(
                 {},
-                "the handler's output",
+                "the handler's output; with `Accept: text/event-stream`, its items as "
+                "server-sent events as they are made",
+                content_extra=_EVENT_STREAM,
                 headers={
                     "Server-Timing": {
                         "description": (
@@ -341,7 +369,12 @@ OPERATIONS: dict[str, dict[str, Any]] = {
             }
         ],
         "responses": {
-            "200": _json(_ref("schemas", "Job"), "the job"),
+            "200": _json(
+                _ref("schemas", "Job"),
+                "the job; with `Accept: text/event-stream`, its items so far and then as "
+                "they come (after `Last-Event-ID`, when given), then its output or error",
+                content_extra=_EVENT_STREAM,
+            ),
             # 503: a long-poll the server's shutdown cut off (drained).
             **_errors(400, 404, 500, 503),
         },

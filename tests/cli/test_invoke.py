@@ -81,3 +81,39 @@ def test_invoke_integrity_failure_is_reported(thaw_env: dict[str, str], tmp_path
     result = invoke("alpha", env=env)
     assert result.returncode == 1
     assert "integrity" in result.stderr and manifest.files[0].path in result.stderr
+
+
+def test_invoke_stream_prints_items_as_they_come(thaw_env: dict[str, str], tmp_path: Path) -> None:
+    hold = tmp_path / "hold"
+    hold.touch()
+    event = json.dumps({"n": 3, "hold": str(hold), "hold_at": 2})
+    env = {**thaw_env, "THAW_HANDLERS": "tests.handlers.ticks"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runtime.cli.main", "invoke", "ticks", "--stream", "--event", event],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        # Ticks 0 and 1 are printed while the handler still waits before tick 2.
+        assert proc.stdout.read(6) == b"t0 t1 "
+        assert proc.poll() is None
+        hold.unlink()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert out == b"t2 \n"
+    assert b"run" in err
+
+
+def test_invoke_stream_of_a_failure_midway_exits_non_zero(thaw_env: dict[str, str]) -> None:
+    env = {**thaw_env, "THAW_HANDLERS": "tests.handlers.ticks"}
+    result = invoke("ticks", "--stream", "--event", '{"n": 4, "fail_at": 2}', env=env)
+    assert result.returncode != 0
+    assert result.stdout.startswith("t0 t1 ")
+    assert "tick 2 failed" in result.stderr

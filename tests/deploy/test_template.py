@@ -31,6 +31,7 @@ MODES = {
     "provisioned": {"ProvisionedConcurrency": "2"},
     "image-bundles": {"BundleSource": "image"},
     "gpu": {"GpuCapacity": "on", "GpuSubnetIds": "subnet-0abc", "GpuSecurityGroupIds": "sg-0abc"},
+    "streaming": {"FunctionUrlInvokeMode": "RESPONSE_STREAM"},
 }
 # AWS managed policies a role may attach: Lambda Managed Instances' operator policy only.
 ALLOWED_MANAGED_POLICIES = {"AWSLambdaManagedEC2ResourceOperator"}
@@ -79,7 +80,10 @@ def test_the_sam_transform_succeeds_in_every_mode(transformed: dict[str, Any]) -
     resources = transformed["Resources"]
     assert resources["ThawFunction"]["Type"] == "AWS::Lambda::Function"
     assert resources["ThawFunctionUrl"]["Properties"]["AuthType"] == "AWS_IAM"
-    assert resources["ThawFunctionUrl"]["Properties"]["InvokeMode"] == "BUFFERED"
+    # Resolved by CloudFormation at deploy time, from the parameter.
+    url_mode = resources["ThawFunctionUrl"]["Properties"]["InvokeMode"]
+    assert url_mode == {"Ref": "FunctionUrlInvokeMode"}
+    assert "FunctionUrlInvokeMode" in transformed["Parameters"]
     assert "Transform" not in transformed
 
 
@@ -172,8 +176,22 @@ def test_settings_the_emulator_reads_resolve_to_parameter_defaults() -> None:
     variables = props["Environment"]["Variables"]
     literal = {k for k, v in variables.items() if isinstance(v, str)}
     assert literal == {"THAW_CACHE_DIR", "THAW_STATE_DIR"}
-    # The two that name deployed resources; a local emulator leaves them out.
-    assert set(variables) - literal == {"THAW_JOB_STORE", "THAW_BUNDLE_SOURCE"}
+    # The two that name deployed resources (a local emulator leaves them out), and
+    # the invoke mode, a parameter.
+    assert set(variables) - literal == {"THAW_JOB_STORE", "THAW_BUNDLE_SOURCE", "THAW_INVOKE_MODE"}
+
+
+@pytest.mark.parametrize("logical_id", ["ThawFunction", "ThawGpuFunction"])
+def test_the_url_invoke_mode_and_the_runtime_read_one_parameter(logical_id: str) -> None:
+    """RESPONSE_STREAM on the URL and THAW_INVOKE_MODE in the runtime go together: a
+    runtime that streamed to a BUFFERED URL would have its prelude read as the body."""
+    template = load_template()
+    props = function_props(template, logical_id)
+    parameter = {"Ref": "FunctionUrlInvokeMode"}
+    assert props["FunctionUrlConfig"]["InvokeMode"] == parameter
+    assert props["Environment"]["Variables"]["THAW_INVOKE_MODE"] == parameter
+    allowed = template["Parameters"]["FunctionUrlInvokeMode"]["AllowedValues"]
+    assert set(allowed) == {"BUFFERED", "RESPONSE_STREAM"}
 
 
 def test_env_wiring_matches_the_store_the_source_and_the_policy(

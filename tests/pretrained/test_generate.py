@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from handlers.generate import MAX_CONTEXT_TOKENS, MAX_TOKENS, generate
+from handlers.generate import MAX_CONTEXT_TOKENS, MAX_TOKENS, generate, join_completion
 from handlers.models.chat import ChatLM
 from handlers.models.llama import Llama, Sampling
 from handlers.models.llama import generate as generate_ids
@@ -21,8 +21,8 @@ FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def run(model: ChatLM, **event: Any) -> dict[str, Any]:
-    out: dict[str, Any] = generate(event, model, CTX)
-    return out
+    # A generator handler: a caller that asks for no stream gets its items joined.
+    return join_completion(list(generate(event, model, CTX)))
 
 
 def test_reference_answer_greedy(smollm2: ChatLM) -> None:
@@ -162,5 +162,30 @@ LONG = "word " * (MAX_CONTEXT_TOKENS - 100)
 )
 def test_bad_input_names_the_field(smollm2: ChatLM, event: Any, field: str) -> None:
     with pytest.raises(InvalidInput) as exc:
-        generate(event, smollm2, CTX)
+        next(generate(event, smollm2, CTX))
     assert exc.value.field == field
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"messages": FRANCE, "max_tokens": 24},
+        {"messages": FRANCE, "max_tokens": 24, "stop": ["Paris", "Lyon"]},
+        {"prompt": "Les élèves ont mangé", "max_tokens": 12, "temperature": 0.9, "seed": 3},
+    ],
+)
+def test_streamed_pieces_join_to_the_whole_answer(smollm2: ChatLM, event: Any) -> None:
+    items = list(generate(event, smollm2, CTX))
+    whole = smollm2.complete(
+        smollm2.encode_chat([("user", FRANCE[0]["content"])])
+        if "messages" in event
+        else smollm2.encode_prompt(event["prompt"]),
+        event["max_tokens"],
+        Sampling(temperature=event.get("temperature", 0.0), seed=event.get("seed")),
+        event.get("stop", []),
+    )
+    # Every item but the last carries text; the last ends the answer.
+    assert all(item["text"] and set(item) == {"text"} for item in items[:-1])
+    assert items[-1]["text"] == "" and items[-1]["finish_reason"] == whole.finish_reason
+    assert "".join(item["text"] for item in items) == whole.text
+    assert join_completion(items)["usage"]["completion_tokens"] == whole.completion_tokens

@@ -98,6 +98,14 @@ def test_invoke_documents_prefer_200_202_and_the_job(document: dict[str, Any]) -
     assert summaries["invoke"].startswith("Invoke a handler")  # from the docstring
 
 
+def test_invoke_and_jobs_document_their_event_streams(document: dict[str, Any]) -> None:
+    paths = document["paths"]
+    for path, method in (("/invoke/{handler}", "post"), ("/jobs/{job_id}", "get")):
+        content = paths[path][method]["responses"]["200"]["content"]
+        assert set(content) == {"application/json", "text/event-stream"}
+        assert "event: result" in content["text/event-stream"]["schema"]["description"]
+
+
 def test_no_two_paths_differ_only_in_their_variables_names(document: dict[str, Any]) -> None:
     # OpenAPI 3.1 §4.8.8: templated paths with the same hierarchy but different
     # names are identical, and must not both appear.
