@@ -51,9 +51,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in gpu:
             item.add_marker(skip)
     image = [item for item in items if item.get_closest_marker("image")]
-    if not image:
-        return
-    items[:] = [item for item in items if not item.get_closest_marker("image")] + image
-    from tests.deploy.conftest import start_preparing
+    if image:
+        items[:] = [item for item in items if not item.get_closest_marker("image")] + image
 
-    start_preparing()
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The image starts building once the run's tests are known: after `-m`,
+    `-k` or `--deselect` have had their say, so a run without image tests
+    builds nothing."""
+    if any(item.get_closest_marker("image") for item in session.items):
+        from tests.deploy.conftest import start_preparing
+
+        start_preparing()

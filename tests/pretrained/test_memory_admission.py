@@ -69,14 +69,19 @@ def test_generate_past_the_budget_queues_or_throttles_without_oom(
                         in_flight_seen.append(model["in_flight"])
                         time.sleep(0.02)
 
+            # All ten are sent together: each client is made first (an httpx client
+            # builds an SSL context, tens of ms under the GIL), then a barrier.
+            clients = [httpx.Client(base_url=server.url, timeout=300) for _ in range(10)]
+            together = threading.Barrier(10)
+
             def generate(index: int) -> int:
-                with httpx.Client(base_url=server.url, timeout=300) as c:
-                    response = c.post(
-                        "/invoke/generate",
-                        json={"prompt": f"Count to {index + 3}:", "max_tokens": 24},
-                        headers={"Prefer": "wait=300"},
-                    )
-                    return response.status_code
+                together.wait()
+                response = clients[index].post(
+                    "/invoke/generate",
+                    json={"prompt": f"Count to {index + 3}:", "max_tokens": 24},
+                    headers={"Prefer": "wait=300"},
+                )
+                return response.status_code
 
             watcher = threading.Thread(target=watch)
             watcher.start()
@@ -86,6 +91,8 @@ def test_generate_past_the_budget_queues_or_throttles_without_oom(
             finally:
                 stop.set()
                 watcher.join()
+                for each in clients:
+                    each.close()
             assert set(codes) <= {200, 429}, codes
             assert codes[200] >= 6 and codes[429] >= 1, codes
             assert max(in_flight_seen) <= 2, f"admitted past the budget: {max(in_flight_seen)}"
