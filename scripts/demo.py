@@ -64,12 +64,12 @@ def events() -> list[tuple[str, str, dict[str, Any]]]:
 
 
 def phases(header: str) -> str:
-    parts = []
-    for item in header.split(","):
-        name, _, dur = item.strip().partition(";dur=")
-        if dur:
-            parts.append(f"{name} {float(dur):.1f}")
-    return ", ".join(parts) + " (ms)"
+    # The one Server-Timing parser (`thaw coldstart`'s): metrics carry other
+    # parameters too, e.g. `batch;dur=0.03;desc="n=1"`.
+    from runtime.cli.coldstart import parse_server_timing
+
+    timings = parse_server_timing(header)
+    return ", ".join(f"{name} {ms:.1f}" for name, ms in timings.items()) + " (ms)"
 
 
 def summary(output: Any) -> str:

@@ -90,6 +90,10 @@ def test_a_failing_handler_exits_non_zero_and_stops_the_server(thaw_env: dict[st
     [
         ("queue;dur=0.1, fetch;dur=12.0", {"queue": 0.1, "fetch": 12.0}),
         ('run;desc="x";dur=3', {"run": 3.0}),
+        (
+            'queue;dur=0.0, batch;dur=0.031;desc="n=1", run;dur=9.5',
+            {"queue": 0.0, "batch": 0.031, "run": 9.5},
+        ),
         ("junk, ;dur=1, load;dur=abc", {}),
         ("", {}),
     ],
