@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -62,17 +63,26 @@ def test_first_request_that_fits_pays_load_in_server_timing(serve: Any, bundles:
 
 
 def test_64_concurrent_cold_requests_one_load(serve: Any, bundles: Path, tmp_path: Path) -> None:
-    make_bundle(bundles, "alpha", config={"sleep_s": 1.0})
+    make_bundle(bundles, "alpha", config={"sleep_s": 2.0})
     server: ServerProcess = serve()
+    # All 64 are sent together, well inside the load: each client is made first
+    # (an httpx client builds an SSL context, tens of ms under the GIL), then a
+    # barrier. A short-deadline request sent after READY would rightly get 200.
+    clients = [httpx.Client(base_url=server.url, timeout=60) for _ in range(64)]
+    together = threading.Barrier(64)
 
     def one(index: int) -> tuple[float, int]:
         wait = 0.3 if index % 2 else 30.0
-        with httpx.Client(base_url=server.url, timeout=60) as client:
-            response = client.post("/invoke/alpha", json={}, headers={"Prefer": f"wait={wait}"})
-            return wait, response.status_code
+        together.wait()
+        response = clients[index].post("/invoke/alpha", json={}, headers={"Prefer": f"wait={wait}"})
+        return wait, response.status_code
 
-    with concurrent.futures.ThreadPoolExecutor(64) as pool:
-        results = list(pool.map(one, range(64)))
+    try:
+        with concurrent.futures.ThreadPoolExecutor(64) as pool:
+            results = list(pool.map(one, range(64)))
+    finally:
+        for client in clients:
+            client.close()
     assert {code for wait, code in results if wait == 30.0} == {200}
     assert {code for wait, code in results if wait == 0.3} == {202}
     assert len((tmp_path / "loads.log").read_text().splitlines()) == 1
