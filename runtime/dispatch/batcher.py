@@ -53,6 +53,7 @@ from runtime.dispatch.calls import (
     Caller,
     ThreadOutcome,
     batch_outputs,
+    copy_raw,
     handler_error,
     item_error,
 )
@@ -337,10 +338,5 @@ async def _exit_as_value(call: Awaitable[Any]) -> Any:
 def _on_loop(ended: Callable[[asyncio.Future[Any]], None], done: ThreadOutcome) -> None:
     """A sync batch's thread outcome, on the loop, as the future `_ended` takes."""
     future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    if done.cancelled():
-        future.cancel()
-    elif (exc := done.exception()) is not None:
-        future.set_exception(exc)
-    else:
-        future.set_result(done.result())
+    copy_raw(future, done)
     ended(future)

@@ -90,7 +90,8 @@ def _copy_outcome(
         future.set_result(done.result())
 
 
-def _copy_raw(future: asyncio.Future[Any], done: ThreadOutcome) -> None:
+def copy_raw(future: asyncio.Future[Any], done: ThreadOutcome) -> None:
+    """`done`'s outcome onto `future` as it is (unless `future` is settled already)."""
     if future.done():
         return
     if done.cancelled():
@@ -198,7 +199,7 @@ class Caller:
         else:
             done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             call = partial(spec.fn, [event], *models, [ctx])
-            self.submit_call(spec, call, partial(_copy_raw, done))
+            self.submit_call(spec, call, partial(copy_raw, done))
             result = done
         try:
             [output] = batch_outputs(spec, await result, 1)

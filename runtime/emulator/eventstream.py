@@ -34,9 +34,9 @@ from starlette.routing import Route
 from runtime.emulator.invocation import Outcome, Throttled
 from runtime.emulator.invoke_api import (
     MAX_SYNC_PAYLOAD_BYTES,
-    _client_context,
     _resolve,
     aws_error,
+    read_payload,
 )
 from runtime.emulator.pool import Pool
 from runtime.emulator.streaming import error_message
@@ -109,23 +109,10 @@ async def invoke_with_response_stream(request: Request) -> Response:
     if isinstance(resolved, Response):
         return resolved
     function, _, version = resolved
-    body = await request.body() or b"{}"
-    if len(body) > MAX_SYNC_PAYLOAD_BYTES:
-        return aws_error(
-            413,
-            "RequestTooLargeException",
-            f"Request must be smaller than {MAX_SYNC_PAYLOAD_BYTES} bytes",
-        )
-    try:
-        orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        return aws_error(
-            400, "InvalidRequestContentException", f"Could not parse request body into json: {exc}"
-        )
-    try:
-        client_context = _client_context(request)
-    except ValueError as exc:
-        return aws_error(400, "InvalidRequestContentException", str(exc))
+    read = await read_payload(request, MAX_SYNC_PAYLOAD_BYTES, "InvokeWithResponseStream")
+    if isinstance(read, Response):
+        return read
+    body, client_context = read
     try:
         outcome = await pool.invoke(function, body, client_context=client_context)
     except Throttled as exc:

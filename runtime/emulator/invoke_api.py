@@ -163,6 +163,30 @@ def _resolve(request: Request) -> tuple[FunctionConfig, str | None, str] | Respo
     return function, qualifier, version
 
 
+async def read_payload(
+    request: Request, limit: int, operation: str
+) -> tuple[bytes, str | None] | Response:
+    """An invocation's payload (JSON, at most `limit` bytes) and its decoded
+    ClientContext, or the error Lambda answers for either."""
+    body = await request.body() or b"{}"
+    if len(body) > limit:
+        return aws_error(
+            413,
+            "RequestTooLargeException",
+            f"Request must be smaller than {limit} bytes for the {operation} operation",
+        )
+    try:
+        orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        return aws_error(
+            400, "InvalidRequestContentException", f"Could not parse request body into json: {exc}"
+        )
+    try:
+        return body, _client_context(request)
+    except ValueError as exc:
+        return aws_error(400, "InvalidRequestContentException", str(exc))
+
+
 async def invoke(request: Request) -> Response:
     pool: Pool = request.app.state.pool
     resolved = _resolve(request)
@@ -176,24 +200,11 @@ async def invoke(request: Request) -> Response:
             "InvalidParameterValueException",
             f"Unsupported invocation type {invocation_type!r}",
         )
-    body = await request.body() or b"{}"
     limit = MAX_EVENT_PAYLOAD_BYTES if invocation_type == "Event" else MAX_SYNC_PAYLOAD_BYTES
-    if len(body) > limit:
-        return aws_error(
-            413,
-            "RequestTooLargeException",
-            f"Request must be smaller than {limit} bytes for the InvokeFunction operation",
-        )
-    try:
-        orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        return aws_error(
-            400, "InvalidRequestContentException", f"Could not parse request body into json: {exc}"
-        )
-    try:
-        client_context = _client_context(request)
-    except ValueError as exc:
-        return aws_error(400, "InvalidRequestContentException", str(exc))
+    read = await read_payload(request, limit, "InvokeFunction")
+    if isinstance(read, Response):
+        return read
+    body, client_context = read
     if invocation_type == "DryRun":
         return Response(status_code=204)
     if invocation_type == "Event":
