@@ -105,6 +105,26 @@ def test_a_directory_that_cannot_be_made_fails_the_open_then_calls_are_503(
         store.close()
 
 
+def test_a_deletion_is_logged_once_when_a_thread_with_no_connection_opens_the_new_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first write after the deletion comes from a thread that never had a
+    connection (a new worker thread): it opens the new file, and says so."""
+    path = tmp_path / "jobs.sqlite3"
+    store = SQLiteJobStore(path, ttl_s=60.0)
+    try:
+        store.create(new_job())
+        os.unlink(path)
+        with caplog.at_level(logging.WARNING, logger="thaw.jobs"):
+            after = new_job()
+            in_another_thread(lambda: store.create(after))
+            assert store.get(after.id) is not None  # the first thread reopens as well
+        noticed = [r for r in caplog.records if "deleted or replaced" in r.getMessage()]
+        assert len(noticed) == 1
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize("side_files_too", [False, True])
 def test_a_deleted_database_is_reopened_and_writes_land_in_the_new_file(
     tmp_path: Path, side_files_too: bool, caplog: pytest.LogCaptureFixture

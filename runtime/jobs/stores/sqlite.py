@@ -223,18 +223,23 @@ class SQLiteJobStore:
                     self._broken = None
         if local.conn is not None and local.identity != current:
             with self._opened_lock:
-                # The first thread to notice logs it (each then reopens its own).
+                # The first thread to notice logs it (each then reopens its own);
+                # a thread with no connection yet may open the new file first, and
+                # `_connect` logs it then.
                 if self._opened is not None and self._opened == local.identity:
                     self._opened = None
-                    log.warning(
-                        "job database %s was deleted or replaced while open: now using the"
-                        " file at that path; jobs recorded only in the old file are lost",
-                        self.path,
-                    )
+                    self._log_replaced()
             self._drop()
         if local.conn is None:
             local.conn, local.identity = self._connect()
         return local.conn
+
+    def _log_replaced(self) -> None:
+        log.warning(
+            "job database %s was deleted or replaced while open: now using the"
+            " file at that path; jobs recorded only in the old file are lost",
+            self.path,
+        )
 
     def _mark_broken(self, detail: str) -> None:
         identity = self._local.identity or _identity(self.path)
@@ -279,6 +284,8 @@ class SQLiteJobStore:
                 except BaseException:
                     conn.close()
                     raise
+                if self._opened is not None and self._opened != identity:
+                    self._log_replaced()
                 # The side files now at the path are this database's (SQLite
                 # recreates them when the last connection of all closes).
                 self._opened = identity
