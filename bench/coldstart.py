@@ -15,14 +15,13 @@ Both processes start from byte-compiled code, as a deployed image should:
 pip compiles site-packages when it installs them, but nothing writes the .pyc
 files of runtime/ and handlers/ under PYTHONDONTWRITEBYTECODE=1 (set in the
 images and in many shells), so every start would compile them from source
-again (about 80 ms here). `run()` compiles them first, as an image build
-should with `python -m compileall runtime handlers`.
+again (about 80 ms here). `run()` compiles them first
+(`runtime.cli.coldstart.compile_bytecode`), as the image build does.
 """
 
 from __future__ import annotations
 
 import asyncio
-import compileall
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +45,7 @@ from bench.common import (
     thaw_serve_argv,
     verdict,
 )
+from runtime.cli.coldstart import compile_bytecode
 
 HEALTHZ_TARGET_S = 0.3
 OVERHEAD_TARGET_S = 0.050
@@ -124,15 +124,8 @@ def cold_run(handler: str, event: Any, tmp: Path) -> ColdRun:
     return ColdRun(healthz_s, bare_healthz_s, reply.wall_s, phases_ms)
 
 
-def compile_sources() -> None:
-    """Write the .pyc files of runtime/ and handlers/ (only those out of date)."""
-    for package in ("runtime", "handlers"):
-        if not compileall.compile_dir(ROOT / package, quiet=1):
-            raise RuntimeError(f"compiling {package}/ failed")
-
-
 def run(*, quick: bool = False) -> list[Row]:
-    compile_sources()
+    compile_bytecode(["handlers"])
     runs = 1 if quick else 3
     results: dict[str, list[ColdRun]] = {}
     skipped: list[str] = []

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,14 +95,26 @@ async def _measure(
         # warm-up can still pay first-call costs.
         threads: list[tuple[bool, int]] = []
 
-        def traced(event: Any, model: Any, ctx: Any) -> Any:
+        def record(ctx: Any) -> None:
             # A batched handler (embed, classify) gets lists of events and contexts.
             first = ctx[0] if isinstance(ctx, list) else ctx
             threads.append((first.warmup, threading.get_ident()))
+
+        def traced(event: Any, model: Any, ctx: Any) -> Any:
+            record(ctx)
             return spec.fn(event, model, ctx)
 
+        def traced_stream(event: Any, model: Any, ctx: Any) -> Iterator[Any]:
+            # A streaming handler's calls go through its generator (`stream_fn`).
+            record(ctx)
+            assert spec.stream_fn is not None
+            yield from spec.stream_fn(event, model, ctx)
+
         registry.handlers[handler] = dataclasses.replace(
-            spec, fn=traced, warmup=spec.warmup if warmup else ()
+            spec,
+            fn=traced,
+            stream_fn=traced_stream if spec.streams else None,
+            warmup=spec.warmup if warmup else (),
         )
         instance = Instance.create(settings, registry)
         await instance.start(background=False)

@@ -49,13 +49,14 @@ _LONG_PROMPT = "Thaw loads a model once and keeps it warm for the requests that 
 # On a CPU a first request pays nothing a short one does not: the builder already
 # touches every weight, and matmul and attention have no per-shape set-up here
 # (bench/RESULTS-warmup.md: long-prompt and 64-token first requests at 0.83-0.93x
-# of steady without warm-up). So the CPU warm-up is one greedy and one sampled
-# request of two tokens each, the paths (tokenizer, chat template, sampler, stop
-# strings) a first request would otherwise initialise. An accelerator adds the
+# of steady without warm-up). So the CPU warm-up is one sampled chat request of
+# two tokens: it runs the tokenizer, chat template, prefill, one decode step, the
+# sampler and the stop strings, a superset of a greedy prompt's path (argmax
+# has no set-up), which then starts at 1.01x of steady, and it saves a second
+# example's 0.1 s on every cold start (bench/RESULTS-warmup.md). An accelerator adds the
 # large shapes, whose first calls select and autotune kernels: chunked prefill
 # of a long prompt, and 64 decode steps that grow the KV cache.
 _WARMUP: list[dict[str, Any]] = [
-    {"prompt": "The capital of France is", "max_tokens": 2},
     {
         "messages": [{"role": "user", "content": "Name three colours."}],
         "max_tokens": 2,

@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 
 import orjson
 
+import runtime
 from runtime.errors import ConfigError, ThawError
 from runtime.render import CLI_PREFIX, EXIT_USAGE, cli_exit_code, cli_line, job_error
 
@@ -187,19 +188,9 @@ def _cmd_keys_hash(args: argparse.Namespace) -> int:
     return print_hash_line()
 
 
-def _version() -> str:
-    """The installed distribution's version (what /openapi.json gives too)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("thaw")
-    except metadata.PackageNotFoundError:
-        return "0"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="thaw", description=__doc__.split("\n")[0])
-    parser.add_argument("--version", action="version", version=f"thaw {_version()}")
+    parser.add_argument("--version", action="version", version=f"thaw {runtime.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     bundle = sub.add_parser("bundle", help="build and verify model bundles")

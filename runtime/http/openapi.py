@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from importlib import metadata
 from typing import Any
 
 from starlette.routing import BaseRoute, Route
 
+import runtime
 from runtime.errors import (
     BadRequest,
     MethodNotAllowed,
@@ -436,13 +436,6 @@ OPERATIONS: dict[str, dict[str, Any]] = {
 }
 
 
-def _version() -> str:
-    try:
-        return metadata.version("thaw")
-    except metadata.PackageNotFoundError:
-        return "0"
-
-
 def _summary(endpoint: Any) -> str:
     doc = (getattr(endpoint, "__doc__", None) or "").strip()
     return doc.splitlines()[0] if doc else endpoint.__name__
@@ -501,7 +494,7 @@ def build_openapi(routes: Sequence[BaseRoute], *, auth: bool) -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {
             "title": "Thaw",
-            "version": _version(),
+            "version": runtime.__version__,
             "description": (
                 "Serverless function runtime for GPU inference: the HTTP contract. "
                 "Errors are RFC 9457 problems (application/problem+json). Any path "

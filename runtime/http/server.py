@@ -9,13 +9,13 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
-from importlib import metadata
 from types import FrameType
 
 import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+import runtime
 from runtime import process
 from runtime.errors import ConfigError
 from runtime.http.app import create_app
@@ -165,10 +165,7 @@ def serving_line(instance: Instance, url: str) -> str:
     device and memory budget. Neither is resolved here (that imports torch, which
     the first load does): an unset one is said to come with the first load."""
     settings = instance.settings
-    try:
-        version = metadata.version("thaw")
-    except metadata.PackageNotFoundError:
-        version = "(not installed)"
+    version = runtime.__version__
     handlers = sorted(instance.registry.handlers)
     bundles = sorted(instance.registry.bundle_names())
     pinned = f" (prewarm {', '.join(settings.prewarm)})" if settings.prewarm else ""

@@ -148,3 +148,20 @@ def test_the_bare_script_answers_like_the_handler(thaw_env: dict[str, str]) -> N
     result = orjson.loads(done.stdout)
     assert result["output"] == {"fahrenheit": [pytest.approx(212.0)]}
     assert all(result[step] >= 0 for step in ("import_s", "load_s", "build_s", "run_s"))
+
+
+def test_byte_code_is_written_for_the_handler_packages_before_measuring(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under PYTHONDONTWRITEBYTECODE nothing writes a source tree's .pyc files; the
+    measurement compiles them first, as an image build does, so no start pays it."""
+    from runtime.cli.coldstart import compile_bytecode
+
+    package = tmp_path / "coldpkg"
+    (package / "sub").mkdir(parents=True)
+    for source in (package / "__init__.py", package / "sub" / "__init__.py", package / "m.py"):
+        source.write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    compile_bytecode(["coldpkg.m", "no_such_package.m"])  # a missing one is skipped
+    compiled = sorted(p.relative_to(package).parts[0] for p in package.rglob("*.pyc"))
+    assert compiled == ["__pycache__", "__pycache__", "sub"]
