@@ -7,6 +7,6 @@ its own module. Importing this package must stay cheap (no torch).
 from runtime.context import Context
 from runtime.errors import InvalidInput
 from runtime.registry import Batch, bundle, handler
+from runtime.version import __version__
 
-__all__ = ["Batch", "Context", "InvalidInput", "bundle", "handler"]
-__version__ = "0.1.0"
+__all__ = ["Batch", "Context", "InvalidInput", "__version__", "bundle", "handler"]

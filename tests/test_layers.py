@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("runtime.outputs", "runtime.health", "runtime.process"),
     ("runtime.settings", "runtime.metrics", "runtime.logs"),
     ("runtime.render",),  # an error as every surface shows it
-    ("runtime.errors",),
+    ("runtime.errors", "runtime.version"),
 )
 
 

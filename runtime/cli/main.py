@@ -26,9 +26,9 @@ from typing import Any, NoReturn
 
 import orjson
 
-import runtime
 from runtime.errors import ConfigError, ThawError
 from runtime.render import CLI_PREFIX, EXIT_USAGE, cli_exit_code, cli_line, job_error
+from runtime.version import __version__
 
 
 class UsageError(Exception):
@@ -190,7 +190,7 @@ def _cmd_keys_hash(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="thaw", description=__doc__.split("\n")[0])
-    parser.add_argument("--version", action="version", version=f"thaw {runtime.__version__}")
+    parser.add_argument("--version", action="version", version=f"thaw {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     bundle = sub.add_parser("bundle", help="build and verify model bundles")

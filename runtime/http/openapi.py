@@ -27,7 +27,6 @@ from typing import Any
 
 from starlette.routing import BaseRoute, Route
 
-import runtime
 from runtime.errors import (
     BadRequest,
     MethodNotAllowed,
@@ -39,6 +38,7 @@ from runtime.errors import (
     Unauthorized,
     Unavailable,
 )
+from runtime.version import __version__
 
 PROBLEM = "application/problem+json"
 _PARAM = re.compile(r"{([^}:]+)(?::[^}]+)?}")
@@ -494,7 +494,7 @@ def build_openapi(routes: Sequence[BaseRoute], *, auth: bool) -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {
             "title": "Thaw",
-            "version": runtime.__version__,
+            "version": __version__,
             "description": (
                 "Serverless function runtime for GPU inference: the HTTP contract. "
                 "Errors are RFC 9457 problems (application/problem+json). Any path "

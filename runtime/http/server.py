@@ -15,13 +15,13 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-import runtime
 from runtime import process
 from runtime.errors import ConfigError
 from runtime.http.app import create_app
 from runtime.instance import Instance
 from runtime.logs import configure_logging
 from runtime.settings import Settings
+from runtime.version import __version__
 
 
 def is_loopback(host: str) -> bool:
@@ -165,7 +165,7 @@ def serving_line(instance: Instance, url: str) -> str:
     device and memory budget. Neither is resolved here (that imports torch, which
     the first load does): an unset one is said to come with the first load."""
     settings = instance.settings
-    version = runtime.__version__
+    version = __version__
     handlers = sorted(instance.registry.handlers)
     bundles = sorted(instance.registry.bundle_names())
     pinned = f" (prewarm {', '.join(settings.prewarm)})" if settings.prewarm else ""

@@ -20,13 +20,13 @@ import shutil
 import struct
 import subprocess
 import time
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from runtime.version import __version__
 from scripts import image as image_script
 from tests.deploy.conftest import ROOT, TEST_LABEL, Engine, record
 from tests.emulator.conftest import Emulator
@@ -34,7 +34,8 @@ from tests.emulator.test_invoke_api import lambda_client
 
 pytestmark = pytest.mark.image
 
-VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+# The one source of the version (runtime/version.py; pyproject.toml reads it too).
+VERSION = __version__
 # Lambda's limits; runc also refuses podman's default of more open files than the host allows.
 ULIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
 APP_USER = 10001
@@ -152,6 +153,10 @@ def test_a_non_loopback_bind_without_an_api_key_is_refused(
 def test_the_package_is_installed_and_reports_its_version(engine: Engine, built_image: str) -> None:
     thaw = ("run", "--rm", "--network", "none", *ULIMITS, "--entrypoint", "thaw", built_image)
     assert engine(*thaw, "--version").stdout.strip() == f"thaw {VERSION}"
+    # The installed distribution's metadata says the same (pyproject's dynamic version).
+    python = ("run", "--rm", "--network", "none", *ULIMITS, "--entrypoint", "python", built_image)
+    metadata = "import importlib.metadata as m; print(m.version('thaw'))"
+    assert engine(*python, "-c", metadata).stdout.strip() == VERSION
     config = json.loads(engine("image", "inspect", built_image).stdout)[0]["Config"]
     assert config["User"] == str(APP_USER)
     assert config["Entrypoint"] == ["python", "-m", "runtime"]
