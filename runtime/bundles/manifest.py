@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from runtime.bundles.stamps import stamp_of
 from runtime.errors import BundleError, IntegrityError
 
 if TYPE_CHECKING:
@@ -285,11 +286,20 @@ def verify_files(
         on_progress(manifest.total_bytes - hashed)
 
     def check(f: BundleFile) -> None:
-        actual = sha256_file(bundle_dir / f.path)
+        path = bundle_dir / f.path
+        actual = sha256_file(path)
         if actual != f.sha256:
             raise IntegrityError(
                 f"{f.path}: sha256 mismatch (file changed or corrupt)", file=f.path
             )
+        # Bytes that matched may still be replaced while they were hashed: the
+        # stat the hash vouches for is the one taken before it, or none.
+        try:
+            after = path.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            after = None
+        if after is None or stamp_of(after) != stamp_of(stats[f.path]):
+            raise IntegrityError(f"{f.path}: changed while it was being verified", file=f.path)
         if on_progress is not None:
             on_progress(f.size)
 

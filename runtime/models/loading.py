@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from runtime.bundles.sources.source import BundleSource
+from runtime.bundles.stamps import Stamp
 from runtime.context import Context
 from runtime.errors import HandlerError, LoadFailed, ThawError
 from runtime.health import Health
@@ -255,9 +256,13 @@ class Loader:
                 entry.progress_bytes += n
                 entry.progress_at = time.monotonic()
 
-            bundle_dir: Path = await self._in_thread(
-                entry, "fetch", self.source.fetch, manifest, progress
-            )
+            def fetch() -> tuple[Path, dict[str, Stamp]]:
+                directory = self.source.fetch(manifest, progress)
+                # At once, in the same thread: the files the hashes vouched for. A
+                # shard rewritten or replaced before the load opens it is refused.
+                return directory, weights_mod.verified_stamps(directory, manifest)
+
+            bundle_dir, verified = await self._in_thread(entry, "fetch", fetch)
             lc.advance(State.FETCHED)
             waited_from = self.clock()
             # The framework import is the process's, not this bundle's: not its stall.
@@ -271,7 +276,7 @@ class Loader:
             )
             waited_s = self.clock() - waited_from
             weights = await self._in_thread(
-                entry, "load", weights_mod.load_weights, bundle_dir, manifest, device
+                entry, "load", weights_mod.load_weights, bundle_dir, manifest, device, verified
             )
             lc.advance(State.LOADED)
             builder = self.registry.builder(entry.name)

@@ -14,6 +14,7 @@ Everything here imports torch lazily, so importing `runtime` (and serving
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import importlib.util
@@ -22,6 +23,7 @@ import queue
 import stat
 import struct
 import sys
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from runtime.bundles.manifest import Manifest
-from runtime.bundles.stamps import stamp_of
+from runtime.bundles.stamps import Stamp, stamp_of
 from runtime.errors import BundleError, IntegrityError, LoadFailed
 
 if TYPE_CHECKING:
@@ -316,7 +318,7 @@ def _is_count(value: object) -> bool:
 class _Shard:
     """One open shard file: what it held when opened, and the stat to hold it to."""
 
-    def __init__(self, path: Path, rel: str, size: int) -> None:
+    def __init__(self, path: Path, rel: str, size: int, verified: Stamp | None = None) -> None:
         self.path = path
         self.rel = rel
         try:
@@ -339,6 +341,10 @@ class _Shard:
                     "(changed since it was verified)",
                     file=rel,
                 )
+            if verified is not None and stamp_of(self.opened) != verified:
+                # Same size, other bytes or another file: rewritten or replaced after
+                # its hash matched (it is verified again on the next load).
+                raise IntegrityError(f"{rel}: changed since it was verified", file=rel)
             prefix = os.pread(self.fd, 8, 0)
             header_len = _header_length(prefix, size, rel)
             raw = os.pread(self.fd, header_len, 8)
@@ -486,7 +492,12 @@ def _read_threads() -> int:
 
 
 def _load_mapped(
-    path: Path, rel: str, size: int, device: str, dtype: torch.dtype | None
+    path: Path,
+    rel: str,
+    size: int,
+    device: str,
+    dtype: torch.dtype | None,
+    verified: Stamp | None = None,
 ) -> dict[str, torch.Tensor]:
     """A shard for a non-CPU device through safetensors, which copies it to the device:
     nothing stays mapped once it returns. A shard changed meanwhile is refused."""
@@ -502,6 +513,8 @@ def _load_mapped(
             "(changed since it was verified)",
             file=rel,
         )
+    if verified is not None and stamp_of(before) != verified:
+        raise IntegrityError(f"{rel}: changed since it was verified", file=rel)
     check_header(path)
     try:
         tensors = load_file(str(path), device=device)
@@ -521,17 +534,36 @@ def _load_mapped(
     return tensors
 
 
-def load_weights(bundle_dir: Path, manifest: Manifest, device: str) -> dict[str, torch.Tensor]:
+def verified_stamps(bundle_dir: Path, manifest: Manifest) -> dict[str, Stamp]:
+    """The stat stamps of a bundle's shards, taken as its fetch returns (the hash
+    vouched for these files; `verify_files` refuses one that changed while hashed)."""
+    stamps: dict[str, Stamp] = {}
+    for f in manifest.files:
+        if f.path.endswith(".safetensors"):
+            with contextlib.suppress(FileNotFoundError):  # the load says so, naming it
+                stamps[f.path] = stamp_of(os.stat(bundle_dir / f.path, follow_symlinks=False))
+    return stamps
+
+
+def load_weights(
+    bundle_dir: Path,
+    manifest: Manifest,
+    device: str,
+    verified: Mapping[str, Stamp] | None = None,
+) -> dict[str, torch.Tensor]:
     """Every tensor of every safetensors shard, in memory of this process (or the device).
 
     On the CPU every byte is copied out of the files (`_read_shards`), so once
     loaded, nothing the bundle's files undergo reaches the model. Each shard's
-    size must still match the manifest when opened, and its stat (inode, size,
-    mtime, ctime, and what its path names) must be the same after the copy as
-    before it: a shard changed in between fails the load with `IntegrityError`,
-    and the retry verifies it again. `config["dtype"]` converts floating
-    tensors once here, never per request.
+    size must still match the manifest when opened, its stat the one it had
+    when verified (`verified`, from `verified_stamps`: a shard rewritten in
+    place with the same size, or replaced, since its hash matched), and its
+    stat (inode, size, mtime, ctime, and what its path names) must be the same
+    after the copy as before it: a shard changed in between fails the load with
+    `IntegrityError`, and the retry verifies it again. `config["dtype"]`
+    converts floating tensors once here, never per request.
     """
+    expected = verified or {}
     import torch
 
     dtype_name = manifest.config.get("dtype")
@@ -548,7 +580,7 @@ def load_weights(bundle_dir: Path, manifest: Manifest, device: str) -> dict[str,
         shards: list[_Shard] = []
         try:
             for f in files:
-                shards.append(_Shard(bundle_dir / f.path, f.path, f.size))
+                shards.append(_Shard(bundle_dir / f.path, f.path, f.size, expected.get(f.path)))
             weights = _read_shards(shards, dtype)
             for shard in shards:
                 shard.check_unchanged()
@@ -559,7 +591,10 @@ def load_weights(bundle_dir: Path, manifest: Manifest, device: str) -> dict[str,
     workers = max(1, min(len(files), os.cpu_count() or 1, 8))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         parts = pool.map(
-            lambda f: _load_mapped(bundle_dir / f.path, f.path, f.size, device, dtype), files
+            lambda f: _load_mapped(
+                bundle_dir / f.path, f.path, f.size, device, dtype, expected.get(f.path)
+            ),
+            files,
         )
         for part in parts:
             duplicate = weights.keys() & part.keys()

@@ -19,6 +19,7 @@ multi-shard bundles, with and without a dtype conversion.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
 import signal
@@ -241,30 +242,6 @@ def fetched(root: Path, name: str) -> tuple[Path, Manifest]:
     return source.fetch(manifest, lambda n: None), manifest
 
 
-@pytest.mark.parametrize(
-    ("mutation", "fragment"),
-    [
-        ("truncate", "does not match manifest size"),
-        ("delete", "deleted since it was verified"),
-        ("grow", "does not match manifest size"),
-    ],
-)
-def test_a_shard_changed_after_verification_is_refused_at_load(
-    tmp_path: Path, mutation: str, fragment: str
-) -> None:
-    make_bundle(tmp_path, "wsum_a", shards=2)
-    bundle_dir, manifest = fetched(tmp_path, "wsum_a")
-    victim = shard_paths(bundle_dir, manifest)[1]
-    if mutation == "grow":
-        with open(victim, "ab") as handle:
-            handle.write(b"\0" * 8)
-    else:
-        MUTATIONS[mutation](victim)
-    with pytest.raises(IntegrityError, match=fragment) as caught:
-        weights_mod.load_weights(bundle_dir, manifest, "cpu")
-    assert caught.value.extra["file"] == manifest.files[1].path
-
-
 def rewrite_in_place(path: Path) -> None:
     # Past the timestamp granularity of kernels without fine-grained ctime.
     time.sleep(0.02)
@@ -276,6 +253,126 @@ def replace_by_rename(path: Path) -> None:
     temp = path.with_name(path.name + ".new")
     temp.write_bytes(path.read_bytes())
     os.replace(temp, path)
+
+
+def grow(path: Path) -> None:
+    with open(path, "ab") as handle:
+        handle.write(b"\0" * 8)
+
+
+AFTER_VERIFICATION: dict[str, tuple[Callable[[Path], None], str]] = {
+    "truncate": (truncate, "does not match manifest size"),
+    "delete": (delete, "deleted since it was verified"),
+    "grow": (grow, "does not match manifest size"),
+    # The same size: only the stat the hash vouched for tells.
+    "rewrite in place": (rewrite_in_place, "changed since it was verified"),
+    "replace by rename": (replace_by_rename, "changed since it was verified"),
+}
+
+
+@pytest.mark.parametrize("device", ["cpu", "mapped"])
+@pytest.mark.parametrize("mutation", list(AFTER_VERIFICATION))
+def test_a_shard_changed_after_verification_is_refused_at_load(
+    tmp_path: Path, mutation: str, device: str
+) -> None:
+    """Between the fetch (hashes match) and the load opening the shard, whatever
+    happens to it; `mapped` is the path devices other than the CPU take."""
+    make_bundle(tmp_path, "wsum_a", shards=2)
+    bundle_dir, manifest = fetched(tmp_path, "wsum_a")
+    verified = weights_mod.verified_stamps(bundle_dir, manifest)
+    assert set(verified) == {f.path for f in manifest.files if f.path.endswith(".safetensors")}
+    victim = shard_paths(bundle_dir, manifest)[1]
+    change, fragment = AFTER_VERIFICATION[mutation]
+    change(victim)
+    if device == "mapped":
+        # The device path's own checks, driven with the CPU (the one device here).
+        rel, size = manifest.files[1].path, manifest.files[1].size
+        with pytest.raises(IntegrityError, match=fragment) as caught:
+            weights_mod._load_mapped(victim, rel, size, "cpu", None, verified[rel])
+    else:
+        with pytest.raises(IntegrityError, match=fragment) as caught:
+            weights_mod.load_weights(bundle_dir, manifest, "cpu", verified)
+    assert caught.value.extra["file"] == manifest.files[1].path
+
+
+def test_a_shard_changed_while_it_is_hashed_is_refused_by_verification(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bytes that hash right but are replaced during the hash: the stat after it differs."""
+    from runtime.bundles import manifest as manifest_mod
+
+    make_bundle(tmp_path, "wsum_a", shards=2)
+    source = LocalSource(tmp_path)
+    manifest = source.manifest("wsum_a")
+    victim = shard_paths(tmp_path / "wsum_a", manifest)[0]
+    real_sha256_file = manifest_mod.sha256_file
+
+    def sha256_then_replace(path: Path) -> str:
+        digest = real_sha256_file(path)
+        if path == victim:
+            replace_by_rename(victim)  # the same bytes, another file
+        return digest
+
+    monkeypatch.setattr(manifest_mod, "sha256_file", sha256_then_replace)
+    with pytest.raises(IntegrityError, match="changed while it was being verified"):
+        source.fetch(manifest, lambda n: None)
+    monkeypatch.undo()
+    source.fetch(manifest, lambda n: None)  # unchanged since: verified
+
+
+@pytest.mark.anyio
+async def test_a_load_refuses_a_shard_rewritten_between_its_fetch_and_its_read(
+    tmp_path: Path,
+) -> None:
+    """Through the loader: after its fetch the load waits for memory (bundle `held`
+    holds it, loading), and a shard is rewritten in place meanwhile, same size. The
+    load fails naming the file; the retry hashes it again and refuses it; with its
+    bytes back, it loads and answers as before."""
+    from tests.handlers import held
+
+    root = tmp_path / "bundles"
+    manifest = make_bundle(root, "wsum_a", shards=2)
+    holder = make_bundle(root, "held")
+    victim = shard_paths(root / "wsum_a", manifest)[0]
+    original = victim.read_bytes()
+    # Room for either bundle, not both: wsum_a waits until `held` is READY, then evicts it.
+    budget_bytes = manifest.weights_bytes + holder.weights_bytes - 1
+    settings = dataclasses.replace(
+        settings_for(tmp_path),
+        memory_budget=budget_bytes,
+        handlers=("tests.handlers.weights_sum", "tests.handlers.held"),
+    )
+    held.BUILD_GATE.clear()
+    held.BUILDING.clear()
+    instance = Instance.create(settings, discover(settings.handlers))
+    await instance.start()
+    try:
+        holding = asyncio.ensure_future(instance.prewarm("held"))
+        await asyncio.to_thread(held.BUILDING.wait, 30)
+        first = asyncio.ensure_future(call(instance, "wsum_a"))
+        while instance.cache.budget.waiting("wsum_a") == 0:  # fetched, waiting for memory
+            assert not first.done(), first
+            await asyncio.sleep(0.005)
+        assert instance.cache.entries["wsum_a"].lifecycle.state is State.FETCHED
+        await asyncio.to_thread(rewrite_in_place, victim)
+        held.BUILD_GATE.set()
+        with pytest.raises(IntegrityError, match="changed since it was verified") as caught:
+            await first
+        assert caught.value.extra["file"] == manifest.files[0].path
+        assert instance.cache.entries["wsum_a"].lifecycle.state is State.FAILED
+        await holding
+
+        await asyncio.sleep(BACKOFF_S * 2)
+        with pytest.raises(IntegrityError, match="sha256 mismatch"):
+            await call(instance, "wsum_a")
+
+        victim.write_bytes(original)
+        await asyncio.sleep(BACKOFF_S * 4)
+        answer = await call(instance, "wsum_a")
+        assert answer_fields(answer) == expected_answer(root / "wsum_a", manifest)
+    finally:
+        held.BUILD_GATE.set()
+        await instance.stop()
 
 
 DURING_READ: dict[str, Callable[[Path], None]] = {
