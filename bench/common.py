@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import math
 import os
+import re
 import signal
 import socket
 import statistics
@@ -23,6 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
@@ -325,3 +327,34 @@ def server_timing(header: str) -> dict[str, float]:
             if key == "dur" and name:
                 timings[name] = float(value)
     return timings
+
+
+def start_emulator(procs: list[Proc], template: Path, env: Mapping[str, str], log: Path) -> Proc:
+    """`thaw emulate` of `template` with one sandbox, on a free port, appended to
+    `procs` (so `stopping` stops it), once it says it listens."""
+    port = free_port()
+    argv = [sys.executable, "-m", "runtime.cli.main", "emulate", "--port", str(port)]
+    argv += ["--template", str(template), "--max-sandboxes", "1"]
+    emulator = Proc(argv, env, port, log)
+    procs.append(emulator.start())
+    deadline = time.monotonic() + 60
+    while not re.search(r"listening on http://127\.0\.0\.1:\d+", emulator.log()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the emulator did not start:\n{emulator.log()}")
+        time.sleep(0.05)
+    return emulator
+
+
+def lambda_client(port: int) -> Any:
+    """A boto3 Lambda client of the emulator on `port`: no retries, a long read timeout."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "lambda",
+        endpoint_url=f"http://{HOST}:{port}",
+        region_name="us-east-1",
+        aws_access_key_id="x",
+        aws_secret_access_key="x",
+        config=Config(retries={"max_attempts": 1}, read_timeout=600),
+    )

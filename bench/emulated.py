@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.common import Proc, free_port, median, runtime_env, stopping  # noqa: E402
+from bench.common import lambda_client, median, runtime_env, start_emulator, stopping  # noqa: E402
 from bench.firstanswer import BUNDLES, event_for  # noqa: E402
 from runtime.cli.coldstart import compile_bytecode  # noqa: E402
 
@@ -43,39 +43,10 @@ def report_fields(log: str) -> dict[str, float]:
 
 
 def one_cold_invocation(handler: str, tmp: Path) -> dict[str, float]:
-    import boto3
-    from botocore.config import Config
-
-    port = free_port()
     env = runtime_env(tmp, HANDLERS=f"handlers.{handler}")
-    argv = [
-        sys.executable,
-        "-m",
-        "runtime.cli.main",
-        "emulate",
-        "--port",
-        str(port),
-        "--template",
-        str(ROOT / "template.yaml"),
-        "--max-sandboxes",
-        "1",
-    ]
     with stopping([]) as procs:
-        emulator = Proc(argv, env, port, tmp / "emulate.log")
-        procs.append(emulator.start())
-        deadline = time.monotonic() + 60
-        while not re.search(r"listening on http://127\.0\.0\.1:\d+", emulator.log()):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the emulator did not start:\n{emulator.log()}")
-            time.sleep(0.05)
-        client = boto3.client(
-            "lambda",
-            endpoint_url=f"http://127.0.0.1:{port}",
-            region_name="us-east-1",
-            aws_access_key_id="x",
-            aws_secret_access_key="x",
-            config=Config(retries={"max_attempts": 1}, read_timeout=600),
-        )
+        emulator = start_emulator(procs, ROOT / "template.yaml", env, tmp / "emulate.log")
+        client = lambda_client(emulator.port)
         payload = orjson.dumps({"handler": handler, "input": event_for(handler), "wait_s": 300})
         started = time.monotonic()
         answer = client.invoke(FunctionName="ThawFunction", Payload=payload, LogType="Tail")

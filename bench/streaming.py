@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import tempfile
 import time
@@ -46,9 +45,11 @@ from bench.common import (
     fmt_s,
     fmt_x,
     free_port,
+    lambda_client,
     median,
     render,
     runtime_env,
+    start_emulator,
     stopping,
     thaw_serve_argv,
     verdict,
@@ -238,41 +239,12 @@ def http_rows(tmp: Path, rounds: int, pairs: int) -> list[Row]:
 
 
 def emulator_rows(tmp: Path, runs: int) -> list[Row]:
-    import boto3
-    from botocore.config import Config
-
     template = tmp / "template.yaml"
     template.write_text(TEMPLATE)
-    port = free_port()
     env = runtime_env(tmp / "emulate")
-    argv = [
-        sys.executable,
-        "-m",
-        "runtime.cli.main",
-        "emulate",
-        "--port",
-        str(port),
-        "--template",
-        str(template),
-        "--max-sandboxes",
-        "1",
-    ]
     with stopping([]) as procs:
-        emulator = Proc(argv, env, port, tmp / "emulate.log")
-        procs.append(emulator.start())
-        deadline = time.monotonic() + 60
-        while not re.search(r"listening on http://127\.0\.0\.1:\d+", emulator.log()):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the emulator did not start:\n{emulator.log()}")
-            time.sleep(0.05)
-        client = boto3.client(
-            "lambda",
-            endpoint_url=f"http://127.0.0.1:{port}",
-            region_name="us-east-1",
-            aws_access_key_id="x",
-            aws_secret_access_key="x",
-            config=Config(retries={"max_attempts": 1}, read_timeout=600),
-        )
+        emulator = start_emulator(procs, template, env, tmp / "emulate.log")
+        client = lambda_client(emulator.port)
         event = {"handler": "generate", "input": {"messages": MESSAGES, "max_tokens": 128}}
         payload = orjson.dumps({**event, "stream": True, "wait_s": 300})
 

@@ -31,20 +31,36 @@ print(orjson.dumps({
 """
 
 
-def _resolve(gc_mode: str) -> dict[str, object]:
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, gc_mode],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    result: dict[str, object] = orjson.loads(done.stdout.strip().splitlines()[-1])
-    return result
+@pytest.fixture(scope="module")
+def resolved() -> dict[str, dict[str, object]]:
+    """One fresh interpreter per collector setting, run side by side (each imports torch)."""
+    procs = {
+        mode: subprocess.Popen(
+            [sys.executable, "-c", SCRIPT, mode],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for mode in ("on", "off")
+    }
+    results: dict[str, dict[str, object]] = {}
+    try:
+        for mode, proc in procs.items():
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+            results[mode] = orjson.loads(out.strip().splitlines()[-1])
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results
 
 
-def test_the_first_import_freezes_the_framework_and_turns_the_collector_back_on() -> None:
-    result = _resolve("on")
+def test_the_first_import_freezes_the_framework_and_turns_the_collector_back_on(
+    resolved: dict[str, dict[str, object]],
+) -> None:
+    result = resolved["on"]
     assert result["torch"] is True and result["device"] in {"cpu", "cuda"}
     assert result["again"] == "cpu"
     # Not one collection ran during the import (353 did before, and a full one after).
@@ -55,7 +71,9 @@ def test_the_first_import_freezes_the_framework_and_turns_the_collector_back_on(
     assert isinstance(result["frozen"], int) and result["frozen"] > 50_000
 
 
-def test_a_collector_the_process_turned_off_stays_off() -> None:
-    result = _resolve("off")
+def test_a_collector_the_process_turned_off_stays_off(
+    resolved: dict[str, dict[str, object]],
+) -> None:
+    result = resolved["off"]
     assert result["enabled"] is False
     assert isinstance(result["frozen"], int) and result["frozen"] > 50_000
