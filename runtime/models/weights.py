@@ -157,14 +157,16 @@ def _import_frozen() -> None:
     """Import the framework with the cyclic GC paused, then freeze what it made.
 
     `import torch` creates some 2.5 * 10^5 GC-tracked objects, and with the
-    collector running, each few thousand allocations trigger a collection
-    that walks the young ones again: 0.2-0.3 s of a 1.2-1.5 s import here,
-    and a full collection after it another 0.08 s. Those objects live as long
-    as the process, so the collector gains nothing by walking them, then or
-    ever: they go to the permanent generation (gc.freeze, the pattern CPython
-    documents for long-lived start-up state), and `release()`'s collection at
-    each unload and eviction stays short. The import leaves almost no garbage
-    to freeze with them (a full collection right after it found 26 objects).
+    collector running, every 700 net allocations trigger a collection (353
+    during one import) that walks the young ones again: 0.2-0.3 s of a
+    1.4-1.9 s import here, and a full collection after it another 0.08 s.
+    Those objects live as long as the process, so the collector gains nothing
+    by walking them, then or ever: they go to the permanent generation
+    (gc.freeze, the pattern CPython documents for long-lived start-up state),
+    and `release()`'s collection at each unload and eviction stays short. The
+    import leaves almost no garbage to freeze with them (a full collection
+    right after it found 26 objects). A failed import is not tried this way
+    again: the next load reports the same missing package.
     """
     global _frozen
     if _frozen:
