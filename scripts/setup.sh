@@ -33,5 +33,5 @@ fi
 # Bytecode for Thaw itself, as the images write it: with PYTHONDONTWRITEBYTECODE
 # set, every server a test or benchmark starts would otherwise compile Thaw
 # from source first (30-80 ms before /healthz).
-.venv/bin/python -m compileall -q runtime handlers bench tests scripts
+.venv/bin/python -m compileall -q -x '/\.venv' runtime handlers bench tests scripts
 echo "thaw is installed in .venv: run .venv/bin/thaw --help, or '. .venv/bin/activate' then thaw --help"
