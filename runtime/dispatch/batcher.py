@@ -226,8 +226,19 @@ class Batcher:
             outcome = eager.start(_exit_as_value(spec.fn(events, *models, ctxs)))
             if outcome.done():
                 ended(outcome)
-            else:
-                outcome.add_done_callback(ended)
+                return
+            outcome.add_done_callback(ended)
+
+            def abandon(_: asyncio.Future[Any]) -> None:
+                # Every member cut off (the run limit, a drain, a job's lost lease):
+                # nobody waits for this batch. Cancelled, it ends, and its slot of
+                # `max_concurrent` is free again; left running, it would hold that
+                # slot for as long as it ran, forever if it hangs.
+                if not outcome.done() and all(m.outcome.done() for m in members):
+                    outcome.cancel()
+
+            for member in members:
+                member.outcome.add_done_callback(abandon)
             return
         try:
             self._caller.submit_call(

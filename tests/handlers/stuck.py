@@ -8,6 +8,9 @@ another process too; nothing waits longer than `LIMIT_S`.
     bundle `warmstuck`   builds at once; the warm-up of `warmhang` waits
     handler `hang`       sync, no model: waits in its thread
     handler `ahang`      async, no model: waits on the loop (cancellable)
+    handler `ahang_batch`  async, batched (one batch at a time): waits on the loop for
+                         `{"release": P}`, answers `{"quick": true}` at once;
+                         `CANCELLED` gets the size of each batch cancelled
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runtime import Context, bundle, handler
+from runtime import Batch, Context, bundle, handler
 
 LIMIT_S = 120.0
 
@@ -67,3 +70,18 @@ async def ahang(event: Any, ctx: Context) -> dict[str, Any]:
     while not Path(event["release"]).exists():
         await asyncio.sleep(0.01)
     return {"released": True}
+
+
+CANCELLED: list[int] = []
+
+
+@handler("ahang_batch", batch=Batch(max_size=4, max_wait_ms=0, max_concurrent=1))
+async def ahang_batch(events: list[Any], ctxs: list[Context]) -> list[Any]:
+    try:
+        for event in events:
+            while "release" in event and not Path(event["release"]).exists():
+                await asyncio.sleep(0.01)
+    except asyncio.CancelledError:
+        CANCELLED.append(len(events))
+        raise
+    return [{"released": "release" in event} for event in events]

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from runtime.dispatch.dispatcher import Accepted
+from runtime.dispatch.dispatcher import Accepted, Completed
 from runtime.errors import HandlerTimeout, LoadFailed
 from runtime.instance import Instance
 from runtime.jobs.job import JobStatus
@@ -151,6 +151,34 @@ async def test_a_job_of_an_async_handler_past_the_run_limit_fails_without_wedgin
     assert final.error is not None and final.error["type"] == "handler-timeout"
     assert instance.health.ok and not instance.draining
     assert instance.dispatcher.pending["ahang"] == 0
+
+
+async def test_an_async_batch_past_the_run_limit_is_cancelled_and_frees_its_slot(
+    started: Any, release: Path
+) -> None:
+    """Its only member fails with handler-timeout; the batch itself is cancelled, so
+    the handler's one batch slot is free and the next request runs, nothing wedged."""
+    from tests.handlers import stuck
+
+    stuck.CANCELLED.clear()
+    instance: Instance = await started(run_timeout_s=0.3)
+    with pytest.raises(HandlerTimeout, match="THAW_RUN_TIMEOUT_S"):
+        await instance.dispatcher.invoke(
+            "ahang_batch", {"release": str(release)}, wait_s=60.0, request_id="hangs"
+        )
+    batcher = instance.dispatcher.batcher
+    for _ in range(1000):  # the cancellation, then the batch's end, on the loop's next turns
+        if batcher.running("ahang_batch") == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert batcher.running("ahang_batch") == 0
+    assert stuck.CANCELLED == [1]
+    assert not release.exists()
+    quick = await instance.dispatcher.invoke(
+        "ahang_batch", {"quick": True}, wait_s=60.0, request_id="next"
+    )
+    assert isinstance(quick, Completed) and quick.output == {"released": False}
+    assert instance.health.ok and not instance.draining
 
 
 def test_a_wedged_server_reports_unready_then_drains_and_exits(
