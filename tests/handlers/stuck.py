@@ -8,8 +8,9 @@ another process too; nothing waits longer than `LIMIT_S`.
     bundle `warmstuck`   builds at once; the warm-up of `warmhang` waits
     handler `hang`       sync, no model: waits in its thread
     handler `ahang`      async, no model: waits on the loop (cancellable)
-    handler `ahang_batch`  async, batched (one batch at a time): waits on the loop for
-                         `{"release": P}`, answers `{"quick": true}` at once;
+    handler `ahang_batch`
+                         async, batched (one batch at a time): waits on the loop
+                         for `{"release": P}`, answers `{"quick": true}` at once;
                          `CANCELLED` gets the size of each batch cancelled
 """
 
