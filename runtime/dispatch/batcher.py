@@ -53,9 +53,9 @@ from runtime.dispatch.calls import (
     Caller,
     ThreadOutcome,
     batch_outputs,
-    copy_raw,
+    caller_error,
+    copy_outcome,
     handler_error,
-    item_error,
 )
 from runtime.errors import Draining, HandlerError
 from runtime.registry import Batch, HandlerSpec
@@ -298,7 +298,7 @@ class Batcher:
             else:
                 self._hooks.batch_ran(spec, members, self._clock() - started)
                 return [
-                    _Failed(item_error(spec, m.ctx, item))
+                    _Failed(caller_error(spec, m.ctx, item))
                     if isinstance(item, BaseException)
                     else _Value(item)
                     for m, item in zip(members, items, strict=True)
@@ -349,5 +349,5 @@ async def _exit_as_value(call: Awaitable[Any]) -> Any:
 def _on_loop(ended: Callable[[asyncio.Future[Any]], None], done: ThreadOutcome) -> None:
     """A sync batch's thread outcome, on the loop, as the future `_ended` takes."""
     future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    copy_raw(future, done)
+    copy_outcome(future, done)
     ended(future)

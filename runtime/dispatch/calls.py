@@ -75,29 +75,19 @@ def _back_to_loop(
         pass
 
 
-def _copy_outcome(
-    spec: HandlerSpec, ctx: Context, future: asyncio.Future[Any], done: ThreadOutcome
+def copy_outcome(
+    future: asyncio.Future[Any],
+    done: ThreadOutcome,
+    map_error: Callable[[BaseException], BaseException] | None = None,
 ) -> None:
-    if future.done():  # its awaiter was cancelled
-        return
-    if done.cancelled():
-        future.cancel()
-    elif (exc := done.exception()) is not None:
-        # Mapped here, as for a warm call: a SystemExit (argparse, click)
-        # re-raised in a task would stop the event loop and the server with it.
-        future.set_exception(caller_error(spec, ctx, exc))
-    else:
-        future.set_result(done.result())
-
-
-def copy_raw(future: asyncio.Future[Any], done: ThreadOutcome) -> None:
-    """`done`'s outcome onto `future` as it is (unless `future` is settled already)."""
+    """`done`'s outcome onto `future` (unless its awaiter was cancelled and it is
+    settled already), an exception through `map_error` when one is given."""
     if future.done():
         return
     if done.cancelled():
         future.cancel()
     elif (exc := done.exception()) is not None:
-        future.set_exception(exc)
+        future.set_exception(exc if map_error is None else map_error(exc))
     else:
         future.set_result(done.result())
 
@@ -117,12 +107,6 @@ def batch_outputs(spec: HandlerSpec, result: Any, size: int) -> list[Any]:
             handler=spec.name,
         )
     return list(result)
-
-
-def item_error(spec: HandlerSpec, ctx: Context, item: BaseException) -> BaseException:
-    """What the caller of one item gets when the batch returned an exception in its place:
-    the runtime's own errors (InvalidInput: 400) as they are, anything else `handler-error`."""
-    return item if isinstance(item, ThawError) else handler_error(spec, ctx, item)
 
 
 class Caller:
@@ -174,7 +158,10 @@ class Caller:
             result: Awaitable[Any] = spec.fn(event, *models, ctx)
             return result
         future = asyncio.get_running_loop().create_future()
-        self.submit(spec, event, models, ctx, partial(_copy_outcome, spec, ctx, future))
+        # Mapped here, as for a warm call: a SystemExit (argparse, click) re-raised
+        # in a task would stop the event loop and the server with it.
+        mapped = partial(caller_error, spec, ctx)
+        self.submit(spec, event, models, ctx, partial(copy_outcome, future, map_error=mapped))
         return future
 
     async def run(self, spec: HandlerSpec, event: Any, models: list[Any], ctx: Context) -> Any:
@@ -199,7 +186,7 @@ class Caller:
         else:
             done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             call = partial(spec.fn, [event], *models, [ctx])
-            self.submit_call(spec, call, partial(copy_raw, done))
+            self.submit_call(spec, call, partial(copy_outcome, done))
             result = done
         try:
             [output] = batch_outputs(spec, await result, 1)
@@ -208,7 +195,8 @@ class Caller:
         except (Exception, SystemExit) as exc:
             raise handler_error(spec, ctx, exc) from exc
         if isinstance(output, BaseException):
-            raise item_error(spec, ctx, output)
+            # An exception in its item's place: InvalidInput is a 400, as it is.
+            raise caller_error(spec, ctx, output)
         return output
 
     def shutdown(self) -> None:
