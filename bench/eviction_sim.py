@@ -265,10 +265,10 @@ def no_device_release() -> Iterator[None]:
 
 async def replay(requests: Trace, policy: EvictionPolicy, state: Path) -> Outcome:
     """The trace through a real ModelCache with `policy`, on a simulated clock."""
-    from runtime.metrics import Metrics
     from runtime.models.cache import ModelCache
     from runtime.models.estimate import Estimator
     from runtime.registry import BuilderSpec, Registry
+    from runtime.telemetry.metrics import Metrics
 
     clock = SimClock()
     registry = Registry(

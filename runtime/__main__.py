@@ -12,7 +12,7 @@ import os
 import sys
 
 from runtime.errors import ThawError
-from runtime.render import cli_exit_code, cli_line
+from runtime.wire.render import cli_exit_code, cli_line
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,7 +36,7 @@ checks this drawing against the classes). The slug is also a job's
 `error.type`, the Lambda `errorType` and the CLI's, so one name follows an
 error through every surface (on Lambda, an exception of a handler's own code
 is named by its class instead, as AWS's Python runtime names it);
-runtime/render.py is the one place an error becomes a problem, a job error, a
+runtime/wire/render.py is the one place an error becomes a problem, a job error, a
 Lambda error or a CLI line. Job-only errors are classes too: `Cancelled`,
 `WorkerLost`, and `Draining` for work a drain cut off. Foreign errors are translated once,
 at the boundary where they are caught, with `raise ... from exc`.

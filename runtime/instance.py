@@ -24,10 +24,8 @@ from typing import Any
 from runtime.bundles.sources import open_source
 from runtime.dispatch.calls import Caller
 from runtime.dispatch.dispatcher import Dispatcher
-from runtime.health import Health
 from runtime.jobs.manager import JobManager, JobRunner
 from runtime.jobs.store import DeferredStore
-from runtime.metrics import Metrics
 from runtime.models.cache import ModelCache
 from runtime.models.estimate import Estimator
 from runtime.models.eviction import DensityPolicy
@@ -35,6 +33,8 @@ from runtime.models.lifecycle import State
 from runtime.models.loading import PhaseLimits
 from runtime.registry import Registry, discover
 from runtime.settings import Settings
+from runtime.telemetry.health import Health
+from runtime.telemetry.metrics import Metrics
 
 log = logging.getLogger("thaw.instance")
 

@@ -22,7 +22,7 @@ from runtime.errors import (
     UnknownJob,
     WorkerLost,
 )
-from runtime.render import cli_line, http_headers, job_error, lambda_error, problem
+from runtime.wire.render import cli_line, http_headers, job_error, lambda_error, problem
 
 # "    │   ├── InvalidJSON            400 invalid-json   (...)"
 _LINE = re.compile(r"^(?P<indent>[ │├└─]*)(?P<name>[A-Z]\w+)\s+(?P<status>\d{3}) (?P<slug>[a-z-]+)")

@@ -28,10 +28,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("runtime.jobs", "runtime.models"),  # the job store; the model cache and lifecycle
     ("runtime.bundles",),  # manifests, sources, conversions
     ("runtime.registry", "runtime.context"),  # the handler API
-    ("runtime.outputs", "runtime.health", "runtime.process"),
-    ("runtime.settings", "runtime.metrics", "runtime.logs"),
-    ("runtime.render",),  # an error as every surface shows it
-    ("runtime.errors", "runtime.version"),
+    ("runtime.wire.outputs", "runtime.telemetry.health", "runtime.process"),
+    ("runtime.settings", "runtime.telemetry.metrics", "runtime.telemetry.logs"),
+    ("runtime.wire.render",),  # an error as every surface shows it
+    ("runtime.errors", "runtime.version", "runtime.clock", "runtime.telemetry", "runtime.wire"),
 )
 
 

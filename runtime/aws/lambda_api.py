@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import httpx
 import orjson
 
-from runtime.render import LambdaError
+from runtime.wire.render import LambdaError
 
 VERSION = "2018-06-01"
 ERROR_TYPE_HEADER = "Lambda-Runtime-Function-Error-Type"
@@ -74,7 +74,7 @@ class RuntimeAPI:
         self._check(response)
 
     async def fail(self, request_id: str, error: LambdaError) -> None:
-        """Post `error` (runtime/render.py's `lambda_error`) as the invocation's answer."""
+        """Post `error` (runtime/wire/render.py's `lambda_error`) as the invocation's answer."""
         await self._post_error(f"/invocation/{request_id}/error", error)
 
     async def init_error(self, error: LambdaError) -> None:

@@ -24,7 +24,7 @@ With THAW_INVOKE_MODE=RESPONSE_STREAM (the Function URL's invoke mode, from
 template.yaml), Function URL events are answered by response streaming too:
 an event stream reaches the caller event by event.
 
-A Lambda error is made by runtime/render.py's `lambda_error` from the error
+A Lambda error is made by runtime/wire/render.py's `lambda_error` from the error
 object itself: the app hands every error it answers, with its traceback, to
 `ERROR_SINK` (runtime/http/app.py) while the loop holds one, and the loop
 raises it again; nothing is parsed back out of a problem+json body. errorType
@@ -67,9 +67,9 @@ from runtime.aws.streaming import Streamer
 from runtime.context import CLIENT_CONTEXT
 from runtime.errors import InvalidEvent, ThawError
 from runtime.http.app import ERROR_SINK, ErrorSink
-from runtime.logs import configure_logging
-from runtime.render import LambdaError, lambda_error
 from runtime.settings import Settings
+from runtime.telemetry.logs import configure_logging
+from runtime.wire.render import LambdaError, lambda_error
 
 if TYPE_CHECKING:
     from runtime.instance import Instance

@@ -45,8 +45,8 @@ from starlette.types import ASGIApp, Message
 from runtime.aws.events import HttpRequest
 from runtime.dispatch.streams import Streaming
 from runtime.errors import InvalidEvent, ThawError
-from runtime.outputs import JSON_OPTIONS, encode_output
-from runtime.render import LambdaError, lambda_error
+from runtime.wire.outputs import JSON_OPTIONS, encode_output
+from runtime.wire.render import LambdaError, lambda_error
 
 if TYPE_CHECKING:
     from runtime.dispatch.dispatcher import Dispatcher

@@ -27,8 +27,8 @@ from typing import Any, NoReturn
 import orjson
 
 from runtime.errors import ConfigError, ThawError
-from runtime.render import CLI_PREFIX, EXIT_USAGE, cli_exit_code, cli_line, job_error
 from runtime.version import __version__
+from runtime.wire.render import CLI_PREFIX, EXIT_USAGE, cli_exit_code, cli_line, job_error
 
 
 class UsageError(Exception):

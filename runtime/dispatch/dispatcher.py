@@ -39,15 +39,15 @@ from runtime.dispatch.deadlines import Deadlines
 from runtime.dispatch.overruns import Overruns
 from runtime.dispatch.streams import Stream, Streaming, Streams
 from runtime.errors import Draining, HandlerTimeout, QueueFull, ThawError
-from runtime.health import Health
 from runtime.jobs.job import Job
 from runtime.jobs.manager import JobManager, JobRunner
-from runtime.metrics import HandlerStats, Metrics
 from runtime.models.cache import Lease, ModelCache
 from runtime.models.estimate import Estimator
 from runtime.models.lifecycle import LOAD_PHASES
 from runtime.registry import HandlerSpec, Registry
 from runtime.settings import Settings
+from runtime.telemetry.health import Health
+from runtime.telemetry.metrics import HandlerStats, Metrics
 
 log = logging.getLogger("thaw.dispatch")
 # Looked up once: `logging.getLogger` takes the logging module's lock on every call.

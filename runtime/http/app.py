@@ -58,11 +58,11 @@ from runtime.http.auth import AuthMiddleware, KeyRing
 from runtime.http.prefer import NO_PREFERENCES, parse_prefer
 from runtime.instance import Instance
 from runtime.jobs.job import Job
-from runtime.logs import REQUEST_ID
-from runtime.metrics import UNMATCHED, RequestStats
-from runtime.outputs import encode_output
-from runtime.render import http_headers, problem
 from runtime.settings import Settings
+from runtime.telemetry.logs import REQUEST_ID
+from runtime.telemetry.metrics import UNMATCHED, RequestStats
+from runtime.wire.outputs import encode_output
+from runtime.wire.render import http_headers, problem
 
 log = logging.getLogger("thaw.app")
 # One line per request, at info: method, route template, status, duration, request id.
@@ -87,7 +87,7 @@ _CLOSES_CONNECTION = (RequestTimeout, Overloaded)
 
 
 def problem_response(exc: ThawError, request_path: str | None = None) -> Response:
-    """`exc` as application/problem+json (runtime/render.py), `request_path` its `instance`."""
+    """`exc` as application/problem+json (runtime/wire/render.py), `request_path` its `instance`."""
     headers = http_headers(exc)
     if isinstance(exc, _CLOSES_CONNECTION):
         # The rest of the body is never read: the connection cannot carry another request.
@@ -194,7 +194,7 @@ class Edge:
 
     Gives each request its id: the caller's X-Request-Id when it matches
     `_REQUEST_ID`, else a new one. The id is `scope["thaw.request_id"]`, the
-    log context (runtime.logs.REQUEST_ID) of every line logged while the
+    log context (runtime.telemetry.logs.REQUEST_ID) of every line logged while the
     request is served, and the X-Request-Id of its answer, whatever gives it:
     a route, a problem, a 404 no route matched, a 401 from the auth layer, a
     500 for a bug (`render_error` is called here for an exception no handler

@@ -19,8 +19,8 @@ from runtime import process
 from runtime.errors import ConfigError
 from runtime.http.app import create_app
 from runtime.instance import Instance
-from runtime.logs import configure_logging
 from runtime.settings import Settings
+from runtime.telemetry.logs import configure_logging
 from runtime.version import __version__
 
 

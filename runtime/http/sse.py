@@ -35,8 +35,8 @@ from starlette.types import Receive, Scope, Send
 from runtime.dispatch.streams import Stream
 from runtime.errors import InvalidOutput, ThawError
 from runtime.jobs.job import Job, JobStatus
-from runtime.outputs import JSON_OPTIONS, encode_output
-from runtime.render import problem
+from runtime.wire.outputs import JSON_OPTIONS, encode_output
+from runtime.wire.render import problem
 
 MEDIA_TYPE = "text/event-stream"
 HEARTBEAT = b": keep-alive\n\n"

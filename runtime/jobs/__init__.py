@@ -11,5 +11,5 @@ conditional, so two instances never both own one job. An instance that died on
 this node is known dead at once (its owner lock is free), and its jobs are
 claimed without waiting for their leases.
 
-May import: runtime.errors, runtime.health, runtime.metrics, runtime.settings.
+May import: runtime.errors, runtime.telemetry.health, runtime.telemetry.metrics, runtime.settings.
 """

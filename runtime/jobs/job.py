@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from runtime.errors import Cancelled, WorkerLost
-from runtime.render import job_error
+from runtime.wire.render import job_error
 
 
 class JobStatus(StrEnum):

@@ -44,16 +44,16 @@ from runtime.errors import (
     ThawError,
     UnknownJob,
 )
-from runtime.health import Health
 from runtime.jobs.batch import CreateBatcher
 from runtime.jobs.finished import FinishedJobs
 from runtime.jobs.job import Job, JobStatus, new_job_id
 from runtime.jobs.owners import OwnerLock
 from runtime.jobs.store import JobStore
-from runtime.logs import REQUEST_ID
-from runtime.metrics import Metrics
-from runtime.outputs import encode_output
-from runtime.render import job_error
+from runtime.telemetry.health import Health
+from runtime.telemetry.logs import REQUEST_ID
+from runtime.telemetry.metrics import Metrics
+from runtime.wire.outputs import encode_output
+from runtime.wire.render import job_error
 
 log = logging.getLogger("thaw.jobs")
 T = TypeVar("T")
@@ -103,7 +103,7 @@ class LocalJob:
     # The outcome once the work ended: kept here until the store has it.
     outcome: Outcome | None = None
     # The id of the request that made the job (the job's own id for a recovered
-    # one): the log context of every line about it (runtime.logs.REQUEST_ID).
+    # one): the log context of every line about it (runtime.telemetry.logs.REQUEST_ID).
     request_id: str | None = None
 
 

@@ -30,8 +30,6 @@ from typing import Any
 from runtime.bundles.manifest import Manifest
 from runtime.bundles.sources.source import BundleSource
 from runtime.errors import UnknownBundle
-from runtime.health import Health
-from runtime.metrics import Metrics
 from runtime.models import weights as weights_mod
 from runtime.models.budget import MemoryBudget
 from runtime.models.entry import Entry
@@ -40,6 +38,8 @@ from runtime.models.eviction import DensityPolicy, EvictionPolicy
 from runtime.models.lifecycle import State
 from runtime.models.loading import Loader, PhaseLimits, Runner
 from runtime.registry import Registry
+from runtime.telemetry.health import Health
+from runtime.telemetry.metrics import Metrics
 
 log = logging.getLogger("thaw.cache")
 

@@ -18,7 +18,7 @@ fails with `load-failed`, naming the phase, once it has made no progress for
 `PhaseLimits.stall_s` (fetch progress is bytes arriving). Waiting requests
 and jobs get that error at once. A builder or warm-up left running in its
 thread cannot be stopped and keeps what it holds, so the instance is then
-wedged (runtime/health.py): it drains and exits for the platform to replace
+wedged (runtime/telemetry/health.py): it drains and exits for the platform to replace
 it. An unload during a load abandons the load the same way, so `DELETE
 /models/{name}` answers at once whatever a builder does.
 
@@ -41,8 +41,6 @@ from runtime.bundles.sources.source import BundleSource
 from runtime.bundles.stamps import Stamp
 from runtime.context import Context
 from runtime.errors import HandlerError, LoadFailed, ThawError
-from runtime.health import Health
-from runtime.metrics import Metrics
 from runtime.models import weights as weights_mod
 from runtime.models.budget import MemoryBudget
 from runtime.models.entry import Entry
@@ -50,7 +48,9 @@ from runtime.models.estimate import Estimator
 from runtime.models.eviction import EvictionPolicy
 from runtime.models.lifecycle import LOAD_PHASES, State
 from runtime.registry import HandlerSpec, Registry
-from runtime.render import job_error
+from runtime.telemetry.health import Health
+from runtime.telemetry.metrics import Metrics
+from runtime.wire.render import job_error
 
 log = logging.getLogger("thaw.cache")
 T = TypeVar("T")

@@ -6,7 +6,7 @@ import pytest
 
 from runtime.aws.lambda_loop import budget_s, prefer_with_wait
 from runtime.http.prefer import parse_prefer
-from runtime.render import user_frames
+from runtime.wire.render import user_frames
 
 
 def test_no_deadline_header_means_no_lambda_limit() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.render import EXIT_FAILED, EXIT_INVALID_INPUT, EXIT_USAGE
+from runtime.wire.render import EXIT_FAILED, EXIT_INVALID_INPUT, EXIT_USAGE
 from tests.support import make_bundle
 
 ROOT = Path(__file__).resolve().parents[2]

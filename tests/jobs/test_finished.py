@@ -15,7 +15,7 @@ from runtime.jobs.finished import FinishedJobs
 from runtime.jobs.job import Job, JobStatus
 from runtime.jobs.manager import JobManager
 from runtime.jobs.stores.sqlite import SQLiteJobStore
-from runtime.metrics import Metrics
+from runtime.telemetry.metrics import Metrics
 
 pytestmark = pytest.mark.anyio
 

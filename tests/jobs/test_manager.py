@@ -14,7 +14,7 @@ from runtime.errors import LoadFailed
 from runtime.jobs.job import JobStatus
 from runtime.jobs.manager import JobManager
 from runtime.jobs.stores.sqlite import SQLiteJobStore
-from runtime.metrics import Metrics
+from runtime.telemetry.metrics import Metrics
 
 pytestmark = pytest.mark.anyio
 

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from runtime.errors import StorageUnavailable
-from runtime.health import Health
 from runtime.jobs.job import Job, JobStatus, new_job_id
 from runtime.jobs.manager import STORE_CONDITION, JobManager
 from runtime.jobs.owners import OwnerLock
 from runtime.jobs.stores.sqlite import SQLiteJobStore
-from runtime.metrics import Metrics
+from runtime.telemetry.health import Health
+from runtime.telemetry.metrics import Metrics
 from tests.jobs import tmpfs
 
 pytestmark = pytest.mark.anyio

@@ -20,12 +20,12 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from runtime.bundles.manifest import BundleFile, Manifest
 from runtime.errors import InsufficientMemory, LoadFailed, UnknownBundle
-from runtime.metrics import Metrics
 from runtime.models.cache import Lease, ModelCache
 from runtime.models.estimate import Estimator
 from runtime.models.eviction import Candidate, DensityPolicy, EvictionPolicy, GDSFPolicy, LRUPolicy
 from runtime.models.lifecycle import State
 from runtime.registry import BuilderSpec, Registry
+from runtime.telemetry.metrics import Metrics
 
 GIB = 1 << 30
 
