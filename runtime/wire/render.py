@@ -51,7 +51,8 @@ EXIT_FAILED = 1  # the command ran and failed
 EXIT_USAGE = 2  # the command line is wrong: a flag, an argument, an unreadable --event
 EXIT_INVALID_INPUT = 3  # a handler refused its event (invalid-input)
 
-_RUNTIME_DIR = str(Path(__file__).resolve().parent) + os.sep
+# The runtime package (this module lives in runtime/wire/).
+_RUNTIME_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
 _PATHS = sysconfig.get_paths()
 _STDLIB = os.path.realpath(_PATHS["stdlib"]) + os.sep
 # site-packages may sit inside the stdlib dir, and the image may install user handlers there.
