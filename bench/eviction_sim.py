@@ -284,7 +284,7 @@ async def replay(requests: Trace, policy: EvictionPolicy, state: Path) -> Outcom
         registry=registry,
         estimator=Estimator(state, default_bandwidth_bytes_s=1e9, default_init_s=1.0),
         metrics=Metrics(),
-        runner=no_runner,
+        warm_up=no_runner,
         device="cpu",
         memory_budget=BUDGET,
         policy=counting,

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.bundles.sources import open_source
-from runtime.dispatch.calls import Caller
+from runtime.clock import SYSTEM
+from runtime.dispatch.calls import HandlerCalls
 from runtime.dispatch.dispatcher import Dispatcher
 from runtime.jobs.manager import JobManager, JobRunner
 from runtime.jobs.store import DeferredStore
@@ -54,7 +55,7 @@ class Instance:
     store: DeferredStore
     jobs: JobManager
     dispatcher: Dispatcher
-    caller: Caller
+    calls: HandlerCalls
     health: Health
     id: str
     # Ends the process once a drain is done: set by the entry point (the server
@@ -76,7 +77,7 @@ class Instance:
         registry = registry if registry is not None else discover(settings.handlers)
         metrics = Metrics()
         health = Health()
-        caller = Caller(_THREADS)
+        calls = HandlerCalls(_THREADS)
         estimator = Estimator(
             settings.state_path,
             default_bandwidth_bytes_s=settings.default_bandwidth_bytes_s,
@@ -87,7 +88,7 @@ class Instance:
             registry=registry,
             estimator=estimator,
             metrics=metrics,
-            runner=caller.run,
+            warm_up=calls.warm_up,
             device=settings.device,
             memory_budget=settings.memory_budget,
             retry_backoff_s=settings.retry_backoff_s,
@@ -119,8 +120,10 @@ class Instance:
             jobs=jobs,
             estimator=estimator,
             metrics=metrics,
-            caller=caller,
+            calls=calls,
             health=health,
+            # The instance's one Clock, once it is threaded through `create`.
+            clock=SYSTEM,
         )
         instance = cls(
             settings,
@@ -131,7 +134,7 @@ class Instance:
             store,
             dispatcher.jobs,
             dispatcher,
-            caller,
+            calls,
             health,
             instance_id,
         )
@@ -249,7 +252,7 @@ class Instance:
             await asyncio.shield(self._drain)
         else:
             await self.dispatcher.drain(self.settings.drain_grace_s)
-        self.caller.shutdown()
+        self.calls.shutdown()
         for task in list(self._background):
             task.cancel()
         self.store.close()

@@ -31,32 +31,33 @@ exception fails only its own caller (InvalidInput: 400; anything else:
 500 handler-error); a handler that raises, or returns other than a list of
 one output per event, fails every member with handler-error.
 
-What a batch means to each member (its phase, timings, run limit, leases) is
-the dispatcher's, through `BatchHooks`: this module owns only the queues,
-when they run and how an outcome is shared out.
+This module owns only the queues, when they run and how an outcome is
+shared out. Each member is its request's `Work` (runtime/dispatch/work.py),
+whose own methods record what a batch means to it (its phase, timings, run
+limit) and settle it (its leases, its waiter, its stats): the batcher tells
+each member what happened, and calls nothing above it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
-from runtime.context import Context
+from runtime.clock import Clock, Timer
 from runtime.dispatch import eager
 from runtime.dispatch.calls import (
-    Caller,
+    HandlerCalls,
     ThreadOutcome,
     batch_outputs,
-    caller_error,
     copy_outcome,
-    handler_error,
+    user_error,
 )
+from runtime.dispatch.work import Work
 from runtime.errors import Draining, HandlerError
 from runtime.registry import Batch, HandlerSpec
 
@@ -65,33 +66,18 @@ from runtime.registry import Batch, HandlerSpec
 class Member:
     """One request waiting in a batch queue."""
 
+    # Its work: its context, its outcome, what it holds and its bookkeeping.
+    work: Work
     event: Any
-    ctx: Context
     # Its models (leased by the request: one admission slot each).
     models: list[Any]
-    # Settled with this request's own output or error.
-    outcome: asyncio.Future[Any]
     queued_at: float
     # The latest start of a batch that still answers it in time (inf: no deadline).
     start_by: float
-    # The dispatcher's record of the request (its Work), handed back in the hooks.
-    work: Any = None
 
-
-class BatchHooks(Protocol):
-    """The dispatcher's side of a batch."""
-
-    def batch_started(self, spec: HandlerSpec, members: Sequence[Member], started: float) -> None:
-        """`members` start running together now (`started`, on the batcher's clock)."""
-        ...
-
-    def batch_ran(self, spec: HandlerSpec, members: Sequence[Member], run_s: float) -> None:
-        """The handler returned for `members` after `run_s` (before their outcomes are set)."""
-        ...
-
-    def member_done(self, member: Member) -> None:
-        """`member`'s outcome is set (or it was cut off before): let go of what it holds."""
-        ...
+    @property
+    def ended(self) -> bool:
+        return self.work.ended
 
 
 @dataclass(eq=False)
@@ -102,7 +88,7 @@ class _Queue:
     running: int = 0
     # The size of its last batch: the company a new request can expect.
     expected: int = 1
-    timer: asyncio.TimerHandle | None = None
+    timer: Timer | None = None
     # Inside `_serve`: a batch that ends at once (an async handler that never
     # waits) leaves the queue to the `_serve` already running.
     serving: bool = False
@@ -130,18 +116,16 @@ class Batcher:
     def __init__(
         self,
         *,
-        caller: Caller,
-        hooks: BatchHooks,
+        calls: HandlerCalls,
         run_estimate_s: Callable[[str], float],
         margin_s: float,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock,
     ) -> None:
         """`run_estimate_s(handler)` is the handler's expected run time: a member is
         started no later than its deadline less `margin_s` and that (at least
-        `margin_s` again). `clock` is the
-        one `Context.deadline_at` is on (a seam: tests pass the loop's)."""
-        self._caller = caller
-        self._hooks = hooks
+        `margin_s` again). `clock` is the instance's, the one `Context.deadline_at`
+        is on; the queues' timers are armed through it."""
+        self._calls = calls
         self._run_estimate_s = run_estimate_s
         self._margin_s = margin_s
         self._clock = clock
@@ -157,26 +141,24 @@ class Batcher:
         queue = self._queues.get(handler)
         return queue.running if queue is not None else 0
 
-    def join(
-        self, spec: HandlerSpec, event: Any, ctx: Context, models: list[Any], work: Any = None
-    ) -> asyncio.Future[Any]:
-        """Queue one request whose models are leased; the future of its own outcome."""
+    def join(self, work: Work, event: Any, models: list[Any]) -> None:
+        """Queue one request whose models are leased; `work` ends with its own outcome."""
+        spec = work.spec
         policy = spec.batch
         assert policy is not None, f"handler {spec.name!r} does not batch"
         queue = self._queues.get(spec.name)
         if queue is None:
             queue = self._queues[spec.name] = _Queue(spec, policy)
-        now = self._clock()
+        now = self._clock.monotonic()
         start_by = math.inf
-        if ctx.deadline_at is not None:
+        deadline_at = work.ctx.deadline_at
+        if deadline_at is not None:
             # It must be answered by its deadline less the margin, after a run
             # whose estimate is 0 before the first: at least one margin more.
             run_s = max(self._run_estimate_s(spec.name), self._margin_s)
-            start_by = ctx.deadline_at - self._margin_s - run_s
-        outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        queue.waiting.append(Member(event, ctx, models, outcome, now, start_by, work))
+            start_by = deadline_at - self._margin_s - run_s
+        queue.waiting.append(Member(work, event, models, now, start_by))
         self._serve(queue)
-        return outcome
 
     # ---- when batches run ---------------------------------------------------------
 
@@ -190,24 +172,22 @@ class Batcher:
         queue.serving = True
         try:
             while queue.waiting:
-                self._drop_settled(queue)
+                self._drop_ended(queue)
                 due = due_at(queue.policy, queue.waiting, queue.running, queue.expected)
                 if due == math.inf:
                     return
-                delay = due - self._clock()
-                if delay > 0:
-                    loop = asyncio.get_running_loop()
-                    queue.timer = loop.call_later(delay, self._serve, queue)
+                if due > self._clock.monotonic():
+                    queue.timer = self._clock.call_at(due, partial(self._serve, queue))
                     return
                 self._run(queue)
         finally:
             queue.serving = False
 
-    def _drop_settled(self, queue: _Queue) -> None:
+    def _drop_ended(self, queue: _Queue) -> None:
         # Requests cut off while queued (drain, a job that lost its lease, a run
-        # limit) are not run; their holder already let go of their models.
-        if any(m.outcome.done() for m in queue.waiting):
-            queue.waiting = deque(m for m in queue.waiting if not m.outcome.done())
+        # limit) are not run; settling, they let go of their models already.
+        if any(m.ended for m in queue.waiting):
+            queue.waiting = deque(m for m in queue.waiting if not m.ended)
 
     def _run(self, queue: _Queue) -> None:
         spec = queue.spec
@@ -215,10 +195,11 @@ class Batcher:
         members = [queue.waiting.popleft() for _ in range(size)]
         queue.running += 1
         queue.expected = size
-        started = self._clock()
-        self._hooks.batch_started(spec, members, started)
+        started = self._clock.monotonic()
+        for index, member in enumerate(members):
+            member.work.batch_started(started, member.queued_at, size, leader=index == 0)
         events = [m.event for m in members]
-        ctxs = [m.ctx for m in members]
+        ctxs = [m.work.ctx for m in members]
         # Every member leased the same model objects; the batch uses the first's.
         models = members[0].models
         ended = partial(self._ended, queue, members, started)
@@ -234,14 +215,14 @@ class Batcher:
                 # nobody waits for this batch. Cancelled, it ends, and its slot of
                 # `max_concurrent` is free again; left running, it would hold that
                 # slot for as long as it ran, forever if it hangs.
-                if not outcome.done() and all(m.outcome.done() for m in members):
+                if not outcome.done() and all(m.ended for m in members):
                     outcome.cancel()
 
             for member in members:
-                member.outcome.add_done_callback(abandon)
+                member.work.outcome.add_done_callback(abandon)
             return
         try:
-            self._caller.submit_call(
+            self._calls.submit_call(
                 spec, partial(spec.fn, events, *models, ctxs), partial(_on_loop, ended)
             )
         except Draining as exc:
@@ -259,21 +240,19 @@ class Batcher:
         outcome: asyncio.Future[Any],
     ) -> None:
         queue.running -= 1
-        spec = queue.spec
         try:
-            results = self._results(spec, members, started, outcome)
+            results = self._results(queue.spec, members, started, outcome)
             for member, result in zip(members, results, strict=True):
-                if member.outcome.done():  # cut off while it ran
+                work = member.work
+                if work.ended:  # cut off while it ran
                     continue
                 if result is None:
-                    member.outcome.cancel()
+                    work.cancel()
                 elif isinstance(result, _Failed):
-                    member.outcome.set_exception(result.error)
+                    work.fail(result.error)
                 else:
-                    member.outcome.set_result(result.value)
+                    work.succeed(result.value)
         finally:
-            for member in members:
-                self._hooks.member_done(member)
             # The handler is free: what queued behind this batch may go now.
             self._serve(queue)
 
@@ -296,9 +275,11 @@ class Batcher:
             except HandlerError as wrong:
                 exc = wrong
             else:
-                self._hooks.batch_ran(spec, members, self._clock() - started)
+                run_s = self._clock.monotonic() - started
+                for index, member in enumerate(members):
+                    member.work.batch_ran(run_s, leader=index == 0)
                 return [
-                    _Failed(caller_error(spec, m.ctx, item))
+                    _Failed(user_error(spec, m.work.ctx, item))
                     if isinstance(item, BaseException)
                     else _Value(item)
                     for m, item in zip(members, items, strict=True)
@@ -321,9 +302,9 @@ def _batch_errors(
 ) -> list[BaseException]:
     """Each member's error when the whole batch failed: `handler-error` (the runtime's
     own errors, such as `drained`, as they are), logged once for the batch."""
-    if isinstance(exc, Draining | HandlerError):  # the runtime's own, not the handler's
+    first = user_error(spec, members[0].work.ctx, exc, whole_batch=True)
+    if first is exc:  # the runtime's own, not the handler's
         return [exc] * len(members)
-    first = handler_error(spec, members[0].ctx, exc)
     errors: list[BaseException] = [first]
     for _ in members[1:]:
         error = HandlerError(first.message, handler=spec.name)

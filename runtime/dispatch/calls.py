@@ -1,4 +1,5 @@
-"""Calling user code: async handlers on the loop, sync ones on threads of their own.
+"""Calling user code: async handlers on the loop, sync ones on threads of their own,
+and the one boundary where what user code raised becomes Thaw's error.
 
 Sync handlers run on the handler threads (runtime/dispatch/threads.py: the
 thread idle last takes the next call, so warm threads serve), not on the
@@ -8,11 +9,16 @@ reads, fetches), and 64 slow handlers must not hold up a 202's job record
 behind them.
 
 A thread's outcome comes back to the loop in a single `call_soon_threadsafe`,
-straight to a callback the caller names. The dispatcher finishes a warm sync
-call there, with no task in between. Its request wakes one loop turn after
-the thread ends, as it would after `await loop.run_in_executor(...)`.
-Awaiting `asyncio.to_thread` inside the work's task takes two more turns:
-one to wake the task, one to wake the request.
+straight to a callback the submitter names: the work's own
+(`Work.ran_in_thread`, runtime/dispatch/work.py), which settles it there, with
+no task in between. Its request wakes one loop turn after the thread ends, as
+it would after `await loop.run_in_executor(...)`. Awaiting `asyncio.to_thread`
+inside the work's task takes two more turns: one to wake the task, one to
+wake the request.
+
+`user_error` is the one boundary: every outcome of user code comes back to
+one place per kind of work (a thread's callback, an async handler's await, a
+batch's end, a warm-up example), and each maps its exception there.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import concurrent.futures
 import contextvars
 import logging
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -37,8 +43,20 @@ log = logging.getLogger("thaw.dispatch")
 ThreadOutcome = concurrent.futures.Future[Any]
 
 
-def handler_error(spec: HandlerSpec, ctx: Context, exc: BaseException) -> HandlerError:
-    """Log where user code raised; the error its caller gets (the cause chained)."""
+def user_error(
+    spec: HandlerSpec, ctx: Context, exc: BaseException, *, whole_batch: bool = False
+) -> ThawError:
+    """What the caller of `spec` gets for `exc`, raised by (or returned from) user code.
+
+    Thaw's own errors (`ThawError`: InvalidInput's 400, a `drained`) pass as
+    they are; anything else (SystemExit too: argparse and click call
+    sys.exit()) becomes `handler-error`, its cause chained, logged here once
+    with where it was raised. For an exception that failed a `whole_batch`, only
+    the runtime's own errors pass: a handler's 4xx raised for a whole batch
+    names no member, so it is a handler error too.
+    """
+    if isinstance(exc, Draining | HandlerError) or (isinstance(exc, ThawError) and not whole_batch):
+        return exc
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
     log.warning(
@@ -51,11 +69,6 @@ def handler_error(spec: HandlerSpec, ctx: Context, exc: BaseException) -> Handle
     error = HandlerError(f"{type(exc).__name__}: {exc}", handler=spec.name)
     error.__cause__ = exc
     return error
-
-
-def caller_error(spec: HandlerSpec, ctx: Context, exc: BaseException) -> BaseException:
-    """What a caller of `spec` gets for `exc`: the runtime's own errors as they are."""
-    return exc if isinstance(exc, ThawError) else handler_error(spec, ctx, exc)
 
 
 def _with_inference_mode(call: Callable[[], Any]) -> Any:
@@ -75,19 +88,15 @@ def _back_to_loop(
         pass
 
 
-def copy_outcome(
-    future: asyncio.Future[Any],
-    done: ThreadOutcome,
-    map_error: Callable[[BaseException], BaseException] | None = None,
-) -> None:
+def copy_outcome(future: asyncio.Future[Any], done: ThreadOutcome) -> None:
     """`done`'s outcome onto `future` (unless its awaiter was cancelled and it is
-    settled already), an exception through `map_error` when one is given."""
+    settled already)."""
     if future.done():
         return
     if done.cancelled():
         future.cancel()
     elif (exc := done.exception()) is not None:
-        future.set_exception(exc if map_error is None else map_error(exc))
+        future.set_exception(exc)
     else:
         future.set_result(done.result())
 
@@ -109,8 +118,9 @@ def batch_outputs(spec: HandlerSpec, result: Any, size: int) -> list[Any]:
     return list(result)
 
 
-class Caller:
-    """Runs handlers: `submit` (sync ones, with a callback), `call` (an awaitable), `run`."""
+class HandlerCalls:
+    """Calls handler code: sync handlers on the handler threads (`submit`,
+    `submit_call`), async ones on the loop; `warm_up` runs one warm-up example."""
 
     def __init__(self, threads: int) -> None:
         self._pool = HandlerThreads(threads, "thaw-handler")
@@ -125,7 +135,7 @@ class Caller:
     ) -> None:
         """Run sync handler `spec` on a handler thread; `then(outcome)` runs on the loop after.
 
-        The handler runs in a copy of the caller's context, as under
+        The handler runs in a copy of the submitter's context, as under
         `asyncio.to_thread`; handlers that use models run under
         torch.inference_mode, and model-less ones never touch torch. Raises
         Draining once the handler threads are shut down.
@@ -145,58 +155,31 @@ class Caller:
             raise Draining("this instance is shutting down and runs no more handlers") from None
         done.add_done_callback(partial(_back_to_loop, loop, then))
 
-    def call(
-        self, spec: HandlerSpec, event: Any, models: list[Any], ctx: Context
-    ) -> Awaitable[Any]:
-        """The handler's outcome as an awaitable.
-
-        An async handler's errors arrive as raised; a sync handler's as the
-        HandlerError they map to (`caller_error`), mapped on the way back from
-        its thread.
-        """
-        if spec.is_async:
-            result: Awaitable[Any] = spec.fn(event, *models, ctx)
-            return result
-        future = asyncio.get_running_loop().create_future()
-        # Mapped here, as for a warm call: a SystemExit (argparse, click) re-raised
-        # in a task would stop the event loop and the server with it.
-        mapped = partial(caller_error, spec, ctx)
-        self.submit(spec, event, models, ctx, partial(copy_outcome, future, map_error=mapped))
-        return future
-
-    async def run(self, spec: HandlerSpec, event: Any, models: list[Any], ctx: Context) -> Any:
-        """`call`, awaited; what the handler raises becomes a HandlerError.
-
-        A batched handler runs `event` as a batch of one (warm-up runs here), so
-        its batched path is the one warmed."""
-        if spec.batch is not None:
-            return await self._run_alone(spec, event, models, ctx)
-        try:
-            return await self.call(spec, event, models, ctx)
-        except ThawError:
-            raise
-        except (Exception, SystemExit) as exc:  # see Dispatcher._execute
-            raise handler_error(spec, ctx, exc) from exc
-
-    async def _run_alone(
-        self, spec: HandlerSpec, event: Any, models: list[Any], ctx: Context
+    async def warm_up(
+        self, spec: HandlerSpec, example: dict[str, Any], models: list[Any], ctx: Context
     ) -> Any:
-        if spec.is_async:
-            result = spec.fn([event], *models, [ctx])
-        else:
-            done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            call = partial(spec.fn, [event], *models, [ctx])
-            self.submit_call(spec, call, partial(copy_outcome, done))
-            result = done
+        """Run one warm-up example the way a request of `spec` runs (the loader's
+        `WarmUp`, runtime/models/loading.py): a sync handler on the handler
+        threads under inference mode, an async one on the loop, and a batched
+        one as a batch of one, so the path warmed is the path served. What the
+        handler raises becomes Thaw's error (`user_error`)."""
+        batched = spec.batch is not None
+        args = ([example], *models, [ctx]) if batched else (example, *models, ctx)
         try:
-            [output] = batch_outputs(spec, await result, 1)
-        except ThawError:
-            raise
+            if spec.is_async:
+                output = await spec.fn(*args)
+            else:
+                done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                self.submit_call(spec, partial(spec.fn, *args), partial(copy_outcome, done))
+                output = await done
+            if batched:
+                [output] = batch_outputs(spec, output, 1)
         except (Exception, SystemExit) as exc:
-            raise handler_error(spec, ctx, exc) from exc
+            # SystemExit too: out of this task it would stop the event loop.
+            raise user_error(spec, ctx, exc, whole_batch=batched)  # noqa: B904 (chained inside)
         if isinstance(output, BaseException):
             # An exception in its item's place: InvalidInput is a 400, as it is.
-            raise caller_error(spec, ctx, output)
+            raise user_error(spec, ctx, output)
         return output
 
     def shutdown(self) -> None:

@@ -1,4 +1,4 @@
-"""Waking waiting requests at their deadlines, with one loop timer for all.
+"""Waking waiting requests at their deadlines, with one timer for all.
 
 A timer per request (`loop.call_later`, then `cancel` when the work finishes
 first) cost ~20k instructions, a tenth of the runtime's own cost per warm
@@ -8,30 +8,40 @@ armed for the earliest deadline. A waiter that leaves early does not move the
 timer: it fires, finds nothing due, and is armed again for the earliest
 deadline left; with every request given the same wait, deadlines only grow,
 so that is rare.
+
+Deadlines are on the instance's clock (`Clock.monotonic()`, as
+`Context.deadline_at` is), and the timer is armed through that same clock, so
+a deadline is waited for on the clock it was computed on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+
+from runtime.clock import Clock, Timer
 
 
 class Deadlines:
     """Futures settled (result None) at their deadline unless settled first."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
         self._waiting: dict[asyncio.Future[None], float] = {}
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
+        # When the timer is due (inf: none armed), on the clock's `monotonic()`.
+        self._timer_at = math.inf
 
     def __len__(self) -> int:
         return len(self._waiting)
 
     async def wait(self, settled: asyncio.Future[None], deadline_at: float) -> None:
-        """Wait for `settled`, settling it at `deadline_at` (time.monotonic()) at the latest."""
+        """Wait for `settled`, settling it at `deadline_at` (the clock's `monotonic()`)
+        at the latest."""
         if settled.done():
             return
         self._waiting[settled] = deadline_at
-        timer = self._timer
-        if timer is None or deadline_at < timer.when():
+        if deadline_at < self._timer_at:
             self._arm(deadline_at)
         try:
             await settled
@@ -41,12 +51,13 @@ class Deadlines:
     def _arm(self, at: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        # The default loop's clock is time.monotonic(), as deadlines are.
-        self._timer = asyncio.get_running_loop().call_at(at, self._fire)
+        self._timer_at = at
+        self._timer = self._clock.call_at(at, self._fire)
 
     def _fire(self) -> None:
         self._timer = None
-        now = asyncio.get_running_loop().time()
+        self._timer_at = math.inf
+        now = self._clock.monotonic()
         earliest: float | None = None
         for settled, at in self._waiting.items():
             if at <= now:

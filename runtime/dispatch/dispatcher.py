@@ -8,11 +8,14 @@
                         a job and answer 202; the work goes on
 
 The work of every invocation is started once, at admission, and a request
-that becomes a job keeps that same work, so nothing runs twice. It costs a
-task only where it must wait on the loop: work that needs a load, or an async
-handler that suspends (runtime/dispatch/eager.py). A sync handler whose models are
-ready goes straight to a handler thread, and the thread's callback finishes
-it (runtime/dispatch/calls.py).
+that becomes a job keeps that same work, so nothing runs twice. Every kind of
+work takes one path (`_start`, then `_run` once its models are leased): a
+sync handler to a handler thread, an async one on the loop, a batched one to
+its queue (runtime/dispatch/batcher.py). It costs a task only where it must
+wait on the loop: work that needs a load, or an async handler that suspends
+(runtime/dispatch/eager.py). Each piece of work is a `Work`
+(runtime/dispatch/work.py), which records its own progress and ends through
+its one settlement, however it ran.
 
 A generator handler's work runs bound to a `Stream` (runtime/dispatch/streams.py).
 For a caller that asked for the stream the rule waits for the handler to
@@ -24,21 +27,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
+from runtime.clock import Clock
 from runtime.context import CLIENT_CONTEXT, Context
 from runtime.dispatch import eager
-from runtime.dispatch.batcher import Batcher, Member
-from runtime.dispatch.calls import Caller, ThreadOutcome, caller_error, handler_error
+from runtime.dispatch.batcher import Batcher
+from runtime.dispatch.calls import HandlerCalls, user_error
 from runtime.dispatch.deadlines import Deadlines
-from runtime.dispatch.overruns import Overruns
 from runtime.dispatch.streams import Stream, Streaming, Streams
-from runtime.errors import Draining, HandlerTimeout, QueueFull, ThawError
+from runtime.dispatch.work import Books, Work
+from runtime.errors import Draining, QueueFull
 from runtime.jobs.job import Job
 from runtime.jobs.manager import JobManager, JobRunner
 from runtime.models.cache import Lease, ModelCache
@@ -81,65 +82,9 @@ def _result(outcome: asyncio.Future[Any]) -> Any:
     return outcome.result()
 
 
-def _timeout(work: Work, limit_s: float) -> HandlerTimeout:
-    return HandlerTimeout(
-        f"handler {work.handler!r} did not finish within {limit_s:g} s (THAW_RUN_TIMEOUT_S)",
-        handler=work.handler,
-    )
-
-
 def _settle(settled: asyncio.Future[None]) -> None:
     if not settled.done():
         settled.set_result(None)
-
-
-class Work:
-    """What one invocation is doing, for Server-Timing and the job's phase.
-
-    A plain slotted class: one is made per request, and a dataclass with a
-    default factory costs several times as much to build.
-    """
-
-    __slots__ = (
-        "batch_size",
-        "handler",
-        "leases",
-        "outcome",
-        "overran",
-        "phase",
-        "running",
-        "settled",
-        "spec",
-        "stream",
-        "timings_ms",
-    )
-
-    def __init__(self, spec: HandlerSpec, phase: str = "queued") -> None:
-        self.spec = spec
-        self.handler = spec.name
-        self.phase = phase
-        # In phase order (queue, fetch, load, init, warmup, run), as Server-Timing lists them.
-        self.timings_ms: dict[str, float] = {}
-        self.running = False
-        # The models it holds, let go of as its last step, or when it is cancelled.
-        self.leases: list[Lease] = []
-        # Made by whoever waits for the work; set when the work ends (or, if it
-        # never ran, when it was cancelled).
-        self.settled: asyncio.Future[None] | None = None
-        # The future of its outcome (a task when it had to wait on the loop).
-        self.outcome: asyncio.Future[Any] | None = None
-        # Its handler ran past THAW_RUN_TIMEOUT_S.
-        self.overran = False
-        # Requests in the batch it ran in (runtime/dispatch/batcher.py); None: unbatched.
-        self.batch_size: int | None = None
-        # A generator handler's items (runtime/dispatch/streams.py).
-        self.stream: Stream | None = None
-
-    def release(self) -> None:
-        """Let go of the models it holds (once)."""
-        leases, self.leases = self.leases, []
-        for lease in leases:
-            lease.release()
 
 
 class Dispatcher:
@@ -152,11 +97,14 @@ class Dispatcher:
         jobs: Callable[[JobRunner], JobManager],
         estimator: Estimator,
         metrics: Metrics,
-        caller: Caller,
+        calls: HandlerCalls,
         health: Health,
+        clock: Clock,
     ) -> None:
         """`jobs` builds the job manager with this dispatcher as the runner of the
-        jobs it recovers: the two need each other, and neither is patched after."""
+        jobs it recovers: the two need each other, and neither is patched after.
+        `clock` is the instance's: deadlines are on its `monotonic()`, and every
+        timer here (deadlines, run limits, batches) is armed through it."""
         self.settings = settings
         self.health = health
         self.registry = registry
@@ -164,18 +112,26 @@ class Dispatcher:
         self.jobs = jobs(self)
         self.estimator = estimator
         self.metrics = metrics
-        self.caller = caller
+        self.calls = calls
+        self.clock = clock
+        self._now = clock.monotonic
         self.draining = False
-        self.pending: dict[str, int] = defaultdict(int)
-        # Outcomes of the work in flight: tasks, or futures a handler thread settles.
-        self.in_flight: set[asyncio.Future[Any]] = set()
-        self.deadlines = Deadlines()
-        self.overruns: Overruns[Work] = Overruns(settings.run_timeout_s, self._overran)
+        self.books = Books(
+            clock=clock,
+            estimator=estimator,
+            metrics=metrics,
+            health=health,
+            run_timeout_s=settings.run_timeout_s,
+        )
+        # Queue slots by handler, and the outcomes of the work in flight (the books').
+        self.pending = self.books.pending
+        self.in_flight = self.books.in_flight
+        self.deadlines = Deadlines(clock)
         self.batcher = Batcher(
-            caller=caller,
-            hooks=self,
+            calls=calls,
             run_estimate_s=estimator.run_s,
             margin_s=settings.deadline_margin_s,
+            clock=clock,
         )
         self.streams = Streams()
         for name in registry.handlers:
@@ -202,7 +158,7 @@ class Dispatcher:
         key_id: str | None = None,
         stream: bool = False,
     ) -> Completed | Accepted | Streaming:
-        received = time.monotonic()
+        received = self._now()
         spec = self.registry.handler(name)
         if self.draining:
             raise Draining("this instance is draining and takes no new work")
@@ -216,7 +172,8 @@ class Dispatcher:
             )
         # The slot is taken before the first await, so that concurrent requests
         # see it: the limit holds however many arrive at once. `_start` keeps it
-        # for the work; anything failing before that gives it back.
+        # for the work (its settlement gives it back); anything failing before
+        # that gives it back here.
         self.pending[name] += 1
         started = False
         try:
@@ -230,11 +187,9 @@ class Dispatcher:
                 client_context=CLIENT_CONTEXT.get(),
             )
             cold = bool(spec.uses) and not all(map(self.cache.is_ready, spec.uses))
-            work = Work(spec, "loading" if cold else "queued")
-            run_spec = spec
-            if spec.streams or stream:
-                work.stream = Stream(spec)
-                run_spec = work.stream.bind(spec)
+            items = Stream(spec) if spec.streams or stream else None
+            run_spec = spec if items is None else items.bind(spec)
+            work = Work(self.books, run_spec, ctx, stats, "loading" if cold else "queued", items)
             if stream:
                 # A stream waits for its models only: it answers once the handler begins.
                 estimate_s = await self._ready_s(spec) if cold else 0.0
@@ -246,44 +201,43 @@ class Dispatcher:
             answer_by = deadline_at - min(self.settings.deadline_margin_s, wait * 0.25)
             if spec.uses and self.cache.device is None:
                 answer_by -= FRAMEWORK_STALL_S
-            if respond_async or estimate_s > answer_by - time.monotonic():
+            if respond_async or estimate_s > answer_by - self._now():
                 # Record the job before starting the work, so the answer is not
                 # delayed by what the work does first (a cold load imports torch).
                 job = await self._record(spec, event, work, key_id)
-                outcome = self._start(run_spec, event, ctx, work)
+                self._start(work, event)
                 started = True
-                self._follow(spec, job, outcome, work)
+                self._follow(spec, job, work)
                 return Accepted(job, retry_after_s=max(1.0, estimate_s))
-            outcome = self._start(run_spec, event, ctx, work)
+            outcome = self._start(work, event)
             started = True
         finally:
             if not started:
                 self.pending[name] -= 1
         if stream:
-            assert work.stream is not None
-            if await self._started_by(work.stream, answer_by):
+            assert items is not None
+            if await self._started_by(items, answer_by):
                 stats.count("sync")
-                return Streaming(work.stream, work.timings_ms)
-        elif outcome.done() or await self._settled_by(work, outcome, answer_by):
+                return Streaming(items, work.timings_ms)
+        elif outcome.done() or await self._settled_by(work, answer_by):
             output = _result(outcome)
             stats.count("sync")
             return Completed(output, work.timings_ms, work.batch_size)
         # The estimate was wrong: answer 202 now; the same work goes on.
         job = await self._record(spec, event, work, key_id)
-        self._follow(spec, job, outcome, work)
+        self._follow(spec, job, work)
         return Accepted(job, retry_after_s=max(1.0, await self._estimate_s(spec)))
 
-    async def _settled_by(self, work: Work, outcome: asyncio.Future[Any], answer_by: float) -> bool:
+    async def _settled_by(self, work: Work, answer_by: float) -> bool:
         """Wait until `answer_by` at the latest for the work to settle; True when it is done.
 
-        The work settles `work.settled` itself as its last step, so the waiting
-        request resumes in the next turn of the loop rather than two turns later
-        (outcome set -> its callbacks -> a waiter's callbacks). The outcome's done
-        callback settles it too, for work cancelled before it ever ran.
+        The work's settlement sets `work.settled` itself, so the waiting request
+        resumes in the next turn of the loop rather than two turns later
+        (outcome set -> its callbacks -> a waiter's callbacks).
         """
         work.settled = asyncio.get_running_loop().create_future()
         await self.deadlines.wait(work.settled, answer_by)
-        return outcome.done()
+        return work.outcome.done()
 
     async def _started_by(self, stream: Stream, answer_by: float) -> bool:
         """Wait until `answer_by` at the latest for the handler to begin; True when it has."""
@@ -297,10 +251,8 @@ class Dispatcher:
         self.handler_stats(spec.name).count("async")
         return job
 
-    def _follow(
-        self, spec: HandlerSpec, job: Job, outcome: asyncio.Future[Any], work: Work
-    ) -> None:
-        self.jobs.follow(job, outcome, lambda: (work.phase, self._progress(spec, work)))
+    def _follow(self, spec: HandlerSpec, job: Job, work: Work) -> None:
+        self.jobs.follow(job, work.outcome, lambda: (work.phase, self._progress(spec, work)))
         if work.stream is not None:
             self.streams.hold(job.id, work.stream)
 
@@ -327,219 +279,110 @@ class Dispatcher:
                 }
         return None
 
-    # ---- executing work ---------------------------------------------------------
+    # ---- the one path of every piece of work ----------------------------------------
 
-    def _start(
-        self, spec: HandlerSpec, event: Any, ctx: Context, work: Work
-    ) -> asyncio.Future[Any]:
-        """Start the work now (its queue slot taken already): the future of its outcome."""
-        stats = self.handler_stats(spec.name)
-        batched = spec.batch is not None
-        leases = None if spec.is_async and not batched else self.cache.leases_now(spec.uses)
+    def _start(self, work: Work, event: Any) -> asyncio.Future[Any]:
+        """Start the work now (its queue slot taken already): the future of its outcome.
+
+        Work whose models are ready leases them at once (`leases_now`: all or
+        none) and runs; work that must wait for a load is a coroutine started
+        eagerly, which runs the same way once it holds its leases.
+        """
+        spec = work.spec
+        outcome = work.outcome
+        leases = self.cache.leases_now(spec.uses) if spec.uses else []
         if leases is None:
-            outcome = eager.start(self._execute(spec, event, ctx, work, stats))
-        elif batched:
-            work.leases = leases
-            self._queued(work, time.monotonic(), {}, stats)
-            work.phase = "batching"
-            outcome = self.batcher.join(spec, event, ctx, [lease.model for lease in leases], work)
+            work.task = eager.drive(self._load_then_run(work, event))
         else:
             work.leases = leases
-            outcome = self._in_thread(spec, event, ctx, work, stats)
-        work.outcome = outcome
+            run = self._run(work, event, [lease.model for lease in leases], self._now(), {})
+            if run is not None:
+                work.task = eager.drive(run)
         if work.stream is not None:
             work.stream.attach(outcome)
-        if outcome.done():
-            self._finished(spec.name, work, stats, outcome)
-        else:
+        if not work.ended:
             self.in_flight.add(outcome)
-            outcome.add_done_callback(partial(self._finished, spec.name, work, stats))
+            # An end from outside (a drain, a job's lost lease, a streaming client
+            # gone) cancels the outcome: the work settles then.
+            outcome.add_done_callback(work.settle)
         return outcome
 
-    def _finished(
-        self, name: str, work: Work, stats: HandlerStats, outcome: asyncio.Future[Any]
-    ) -> None:
-        self.in_flight.discard(outcome)
-        self.overruns.forget(work)
-        self.pending[name] -= 1
-        if work.leases:
-            # Cancelled: its models are let go of at once, though a handler
-            # thread may still run (it keeps its own reference to the model).
-            work.release()
-        if work.settled is not None:
-            _settle(work.settled)
-        if not outcome.cancelled() and (exc := outcome.exception()) is not None:
-            # A request the handler refused (it raised a 4xx error, e.g. invalid-input)
-            # is the caller's fault, not the handler's.
-            client = isinstance(exc, ThawError) and exc.status < 500
-            stats.count("client_error" if client else "error")
-
-    def _overran(self, work: Work) -> None:
-        """`work`'s handler ran past THAW_RUN_TIMEOUT_S: it fails with `handler-timeout`."""
-        outcome = work.outcome
-        if outcome is None or outcome.done():
-            return
-        work.overran = True
-        limit_s = self.settings.run_timeout_s
-        if not work.spec.is_async:
-            # Its thread cannot be stopped, and keeps the model and memory it holds.
-            self.health.wedge(f"handler {work.handler!r} ran past THAW_RUN_TIMEOUT_S={limit_s:g}")
-        if isinstance(outcome, asyncio.Task):
-            outcome.cancel()  # `_execute` turns this into HandlerTimeout
-        else:
-            outcome.set_exception(_timeout(work, limit_s))
-
-    def _in_thread(
-        self, spec: HandlerSpec, event: Any, ctx: Context, work: Work, stats: HandlerStats
-    ) -> asyncio.Future[Any]:
-        """A sync handler whose models are ready, with no task: `_ran_in_thread` finishes it."""
-        outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        run_started = self._running(work, time.monotonic(), {}, stats)
-        models = [lease.model for lease in work.leases]
-        then = partial(self._ran_in_thread, spec, ctx, work, stats, outcome, run_started)
+    def _run(
+        self, work: Work, event: Any, models: list[Any], started: float, load_ms: dict[str, float]
+    ) -> Coroutine[Any, Any, None] | None:
+        """Run the work, its models leased (queued since `started`, `load_ms` loading):
+        a batched handler joins its queue, a sync one goes to a handler thread
+        (whose callback settles it), and an async one is the coroutine returned,
+        for the caller to drive."""
+        spec = work.spec
+        if spec.batch is not None:
+            work.mark_queued(started, load_ms)
+            work.phase = "batching"
+            self.batcher.join(work, event, models)
+            return None
+        work.mark_running(started, load_ms)
+        if spec.is_async:
+            return self._run_async(work, event, models)
         try:
-            self.caller.submit(spec, event, models, ctx, then)
+            self.calls.submit(spec, event, models, work.ctx, work.ran_in_thread)
         except Draining as exc:
-            outcome.set_exception(exc)
-        return outcome
+            work.fail(exc)
+        return None
 
-    def _ran_in_thread(
-        self,
-        spec: HandlerSpec,
-        ctx: Context,
-        work: Work,
-        stats: HandlerStats,
-        outcome: asyncio.Future[Any],
-        run_started: float,
-        done: ThreadOutcome,
-    ) -> None:
-        if outcome.done():  # cancelled (drain, a job's lost lease): nobody waits for it
-            return
-        if done.cancelled():  # never ran: the handler threads were shut down
-            outcome.cancel()
-        elif (exc := done.exception()) is not None:
-            outcome.set_exception(caller_error(spec, ctx, exc))
-        else:
-            self._ran(spec, work, stats, run_started)
-            outcome.set_result(done.result())
-        if work.leases:
-            work.release()
-        if work.settled is not None:
-            _settle(work.settled)
-
-    def _running(
-        self, work: Work, started: float, load_ms: dict[str, float], stats: HandlerStats
-    ) -> float:
-        """Mark `work` running (its queue and load times recorded); when it started to run."""
-        run_started = self._queued(work, started, load_ms, stats)
-        work.phase = "running"
-        work.running = True
-        self.overruns.watch(work, run_started)
-        return run_started
-
-    def _queued(
-        self, work: Work, started: float, load_ms: dict[str, float], stats: HandlerStats
-    ) -> float:
-        """Record `work`'s queue and load times, up to now (returned)."""
-        now = time.monotonic()
-        timings = work.timings_ms
-        queue_ms = max(0.0, (now - started) * 1000 - sum(load_ms.values()))
-        timings["queue"] = queue_ms
-        if load_ms:
-            timings.update(load_ms)
-        stats.observe_queue(queue_ms / 1000)
-        return now
-
-    def _ran(self, spec: HandlerSpec, work: Work, stats: HandlerStats, run_started: float) -> None:
-        run_s = time.monotonic() - run_started
-        work.timings_ms["run"] = run_s * 1000
-        self.estimator.record_run(spec.name, run_s)
-        stats.observe_run(run_s)
-
-    async def _execute(
-        self, spec: HandlerSpec, event: Any, ctx: Context, work: Work, stats: HandlerStats
-    ) -> Any:
-        """Work that may wait: for its models (cold), or for an async handler."""
-        started = time.monotonic()
-        load_ms: dict[str, float] = {}
+    async def _run_async(self, work: Work, event: Any, models: list[Any]) -> None:
+        spec = work.spec
         try:
-            if spec.uses:
-                work.phase = "loading"
-                cold = [n for n in spec.uses if not self.cache.is_ready(n)]
-                if len(spec.uses) == 1:
-                    # One bundle needs no gather (which wraps each awaitable in a task).
-                    work.leases.append(await self.cache.acquire(spec.uses[0]))
-                else:
-                    results = await asyncio.gather(
-                        *(self.cache.acquire(n) for n in spec.uses), return_exceptions=True
-                    )
-                    work.leases = [r for r in results if isinstance(r, Lease)]
-                    for r in results:
-                        if isinstance(r, BaseException):
-                            raise r
-                for name in cold:
-                    phases = self.cache.entries[name].lifecycle.phase_ms
-                    for phase in LOAD_PHASES:
-                        load_ms[phase] = load_ms.get(phase, 0.0) + phases.get(phase, 0.0)
-            models = [lease.model for lease in work.leases]
-            if spec.batch is not None:
-                self._queued(work, started, load_ms, stats)
-                work.phase = "batching"
-                return await self.batcher.join(spec, event, ctx, models, work)
-            run_started = self._running(work, started, load_ms, stats)
-            try:
-                output = await self.caller.call(spec, event, models, ctx)
-            except ThawError:  # a sync handler's error arrives mapped already
-                raise
-            except (Exception, SystemExit) as exc:
-                # SystemExit too: an async handler calling sys.exit() (as argparse
-                # and click do) must not stop the event loop and the server with it.
-                raise handler_error(spec, ctx, exc) from exc
-            self._ran(spec, work, stats, run_started)
-            return output
+            output = await spec.fn(event, *models, work.ctx)
         except asyncio.CancelledError:
-            if work.overran:
-                raise _timeout(work, self.settings.run_timeout_s) from None
+            work.cancel()  # settled already where the work was cut off, or overran
             raise
-        finally:
-            if work.leases:
-                work.release()
-            if work.settled is not None:
-                _settle(work.settled)
+        except (Exception, SystemExit) as exc:
+            # SystemExit too: an async handler calling sys.exit() (as argparse
+            # and click do) must not stop the event loop and the server with it.
+            work.fail(user_error(spec, work.ctx, exc))
+            return
+        work.ran()
+        work.succeed(output)
 
-    # ---- batches (the Batcher's hooks: runtime/dispatch/batcher.py) ----------------
-
-    def batch_started(self, spec: HandlerSpec, members: Sequence[Member], started: float) -> None:
-        """Each member runs from now: its wait for the batch timed, its run limit watched."""
-        size = len(members)
-        batches = self.metrics.batch(spec.name)
-        batches.observe_size(size)
-        for member in members:
-            work: Work = member.work
-            wait_s = max(0.0, started - member.queued_at)
-            batches.observe_wait(wait_s)
-            work.phase = "running"
-            work.running = True
-            work.batch_size = size
-            work.timings_ms["batch"] = wait_s * 1000
-            self.overruns.watch(work, started)
-
-    def batch_ran(self, spec: HandlerSpec, members: Sequence[Member], run_s: float) -> None:
-        """One run for the estimate (what a request waits for); one per member in stats."""
-        self.estimator.record_run(spec.name, run_s)
-        stats = self.handler_stats(spec.name)
-        for member in members:
-            member.work.timings_ms["run"] = run_s * 1000
-            stats.observe_run(run_s)
-
-    def member_done(self, member: Member) -> None:
-        work: Work = member.work
-        if work.leases:
-            work.release()
-        # Woken here, a turn early, only where the member's outcome is the work's own
-        # (a warm request); cold work ends with its task.
-        if work.outcome is member.outcome and work.settled is not None:
-            _settle(work.settled)
+    async def _load_then_run(self, work: Work, event: Any) -> None:
+        """Work that must wait for its models: load (single flight) and lease them, then run."""
+        spec = work.spec
+        started = self._now()
+        load_ms: dict[str, float] = {}
+        leases: list[Lease] = []
+        try:
+            work.phase = "loading"
+            cold = [n for n in spec.uses if not self.cache.is_ready(n)]
+            if len(spec.uses) == 1:
+                # One bundle needs no gather (which wraps each awaitable in a task).
+                leases.append(await self.cache.acquire(spec.uses[0]))
+            else:
+                results = await asyncio.gather(
+                    *(self.cache.acquire(n) for n in spec.uses), return_exceptions=True
+                )
+                leases = [r for r in results if isinstance(r, Lease)]
+                for r in results:
+                    if isinstance(r, BaseException):
+                        raise r
+            for name in cold:
+                phases = self.cache.entries[name].lifecycle.phase_ms
+                for phase in LOAD_PHASES:
+                    load_ms[phase] = load_ms.get(phase, 0.0) + phases.get(phase, 0.0)
+        except asyncio.CancelledError:
+            _release(leases)
+            work.cancel()
+            raise
+        except Exception as exc:  # the runtime's own (load-failed, ...): as they are
+            _release(leases)
+            work.fail(exc)
+            return
+        if work.ended:  # cut off while it waited: nobody runs it
+            _release(leases)
+            return
+        work.leases = leases
+        run = self._run(work, event, [lease.model for lease in leases], started, load_ms)
+        if run is not None:
+            await run
 
     def can_run(self, handler: str) -> bool:
         """Whether a stored job of `handler` can run here (the JobRunner protocol)."""
@@ -550,7 +393,7 @@ class Dispatcher:
         spec = self.registry.handler(job.handler)
         ctx = Context(request_id=job.id, handler=job.handler, logger=HANDLER_LOG)
         self.pending[spec.name] += 1
-        return self._start(spec, job.input, ctx, Work(spec))
+        return self._start(Work(self.books, spec, ctx, self.handler_stats(spec.name)), job.input)
 
     # ---- drain ------------------------------------------------------------------
 
@@ -576,3 +419,8 @@ class Dispatcher:
         if self.in_flight:
             await asyncio.wait(set(self.in_flight), timeout=5.0)
         await self.cache.unload_all()
+
+
+def _release(leases: list[Lease]) -> None:
+    for lease in leases:
+        lease.release()

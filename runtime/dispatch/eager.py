@@ -45,6 +45,20 @@ def start(coro: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
     return loop.create_task(_Suspended(coro, pending), context=context)
 
 
+def drive(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
+    """`start` for a coroutine that reports its own outcome (the dispatcher's work
+    settles itself): run it until it first waits; the task that drives the
+    rest, or None when it finished there (no future made for nothing)."""
+    context = contextvars.copy_context()
+    try:
+        pending = context.run(coro.send, None)
+    except StopIteration:
+        return None
+    except asyncio.CancelledError:
+        return None
+    return asyncio.get_running_loop().create_task(_Suspended(coro, pending), context=context)
+
+
 class _Suspended(Coroutine[Any, Any, Any]):
     """A coroutine past its first step, for a task to drive from there.
 

@@ -11,9 +11,10 @@ warm path).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Generic, TypeVar
+
+from runtime.clock import Clock, Timer
 
 T = TypeVar("T")
 
@@ -21,17 +22,18 @@ T = TypeVar("T")
 class Overruns(Generic[T]):
     """Calls `on_overrun(run)` for each watched run still going `limit_s` after it began."""
 
-    def __init__(self, limit_s: float, on_overrun: Callable[[T], None]) -> None:
+    def __init__(self, limit_s: float, on_overrun: Callable[[T], None], clock: Clock) -> None:
         self.limit_s = limit_s
         self._on_overrun = on_overrun
+        self._clock = clock
         self._running: dict[T, float] = {}
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
 
     def __len__(self) -> int:
         return len(self._running)
 
     def watch(self, run: T, started_at: float) -> None:
-        """Watch `run`, begun at `started_at` (the loop's clock, time.monotonic())."""
+        """Watch `run`, begun at `started_at` (on the clock's `monotonic()`)."""
         self._running[run] = started_at + self.limit_s
         if self._timer is None:
             self._arm(started_at + self.limit_s)
@@ -40,11 +42,11 @@ class Overruns(Generic[T]):
         self._running.pop(run, None)
 
     def _arm(self, at: float) -> None:
-        self._timer = asyncio.get_running_loop().call_at(at, self._fire)
+        self._timer = self._clock.call_at(at, self._fire)
 
     def _fire(self) -> None:
         self._timer = None
-        now = asyncio.get_running_loop().time()
+        now = self._clock.monotonic()
         due = []
         for run, at in self._running.items():
             if at > now:

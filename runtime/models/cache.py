@@ -36,7 +36,7 @@ from runtime.models.entry import Entry
 from runtime.models.estimate import Estimator
 from runtime.models.eviction import DensityPolicy, EvictionPolicy
 from runtime.models.lifecycle import State
-from runtime.models.loading import Loader, PhaseLimits, Runner
+from runtime.models.loading import Loader, PhaseLimits, WarmUp
 from runtime.registry import Registry
 from runtime.telemetry.health import Health
 from runtime.telemetry.metrics import Metrics
@@ -71,7 +71,7 @@ class ModelCache:
         registry: Registry,
         estimator: Estimator,
         metrics: Metrics,
-        runner: Runner,
+        warm_up: WarmUp,
         device: str = "",
         memory_budget: int = 0,
         retry_backoff_s: float = 1.0,
@@ -102,7 +102,7 @@ class ModelCache:
             metrics=metrics,
             budget=self.budget,
             policy=self.policy,
-            runner=runner,
+            warm_up=warm_up,
             entry_of=self.entry,
             requested_device=device,
             retry_backoff_s=retry_backoff_s,

@@ -35,7 +35,7 @@ import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from runtime.bundles.sources.source import BundleSource
 from runtime.bundles.stamps import Stamp
@@ -55,8 +55,21 @@ from runtime.wire.render import job_error
 log = logging.getLogger("thaw.cache")
 T = TypeVar("T")
 
-# Runs a handler function with its models; the dispatcher owns how (threads, torch modes).
-Runner = Callable[[HandlerSpec, dict[str, Any], list[Any], Context], Awaitable[Any]]
+
+
+class WarmUp(Protocol):
+    """Runs one warm-up example of a handler with its models, as a request of it runs.
+
+    Given to the cache by the composition root (runtime/instance.py); how a
+    handler runs (threads, torch modes, a batch of one) is the dispatch
+    layer's (`HandlerCalls.warm_up`), and what the handler raised arrives as
+    Thaw's error.
+    """
+
+    def __call__(
+        self, spec: HandlerSpec, example: dict[str, Any], models: list[Any], ctx: Context
+    ) -> Awaitable[Any]: ...
+
 
 # Phases whose stall leaves user code running in a thread that cannot be stopped.
 _USER_CODE_PHASES = frozenset({"init", "warmup"})
@@ -80,7 +93,7 @@ class Loader:
         metrics: Metrics,
         budget: MemoryBudget,
         policy: EvictionPolicy,
-        runner: Runner,
+        warm_up: WarmUp,
         entry_of: Callable[[str], Entry],
         requested_device: str,
         retry_backoff_s: float,
@@ -94,7 +107,7 @@ class Loader:
         self.metrics = metrics
         self.budget = budget
         self.policy = policy
-        self.runner = runner
+        self.warm_up = warm_up
         self.entry_of = entry_of
         self.requested_device = requested_device
         self.retry_backoff_s = retry_backoff_s
@@ -382,7 +395,7 @@ class Loader:
                 )
                 try:
                     await self._watch(
-                        entry, "warmup", self.runner(spec, dict(example), models, ctx)
+                        entry, "warmup", self.warm_up(spec, dict(example), models, ctx)
                     )
                 except LoadFailed:
                     raise

@@ -108,7 +108,8 @@ async def queue_behind(
 
 
 def member(queued_at: float, start_by: float = math.inf) -> Member:
-    return Member(None, None, [], None, queued_at, start_by)  # type: ignore[arg-type]
+    # Only the times matter to the rule: no work, event or models.
+    return Member(None, None, [], queued_at, start_by)  # type: ignore[arg-type]
 
 
 def test_due_rule() -> None:

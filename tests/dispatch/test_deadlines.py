@@ -1,7 +1,8 @@
 """One timer for every waiting request: each is woken at its own deadline, not before.
 
-On a loop whose clock moves only when it would sleep (tests/dispatch/virtual_clock.py):
-each wake-up is asserted at the exact loop time it is due, with no wall-clock bound.
+On a `ManualClock` (runtime/clock.py), which moves only when the test advances
+it: each wake-up is asserted at the exact clock time it is due, with no
+wall-clock bound.
 """
 
 from __future__ import annotations
@@ -10,86 +11,112 @@ import asyncio
 
 import pytest
 
+from runtime.clock import ManualClock
 from runtime.dispatch.deadlines import Deadlines
-from tests.dispatch.virtual_clock import run
+
+pytestmark = pytest.mark.anyio
 
 
-def at(seconds: float) -> object:
-    return pytest.approx(seconds, abs=1e-9)
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
 
 
-async def _woken_after(deadlines: Deadlines, in_s: float) -> float:
-    """Wait with nothing settling the future; loop seconds from now until woken."""
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    await deadlines.wait(loop.create_future(), started + in_s)
-    return loop.time() - started
-
-
-def test_a_waiter_nobody_settles_is_woken_at_its_deadline() -> None:
-    async def scenario() -> None:
-        deadlines = Deadlines()
-        assert await _woken_after(deadlines, 0.1) == at(0.1)
-        assert len(deadlines) == 0
-
-    run(scenario())
-
-
-def test_a_settled_waiter_returns_when_settled_and_leaves() -> None:
-    async def scenario() -> None:
-        deadlines = Deadlines()
-        loop = asyncio.get_running_loop()
-        settled: asyncio.Future[None] = loop.create_future()
-        loop.call_later(0.02, settled.set_result, None)
-        started = loop.time()
-        await deadlines.wait(settled, started + 5.0)
-        assert loop.time() - started == at(0.02)  # when it was settled, not at 5 s
-        assert len(deadlines) == 0
-
-    run(scenario())
-
-
-def test_an_earlier_deadline_arriving_later_is_not_missed() -> None:
-    # The timer is armed for the first waiter (2 s); the second (0.1 s) must re-arm it.
-    async def scenario() -> None:
-        deadlines = Deadlines()
-        slow = asyncio.ensure_future(_woken_after(deadlines, 2.0))
+async def turns(n: int = 3) -> None:
+    """Let the loop run what is ready (a woken waiter resumes in the next turn)."""
+    for _ in range(n):
         await asyncio.sleep(0)
-        assert await _woken_after(deadlines, 0.1) == at(0.1)
-        assert not slow.done()
-        slow.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await slow
-        assert len(deadlines) == 0, "a cancelled waiter leaves no entry behind"
-
-    run(scenario())
 
 
-def test_each_waiter_wakes_at_its_own_deadline_after_early_leavers() -> None:
+def nobody_settles() -> asyncio.Future[None]:
+    return asyncio.get_running_loop().create_future()
+
+
+async def test_a_waiter_nobody_settles_is_woken_at_its_deadline() -> None:
+    clock = ManualClock()
+    deadlines = Deadlines(clock)
+    waiter = asyncio.ensure_future(deadlines.wait(nobody_settles(), clock.monotonic() + 0.1))
+    await turns()
+    clock.advance(0.099)
+    await turns()
+    assert not waiter.done(), "woken before its deadline"
+    clock.advance(0.001)
+    await turns()
+    assert waiter.done()
+    assert len(deadlines) == 0
+
+
+async def test_a_settled_waiter_returns_when_settled_and_leaves() -> None:
+    clock = ManualClock()
+    deadlines = Deadlines(clock)
+    settled = nobody_settles()
+    waiter = asyncio.ensure_future(deadlines.wait(settled, clock.monotonic() + 5.0))
+    await turns()
+    clock.advance(0.02)
+    settled.set_result(None)
+    await turns()
+    assert waiter.done(), "when it was settled, not at 5 s"
+    assert len(deadlines) == 0
+
+
+async def test_an_earlier_deadline_arriving_later_is_not_missed() -> None:
+    # The timer is armed for the first waiter (2 s); the second (0.1 s) must re-arm it.
+    clock = ManualClock()
+    deadlines = Deadlines(clock)
+    slow = asyncio.ensure_future(deadlines.wait(nobody_settles(), clock.monotonic() + 2.0))
+    await turns()
+    fast = asyncio.ensure_future(deadlines.wait(nobody_settles(), clock.monotonic() + 0.1))
+    await turns()
+    clock.advance(0.1)
+    await turns()
+    assert fast.done() and not slow.done()
+    slow.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await slow
+    assert len(deadlines) == 0, "a cancelled waiter leaves no entry behind"
+
+
+async def test_each_waiter_wakes_at_its_own_deadline_after_early_leavers() -> None:
     # Early leavers do not move the timer: it fires for a waiter already gone,
     # and must re-arm itself for those still waiting.
-    async def scenario() -> None:
-        deadlines = Deadlines()
-        loop = asyncio.get_running_loop()
-        early: asyncio.Future[None] = loop.create_future()
-        gone = asyncio.ensure_future(deadlines.wait(early, loop.time() + 0.05))
-        waits = [asyncio.ensure_future(_woken_after(deadlines, s)) for s in (0.15, 0.25)]
-        await asyncio.sleep(0)
-        early.set_result(None)
-        await gone
-        # A timer that is not re-armed would leave these waiting forever.
-        first, second = await asyncio.wait_for(asyncio.gather(*waits), 2.0)
-        assert (first, second) == (at(0.15), at(0.25))
+    clock = ManualClock()
+    deadlines = Deadlines(clock)
+    now = clock.monotonic()
+    early = nobody_settles()
+    gone = asyncio.ensure_future(deadlines.wait(early, now + 0.05))
+    first = asyncio.ensure_future(deadlines.wait(nobody_settles(), now + 0.15))
+    second = asyncio.ensure_future(deadlines.wait(nobody_settles(), now + 0.25))
+    await turns()
+    early.set_result(None)
+    await gone
+    woken: list[tuple[float, bool, bool]] = []
+    for step in (0.05, 0.1, 0.1):
+        clock.advance(step)
+        await turns()
+        woken.append((round(clock.monotonic() - now, 9), first.done(), second.done()))
+    # A timer that is not re-armed would leave these waiting forever.
+    assert woken == [(0.05, False, False), (0.15, True, False), (0.25, True, True)]
 
-    run(scenario())
+
+async def test_a_deadline_already_past_wakes_without_waiting() -> None:
+    clock = ManualClock()
+    deadlines = Deadlines(clock)
+    waiter = asyncio.ensure_future(deadlines.wait(nobody_settles(), clock.monotonic() - 1.0))
+    await turns()
+    clock.advance(0.0)
+    await turns()
+    assert waiter.done(), "woken with no time passing"
 
 
-def test_a_deadline_already_past_wakes_without_waiting() -> None:
-    async def scenario() -> None:
-        deadlines = Deadlines()
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        await deadlines.wait(loop.create_future(), started - 1.0)
-        assert loop.time() == started
-
-    run(scenario())
+async def test_the_timer_is_armed_on_the_clock_it_was_given() -> None:
+    # Deadlines are on the instance's clock: its timer is that clock's, never the loop's.
+    clock = ManualClock()
+    deadlines = Deadlines(clock)
+    waiter = asyncio.ensure_future(deadlines.wait(nobody_settles(), clock.monotonic() + 30.0))
+    await turns()
+    assert clock.pending == 1
+    await asyncio.sleep(0.01)  # real time passes; the clock's does not
+    assert not waiter.done()
+    clock.advance(30.0)
+    await turns()
+    assert waiter.done() and clock.pending == 0

@@ -221,7 +221,7 @@ def make_cache(
         registry=registry,
         estimator=Estimator(state, default_bandwidth_bytes_s=1e9, default_init_s=0.1),
         metrics=Metrics(),
-        runner=runner,
+        warm_up=runner,
         device="cpu",
         memory_budget=budget,
         retry_backoff_s=0.0,

@@ -1,0 +1,260 @@
+"""One piece of work, from admission to settlement, and the books it is kept in.
+
+Every invocation (a request, a job recovered from the store) is one `Work`.
+Whatever runs it (a handler thread, the loop, a batch), its life is told
+through the work's own methods:
+
+    admitted      Work(...)       its outcome future; a queue slot, taken by the
+                                  dispatcher before the first await
+    queued        mark_queued()   queue (and load) times recorded
+    running       mark_running()  phase, and its run watched for THAW_RUN_TIMEOUT_S
+                  batch_started() the same for a member of a batch, with its wait
+    ran           ran()           run time: Server-Timing, estimator, stats
+                  batch_ran()
+    ended         succeed() / fail() / cancel(), or its outcome cancelled from
+                  outside (a drain, a job's lost lease, a streaming client gone)
+    settled       settle()        the one end of every piece of work
+
+`settle` is the only place that lets go of the work's models, wakes its
+waiting request, takes it out of flight, forgets its run watch, gives back
+its queue slot and counts an error. It runs at once where the work ends on
+the loop (so the waiting request resumes one turn after the work ends, not
+two), and as the outcome's done callback for an end that comes from outside;
+whichever comes first settles, the other finds it settled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Any
+
+from runtime.clock import Clock
+from runtime.context import Context
+from runtime.dispatch.calls import ThreadOutcome, user_error
+from runtime.dispatch.overruns import Overruns
+from runtime.dispatch.streams import Stream
+from runtime.errors import HandlerTimeout, ThawError
+from runtime.models.cache import Lease
+from runtime.models.estimate import Estimator
+from runtime.registry import HandlerSpec
+from runtime.telemetry.health import Health
+from runtime.telemetry.metrics import HandlerStats, Metrics
+
+
+class Books:
+    """What every piece of work of one dispatcher is counted in."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        estimator: Estimator,
+        metrics: Metrics,
+        health: Health,
+        run_timeout_s: float,
+    ) -> None:
+        self.now = clock.monotonic
+        self.estimator = estimator
+        self.metrics = metrics
+        self.health = health
+        self.run_timeout_s = run_timeout_s
+        # Queue slots taken, by handler (admitted and not settled).
+        self.pending: dict[str, int] = defaultdict(int)
+        # Outcomes of the work in flight (started and not settled).
+        self.in_flight: set[asyncio.Future[Any]] = set()
+        self.overruns: Overruns[Work] = Overruns(run_timeout_s, Work.overrun, clock)
+
+
+class Work:
+    """One invocation's work: its outcome, what it holds, and what it has been doing
+    (for Server-Timing and the job's phase).
+
+    A plain slotted class: one is made per request, and a dataclass with a
+    default factory costs several times as much to build.
+    """
+
+    __slots__ = (
+        "batch_size",
+        "books",
+        "ctx",
+        "ended",
+        "handler",
+        "leases",
+        "outcome",
+        "phase",
+        "run_started",
+        "running",
+        "settled",
+        "spec",
+        "stats",
+        "stream",
+        "task",
+        "timings_ms",
+    )
+
+    def __init__(
+        self,
+        books: Books,
+        spec: HandlerSpec,
+        ctx: Context,
+        stats: HandlerStats,
+        phase: str = "queued",
+        stream: Stream | None = None,
+    ) -> None:
+        """`spec` as it runs (a generator handler's bound to its `stream`)."""
+        self.books = books
+        self.spec = spec
+        self.handler = spec.name
+        self.ctx = ctx
+        self.stats = stats
+        self.phase = phase
+        # In phase order (queue, fetch, load, init, warmup, batch, run), as
+        # Server-Timing lists them.
+        self.timings_ms: dict[str, float] = {}
+        self.running = False
+        self.run_started = 0.0
+        # The models it holds, let go of when it settles.
+        self.leases: list[Lease] = []
+        # Its outcome: what its request waits for, its job records, its stream ends with.
+        self.outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        # Made by a request that waits for the work; set when the work settles.
+        self.settled: asyncio.Future[None] | None = None
+        # The task driving it, where it had to wait on the loop (a load, an async
+        # handler that suspends); cancelled if the work ends before it does.
+        self.task: asyncio.Task[None] | None = None
+        self.ended = False
+        # Requests in the batch it ran in (runtime/dispatch/batcher.py); None: unbatched.
+        self.batch_size: int | None = None
+        # A generator handler's items (runtime/dispatch/streams.py).
+        self.stream = stream
+
+    # ---- on its way ---------------------------------------------------------------
+
+    def mark_queued(self, started: float, load_ms: dict[str, float]) -> float:
+        """Record its queue and load times since `started`, up to now (returned)."""
+        now = self.books.now()
+        timings = self.timings_ms
+        queue_ms = max(0.0, (now - started) * 1000 - sum(load_ms.values()))
+        timings["queue"] = queue_ms
+        if load_ms:
+            timings.update(load_ms)
+        self.stats.observe_queue(queue_ms / 1000)
+        return now
+
+    def mark_running(self, started: float, load_ms: dict[str, float]) -> None:
+        """Its handler starts now: queue and load times recorded, its run watched."""
+        self.run_started = self.mark_queued(started, load_ms)
+        self.phase = "running"
+        self.running = True
+        self.books.overruns.watch(self, self.run_started)
+
+    def ran(self) -> None:
+        """Its own handler call returned: the run's time, for Server-Timing, the
+        estimate and the stats."""
+        books = self.books
+        run_s = books.now() - self.run_started
+        self.timings_ms["run"] = run_s * 1000
+        books.estimator.record_run(self.handler, run_s)
+        self.stats.observe_run(run_s)
+
+    def batch_started(self, started: float, queued_at: float, size: int, leader: bool) -> None:
+        """It runs from `started` in a batch of `size`, having queued from `queued_at`.
+        The `leader` (the batch's first member) records what is the batch's own."""
+        batches = self.books.metrics.batch(self.handler)
+        if leader:
+            batches.observe_size(size)
+        wait_s = max(0.0, started - queued_at)
+        batches.observe_wait(wait_s)
+        self.phase = "running"
+        self.running = True
+        self.batch_size = size
+        self.timings_ms["batch"] = wait_s * 1000
+        self.run_started = started
+        self.books.overruns.watch(self, started)
+
+    def batch_ran(self, run_s: float, leader: bool) -> None:
+        """Its batch's handler call returned after `run_s`: one run per batch for the
+        estimate (what a request waits for, recorded by the `leader`), one per
+        member in the stats."""
+        if leader:
+            self.books.estimator.record_run(self.handler, run_s)
+        self.timings_ms["run"] = run_s * 1000
+        self.stats.observe_run(run_s)
+
+    # ---- ending -------------------------------------------------------------------
+
+    def succeed(self, output: Any) -> None:
+        if not self.outcome.done():
+            self.outcome.set_result(output)
+        self.settle()
+
+    def fail(self, error: BaseException) -> None:
+        """It failed with `error`, Thaw's error already (see `calls.user_error`)."""
+        if not self.outcome.done():
+            self.outcome.set_exception(error)
+        self.settle()
+
+    def cancel(self) -> None:
+        """It never ran, or nobody waits for it any more."""
+        self.outcome.cancel()
+        self.settle()
+
+    def ran_in_thread(self, done: ThreadOutcome) -> None:
+        """A sync handler's thread returned (on the loop): the work ends with its outcome."""
+        if self.ended:  # cut off (a drain, a job's lost lease, its run limit): nobody waits
+            return
+        if done.cancelled():  # never ran: the handler threads were shut down
+            self.cancel()
+        elif (exc := done.exception()) is not None:
+            self.fail(user_error(self.spec, self.ctx, exc))
+        else:
+            self.ran()
+            self.succeed(done.result())
+
+    def overrun(self) -> None:
+        """Its handler ran past THAW_RUN_TIMEOUT_S: it fails with `handler-timeout`."""
+        if self.ended:
+            return
+        books = self.books
+        limit_s = books.run_timeout_s
+        if not self.spec.is_async:
+            # Its thread cannot be stopped, and keeps the model and memory it holds.
+            books.health.wedge(f"handler {self.handler!r} ran past THAW_RUN_TIMEOUT_S={limit_s:g}")
+        self.fail(
+            HandlerTimeout(
+                f"handler {self.handler!r} did not finish within {limit_s:g} s "
+                "(THAW_RUN_TIMEOUT_S)",
+                handler=self.handler,
+            )
+        )
+
+    def settle(self, _outcome: object = None) -> None:
+        """The one end of every piece of work, once its outcome is set (also its done
+        callback): its models let go of, its waiting request woken, out of flight,
+        its run watch forgotten, its queue slot given back, an error counted. A
+        task still driving it is cancelled (an async handler stops at its next
+        await); a handler thread cannot be, and keeps its own reference to the model."""
+        if self.ended:
+            return
+        self.ended = True
+        if self.leases:
+            leases, self.leases = self.leases, []
+            for lease in leases:
+                lease.release()
+        settled = self.settled
+        if settled is not None and not settled.done():
+            settled.set_result(None)
+        books = self.books
+        outcome = self.outcome
+        books.in_flight.discard(outcome)
+        books.overruns.forget(self)
+        books.pending[self.handler] -= 1
+        task = self.task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+        if not outcome.cancelled() and (exc := outcome.exception()) is not None:
+            # A request the handler refused (it raised a 4xx error, e.g. invalid-input)
+            # is the caller's fault, not the handler's.
+            client = isinstance(exc, ThawError) and exc.status < 500
+            self.stats.count("client_error" if client else "error")
