@@ -77,7 +77,9 @@ class Member:
 
     @property
     def ended(self) -> bool:
-        return self.work.ended
+        """Its outcome is set: it ended, or was cut off (its settlement may still be
+        a callback away)."""
+        return self.work.outcome.done()
 
 
 @dataclass(eq=False)
@@ -244,7 +246,7 @@ class Batcher:
             results = self._results(queue.spec, members, started, outcome)
             for member, result in zip(members, results, strict=True):
                 work = member.work
-                if work.ended:  # cut off while it ran
+                if member.ended:  # cut off while it ran
                     continue
                 if result is None:
                     work.cancel()

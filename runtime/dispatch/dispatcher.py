@@ -231,12 +231,12 @@ class Dispatcher:
     async def _settled_by(self, work: Work, answer_by: float) -> bool:
         """Wait until `answer_by` at the latest for the work to settle; True when it is done.
 
-        The work's settlement sets `work.settled` itself, so the waiting request
+        The work's settlement sets `work.waiter` itself, so the waiting request
         resumes in the next turn of the loop rather than two turns later
         (outcome set -> its callbacks -> a waiter's callbacks).
         """
-        work.settled = asyncio.get_running_loop().create_future()
-        await self.deadlines.wait(work.settled, answer_by)
+        work.waiter = asyncio.get_running_loop().create_future()
+        await self.deadlines.wait(work.waiter, answer_by)
         return work.outcome.done()
 
     async def _started_by(self, stream: Stream, answer_by: float) -> bool:
@@ -300,7 +300,7 @@ class Dispatcher:
                 work.task = eager.drive(run)
         if work.stream is not None:
             work.stream.attach(outcome)
-        if not work.ended:
+        if not work.settled:
             self.in_flight.add(outcome)
             # An end from outside (a drain, a job's lost lease, a streaming client
             # gone) cancels the outcome: the work settles then.
@@ -376,7 +376,7 @@ class Dispatcher:
             _release(leases)
             work.fail(exc)
             return
-        if work.ended:  # cut off while it waited: nobody runs it
+        if work.outcome.done():  # cut off while it waited: nobody runs it
             _release(leases)
             return
         work.leases = leases

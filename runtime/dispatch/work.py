@@ -78,7 +78,6 @@ class Work:
         "batch_size",
         "books",
         "ctx",
-        "ended",
         "handler",
         "leases",
         "outcome",
@@ -91,6 +90,7 @@ class Work:
         "stream",
         "task",
         "timings_ms",
+        "waiter",
     )
 
     def __init__(
@@ -119,11 +119,12 @@ class Work:
         # Its outcome: what its request waits for, its job records, its stream ends with.
         self.outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         # Made by a request that waits for the work; set when the work settles.
-        self.settled: asyncio.Future[None] | None = None
+        self.waiter: asyncio.Future[None] | None = None
         # The task driving it, where it had to wait on the loop (a load, an async
         # handler that suspends); cancelled if the work ends before it does.
         self.task: asyncio.Task[None] | None = None
-        self.ended = False
+        # Settled: nothing left to let go of or count (see `settle`).
+        self.settled = False
         # Requests in the batch it ran in (runtime/dispatch/batcher.py); None: unbatched.
         self.batch_size: int | None = None
         # A generator handler's items (runtime/dispatch/streams.py).
@@ -202,7 +203,7 @@ class Work:
 
     def ran_in_thread(self, done: ThreadOutcome) -> None:
         """A sync handler's thread returned (on the loop): the work ends with its outcome."""
-        if self.ended:  # cut off (a drain, a job's lost lease, its run limit): nobody waits
+        if self.outcome.done():  # cut off (a drain, a job's lost lease, its run limit)
             return
         if done.cancelled():  # never ran: the handler threads were shut down
             self.cancel()
@@ -214,7 +215,7 @@ class Work:
 
     def overrun(self) -> None:
         """Its handler ran past THAW_RUN_TIMEOUT_S: it fails with `handler-timeout`."""
-        if self.ended:
+        if self.outcome.done():
             return
         books = self.books
         limit_s = books.run_timeout_s
@@ -235,16 +236,16 @@ class Work:
         its run watch forgotten, its queue slot given back, an error counted. A
         task still driving it is cancelled (an async handler stops at its next
         await); a handler thread cannot be, and keeps its own reference to the model."""
-        if self.ended:
+        if self.settled:
             return
-        self.ended = True
+        self.settled = True
         if self.leases:
             leases, self.leases = self.leases, []
             for lease in leases:
                 lease.release()
-        settled = self.settled
-        if settled is not None and not settled.done():
-            settled.set_result(None)
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
         books = self.books
         outcome = self.outcome
         books.in_flight.discard(outcome)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from runtime.dispatch.dispatcher import Accepted, Completed
-from runtime.errors import HandlerTimeout, LoadFailed
+from runtime.errors import Draining, HandlerTimeout, LoadFailed
 from runtime.instance import Instance
 from runtime.jobs.job import JobStatus
 from runtime.models.lifecycle import State
@@ -179,6 +179,37 @@ async def test_an_async_batch_past_the_run_limit_is_cancelled_and_frees_its_slot
     )
     assert isinstance(quick, Completed) and quick.output == {"released": False}
     assert instance.health.ok and not instance.draining
+
+
+async def test_an_async_batch_whose_members_a_drain_cut_off_is_cancelled(
+    started: Any, release: Path
+) -> None:
+    """A cut-off from outside (the outcome cancelled, its member settled a callback
+    later) also frees the batch: the batch sees its member's outcome done at once."""
+    from tests.handlers import stuck
+
+    stuck.CANCELLED.clear()
+    instance: Instance = await started()
+    dispatcher = instance.dispatcher
+    request = asyncio.ensure_future(
+        dispatcher.invoke("ahang_batch", {"release": str(release)}, wait_s=60.0, request_id="cut")
+    )
+    for _ in range(1000):
+        if dispatcher.batcher.running("ahang_batch") == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert dispatcher.batcher.running("ahang_batch") == 1
+    dispatcher.abort_in_flight()
+    with pytest.raises(Draining):
+        await request
+    for _ in range(1000):  # the cancellation, then the batch's end, on the loop's next turns
+        if dispatcher.batcher.running("ahang_batch") == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert dispatcher.batcher.running("ahang_batch") == 0
+    assert stuck.CANCELLED == [1]
+    assert not release.exists()
+    assert not dispatcher.in_flight and dispatcher.pending["ahang_batch"] == 0
 
 
 def test_a_wedged_server_reports_unready_then_drains_and_exits(
