@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from runtime.dispatch.dispatcher import Accepted, Completed
-from runtime.errors import HandlerError
+from runtime.errors import Draining, HandlerError
 from runtime.instance import Instance
 from runtime.jobs.job import JobStatus
 from runtime.settings import Settings
@@ -71,3 +71,34 @@ async def test_a_handler_error_is_counted_and_leaves_nothing_pending(instance: I
     await asyncio.sleep(0)  # the task's done callback (bookkeeping) runs in the next turn
     assert outcomes["error"] == before + 1
     assert not dispatcher.in_flight and dispatcher.pending["raises"] == 0
+
+
+async def test_a_suspended_async_handler_cut_off_from_outside_is_cancelled_and_settled(
+    instance: Instance,
+) -> None:
+    # The end comes from outside (a drain's abort cancels the outcome): the work
+    # settles through its outcome's done callback, which cancels the task still
+    # driving it, so the handler stops at its await instead of running on.
+    dispatcher = instance.dispatcher
+    before = asyncio.all_tasks()
+    request = asyncio.ensure_future(
+        dispatcher.invoke("sleepy", {"s": 30.0}, wait_s=60.0, request_id="cut")
+    )
+    for _ in range(100):
+        await asyncio.sleep(0)
+        if dispatcher.in_flight:
+            break
+    [outcome] = dispatcher.in_flight
+    driving = asyncio.all_tasks() - before - {request}
+    assert len(driving) == 1, "the handler suspended: one task drives the rest"
+    dispatcher.abort_in_flight()
+    with pytest.raises(Draining, match="drained before this request finished"):
+        await request
+    assert outcome.cancelled()
+    assert not dispatcher.in_flight and dispatcher.pending["sleepy"] == 0
+    [task] = driving
+    for _ in range(3):  # the cancelled task ends on the loop's next turn
+        if task.done():
+            break
+        await asyncio.sleep(0)
+    assert task.cancelled(), "stopped at its await, not left sleeping for 30 s"
