@@ -307,7 +307,7 @@ async def run(address: str, concurrency: int = 1, environ: Mapping[str, str] | N
         client = httpx.AsyncClient(transport=transport, base_url="http://lambda", timeout=None)
         stack.push_async_callback(client.aclose)
         instance: Instance = app.state.instance
-        invoker = Invoker(client, settings, Streamer(address, app, instance.dispatcher))
+        invoker = Invoker(client, settings, Streamer(address, app, instance))
         log.info("ready: %d worker(s) on %s", concurrency, address)
         workers = asyncio.gather(
             *(_worker(api, invoker, instance, concurrency) for _ in range(concurrency))

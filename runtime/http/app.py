@@ -78,7 +78,7 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         inst = instance if instance is not None else Instance.create(settings)
         app.state.instance = inst
-        observed.requests = inst.metrics.requests
+        observed.requests = inst.request_stats
         await inst.start(background=not defer_background)
         try:
             yield

@@ -166,8 +166,8 @@ def serving_line(instance: Instance, url: str) -> str:
     the first load does): an unset one is said to come with the first load."""
     settings = instance.settings
     version = __version__
-    handlers = sorted(instance.registry.handlers)
-    bundles = sorted(instance.registry.bundle_names())
+    handlers = instance.handler_names()
+    bundles = instance.bundle_names()
     pinned = f" (prewarm {', '.join(settings.prewarm)})" if settings.prewarm else ""
     device = settings.device or "cuda if there is one, else cpu (resolved at the first load)"
     budget = (

@@ -18,18 +18,8 @@ async def healthz(request: Request) -> Response:
 
 async def readyz(request: Request) -> Response:
     """200 once the prewarm set is READY and the instance is healthy and not draining."""
-    instance = instance_of(request)
-    if instance.ready():
-        return JSONResponse({"status": "ready"})
-    waiting = [n for n in instance.settings.prewarm if not instance.cache.is_ready(n)]
-    if instance.draining:
-        status = "draining"
-    elif not instance.health.ok:
-        status = "unhealthy"
-    else:
-        status = "warming"
-    body = {"status": status, "waiting": waiting, "conditions": instance.health.describe()}
-    return JSONResponse(body, status_code=503)
+    body = instance_of(request).readiness()
+    return JSONResponse(body, status_code=200 if body["status"] == "ready" else 503)
 
 
 async def drain(request: Request) -> Response:
@@ -42,7 +32,7 @@ async def metrics(request: Request) -> Response:
     """Prometheus text format."""
     from prometheus_client import CONTENT_TYPE_LATEST
 
-    return Response(instance_of(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    return Response(instance_of(request).metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
 
 async def openapi_document(request: Request) -> Response:

@@ -23,13 +23,6 @@ from runtime.instance import Instance
 from runtime.wire.outputs import encode_output
 
 
-def _refused(instance: Instance, name: str, exc: ThawError) -> None:
-    """Count a request to a known handler that was refused before it was admitted."""
-    stats = instance.metrics.handlers.get(name)  # never a new label for an unknown name
-    if stats is not None:
-        stats.count("client_error" if exc.status < 500 else "error")
-
-
 async def invocation(request: Request, *, force_async: bool) -> Response | sse.EventStreamResponse:
     """The answer to an invocation of `{handler}`; `force_async`: a submit (always 202)."""
     state = request.app.state
@@ -48,11 +41,11 @@ async def invocation(request: Request, *, force_async: bool) -> Response | sse.E
                 NO_PREFERENCES if force_async else parse_prefer(request.headers.getlist("prefer"))
             )
         except ThawError as exc:
-            _refused(instance, name, exc)
+            instance.count_refused(name, exc.status)
             raise
         # `respond-async` alone: 202 at once. With `wait=S` too, the common reading of
         # RFC 7240 (§4.1, §4.3): answer within S seconds if the work can, else 202.
-        outcome = await instance.dispatcher.invoke(
+        outcome = await instance.invoke(
             name,
             event,
             wait_s=prefs.wait_s,

@@ -57,7 +57,7 @@ class DeprecatedSubmitRoute(Route):
             return match, child
         app = scope.get("app")
         instance = getattr(getattr(app, "state", None), "instance", None)
-        if instance is None or child["path_params"]["handler"] not in instance.registry.handlers:
+        if instance is None or not instance.serves(child["path_params"]["handler"]):
             return Match.NONE, {}
         return match, child
 
@@ -79,14 +79,9 @@ async def get_job(request: Request) -> Response | sse.EventStreamResponse:
     instance = instance_of(request)
     if sse.wants_events(request.headers.get("accept", "")):
         return await follow_job(request)
-    job = await instance.jobs.get(
+    body = await instance.job_view(
         request.path_params["job_id"], key_id=key_id_of(request), wait_s=_wait_param(request)
     )
-    body = job.public()
-    stream = instance.dispatcher.streams.get(job.id)
-    if stream is not None and not job.status.final:
-        # Held here: live, where the store has the last heartbeat's.
-        body["progress"] = stream.partial()
     return JSONResponse(body)
 
 
@@ -96,7 +91,7 @@ async def follow_job(request: Request) -> sse.EventStreamResponse:
     instance = instance_of(request)
     job_id = request.path_params["job_id"]
     key_id = key_id_of(request)
-    job = await instance.jobs.get(job_id, key_id=key_id)  # 404 before any 200
+    job = await instance.job(job_id, key_id=key_id)  # 404 before any 200
     heartbeat_s = instance.settings.sse_heartbeat_s
     path = request.url.path
     last = request.headers.get("last-event-id", "")
@@ -104,7 +99,7 @@ async def follow_job(request: Request) -> sse.EventStreamResponse:
 
     async def events() -> AsyncIterator[bytes]:
         current = job
-        stream = instance.dispatcher.streams.get(job_id)
+        stream = instance.job_stream(job_id)
         if stream is not None and not current.status.final:
             async for chunk in sse.stream_events(stream, start, heartbeat_s, path):
                 yield chunk
@@ -112,7 +107,7 @@ async def follow_job(request: Request) -> sse.EventStreamResponse:
         # Not streamed here (run by another instance, or finished): its end.
         while not current.status.final:
             yield sse.HEARTBEAT
-            current = await instance.jobs.get(job_id, key_id=key_id, wait_s=heartbeat_s)
+            current = await instance.job(job_id, key_id=key_id, wait_s=heartbeat_s)
         yield sse.job_final_event(current, path)
 
     return sse.EventStreamResponse(events())
@@ -120,7 +115,7 @@ async def follow_job(request: Request) -> sse.EventStreamResponse:
 
 async def cancel_job(request: Request) -> Response:
     """Cancel a job that has not finished."""
-    job = await instance_of(request).jobs.cancel(
+    job = await instance_of(request).cancel_job(
         request.path_params["job_id"], key_id=key_id_of(request)
     )
     return JSONResponse(job.public())
