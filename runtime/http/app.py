@@ -51,8 +51,8 @@ ROUTES = [
         "/jobs/{handler}", submit_job_deprecated, methods=["POST"], include_in_schema=False
     ),
     Route("/models", list_models, methods=["GET"]),
-    Route("/models/{name}/load", load_model, methods=["POST"]),
-    Route("/models/{name}", unload_model, methods=["DELETE"]),
+    Route("/models/{bundle}/load", load_model, methods=["POST"]),
+    Route("/models/{bundle}", unload_model, methods=["DELETE"]),
     Route("/healthz", healthz, methods=["GET"]),
     Route("/readyz", readyz, methods=["GET"]),
     Route("/drain", drain, methods=["POST"]),

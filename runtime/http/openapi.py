@@ -396,7 +396,7 @@ OPERATIONS: dict[str, dict[str, Any]] = {
                 links={
                     "UnloadModel": {
                         "operationId": "unload_model",
-                        "parameters": {"name": "$request.path.name"},
+                        "parameters": {"bundle": "$request.path.bundle"},
                         "description": "unload the bundle again",
                     }
                 },

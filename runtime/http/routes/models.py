@@ -16,10 +16,10 @@ async def list_models(request: Request) -> Response:
 
 async def load_model(request: Request) -> Response:
     """Prewarm a bundle in the background (202)."""
-    view = await instance_of(request).load_bundle(request.path_params["name"])
+    view = await instance_of(request).load_bundle(request.path_params["bundle"])
     return JSONResponse(view, status_code=202)
 
 
 async def unload_model(request: Request) -> Response:
     """Unload a bundle once its in-flight requests finish."""
-    return JSONResponse(await instance_of(request).unload_bundle(request.path_params["name"]))
+    return JSONResponse(await instance_of(request).unload_bundle(request.path_params["bundle"]))
