@@ -12,6 +12,7 @@ worker thread once it listens, so that /healthz does not wait for it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import socket
@@ -24,7 +25,10 @@ from typing import Any
 from runtime.bundles.sources import open_source
 from runtime.clock import SYSTEM
 from runtime.dispatch.calls import HandlerCalls
-from runtime.dispatch.dispatcher import Dispatcher
+from runtime.dispatch.dispatcher import Accepted, Completed, Dispatcher
+from runtime.dispatch.streams import Stream, Streaming
+from runtime.errors import Draining, ThawError, UnknownBundle
+from runtime.jobs.job import Job
 from runtime.jobs.manager import JobManager, JobRunner
 from runtime.jobs.store import DeferredStore
 from runtime.models.cache import ModelCache
@@ -35,7 +39,7 @@ from runtime.models.loading import PhaseLimits
 from runtime.registry import Registry, discover
 from runtime.settings import Settings
 from runtime.telemetry.health import Health
-from runtime.telemetry.metrics import Metrics
+from runtime.telemetry.metrics import Metrics, RequestStats
 
 log = logging.getLogger("thaw.instance")
 
@@ -257,3 +261,132 @@ class Instance:
             task.cancel()
         self.store.close()
         self.jobs.close()
+
+    # ---- what the entry points ask: HTTP routes, the Lambda loop, the CLI ----------
+    # They talk to these, never to the parts above (the dispatcher, the cache, the
+    # job manager, the metrics), so that the parts can change behind them.
+
+    def invoke(
+        self,
+        handler: str,
+        event: Any,
+        *,
+        wait_s: float | None = None,
+        respond_async: bool = False,
+        request_id: str,
+        key_id: str | None = None,
+        stream: bool = False,
+    ) -> Coroutine[Any, Any, Completed | Accepted | Streaming]:
+        """`handler` run on `event` under the deadline rule: its output, its stream, or
+        a job (runtime/dispatch/dispatcher.py). Not a coroutine function: it hands
+        back the dispatcher's own coroutine, so the warm path gains no frame."""
+        return self.dispatcher.invoke(
+            handler,
+            event,
+            wait_s=wait_s,
+            respond_async=respond_async,
+            request_id=request_id,
+            key_id=key_id,
+            stream=stream,
+        )
+
+    def count_refused(self, handler: str, status: int) -> None:
+        """Count a request to a known handler refused before it was admitted."""
+        stats = self.metrics.handlers.get(handler)  # never a new label for an unknown name
+        if stats is not None:
+            stats.count("client_error" if status < 500 else "error")
+
+    def serves(self, handler: str) -> bool:
+        """Whether `handler` names a registered handler."""
+        return handler in self.registry.handlers
+
+    def handler_names(self) -> list[str]:
+        return sorted(self.registry.handlers)
+
+    def bundle_names(self) -> list[str]:
+        return sorted(self.registry.bundle_names())
+
+    async def job(self, job_id: str, *, key_id: str | None, wait_s: float = 0.0) -> Job:
+        """The job as stored (NotFound for another key's); `wait_s` long-polls for its end."""
+        return await self.jobs.get(job_id, key_id=key_id, wait_s=wait_s)
+
+    async def job_view(
+        self, job_id: str, *, key_id: str | None, wait_s: float = 0.0
+    ) -> dict[str, Any]:
+        """The job's public object; a stream this instance runs shows its items so far."""
+        job = await self.jobs.get(job_id, key_id=key_id, wait_s=wait_s)
+        body = job.public()
+        stream = self.dispatcher.streams.get(job.id)
+        if stream is not None and not job.status.final:
+            # Held here: live, where the store has the last heartbeat's.
+            body["progress"] = stream.partial()
+        return body
+
+    def job_stream(self, job_id: str) -> Stream | None:
+        """The stream of a job this instance runs; None when it runs elsewhere or ended."""
+        return self.dispatcher.streams.get(job_id)
+
+    async def cancel_job(self, job_id: str, *, key_id: str | None) -> Job:
+        """Cancel a job that has not finished; the job as it is then."""
+        return await self.jobs.cancel(job_id, key_id=key_id)
+
+    async def models_view(self) -> dict[str, Any]:
+        """Every bundle (known to the registry or the cache) and the memory budget."""
+        cache = self.cache
+        names = set(self.registry.bundle_names()) | set(cache.entries)
+        views = []
+        for name in sorted(names):
+            entry = cache.entry(name)
+            if entry.manifest is None:
+                with contextlib.suppress(ThawError):
+                    await cache.manifest_of(name)
+            views.append(cache.describe(entry))
+        return {
+            "models": views,
+            "budget_bytes": cache.budget.limit,
+            "reserved_bytes": cache.reserved_bytes(),
+            "waiting_for_memory": cache.budget.waiting(),
+        }
+
+    def _bundle(self, name: str) -> str:
+        if self.registry.builder(name) is None:
+            raise UnknownBundle(f"no bundle named {name!r}")
+        return name
+
+    async def load_bundle(self, name: str) -> dict[str, Any]:
+        """Begin loading bundle `name` in the background; its view once the load began."""
+        self._bundle(name)
+        if self.draining:
+            raise Draining("this instance is draining")
+        self.spawn(self.prewarm(name))
+        await asyncio.sleep(0)
+        return self.cache.describe(self.cache.entry(name))
+
+    async def unload_bundle(self, name: str) -> dict[str, Any]:
+        """Unload bundle `name` once its in-flight requests finish; its view then."""
+        self._bundle(name)
+        await self.cache.unload(name)
+        return self.cache.describe(self.cache.entry(name))
+
+    def readiness(self) -> dict[str, Any]:
+        """`{"status": "ready"}` when `ready()`; else why not (draining, unhealthy or
+        warming), the prewarm bundles not READY yet and the health conditions."""
+        if self.ready():
+            return {"status": "ready"}
+        waiting = [n for n in self.settings.prewarm if not self.cache.is_ready(n)]
+        if self.draining:
+            status = "draining"
+        elif not self.health.ok:
+            status = "unhealthy"
+        else:
+            status = "warming"
+        return {"status": status, "waiting": waiting, "conditions": self.health.describe()}
+
+    def metrics_text(self) -> bytes:
+        """Every metric in the Prometheus text format."""
+        return self.metrics.render()
+
+    @property
+    def request_stats(self) -> RequestStats:
+        """Where the HTTP edge records each request's duration."""
+        return self.metrics.requests

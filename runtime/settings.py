@@ -152,7 +152,7 @@ class Settings:
         if self.body_timeout_s <= 0:
             raise ConfigError("THAW_BODY_TIMEOUT_S must be > 0")
         # Bodies still arriving may not take the cap's last min(64 KiB, cap/4)
-        # (runtime/http/app.py): a largest body must still fit beside that.
+        # (runtime/http/intake.py): a largest body must still fit beside that.
         if self.max_buffered_bytes < self.max_body_bytes + min(
             64 * 1024, self.max_buffered_bytes // 4
         ):

@@ -26,7 +26,7 @@ an event stream reaches the caller event by event.
 
 A Lambda error is made by runtime/wire/render.py's `lambda_error` from the error
 object itself: the app hands every error it answers, with its traceback, to
-`ERROR_SINK` (runtime/http/app.py) while the loop holds one, and the loop
+`ERROR_SINK` (runtime/http/problems.py) while the loop holds one, and the loop
 raises it again; nothing is parsed back out of a problem+json body. errorType
 is the problem slug, except for an exception raised by a handler's own code:
 its class (`ValueError`), with its user frames as stackTrace, as AWS's Python
@@ -66,7 +66,7 @@ from runtime.aws.lambda_api import RuntimeAPI
 from runtime.aws.streaming import Streamer
 from runtime.context import CLIENT_CONTEXT
 from runtime.errors import InvalidEvent, ThawError
-from runtime.http.app import ERROR_SINK, ErrorSink
+from runtime.http.problems import ERROR_SINK, ErrorSink
 from runtime.settings import Settings
 from runtime.telemetry.logs import configure_logging
 from runtime.wire.render import LambdaError, lambda_error
@@ -307,7 +307,7 @@ async def run(address: str, concurrency: int = 1, environ: Mapping[str, str] | N
         client = httpx.AsyncClient(transport=transport, base_url="http://lambda", timeout=None)
         stack.push_async_callback(client.aclose)
         instance: Instance = app.state.instance
-        invoker = Invoker(client, settings, Streamer(address, app, instance.dispatcher))
+        invoker = Invoker(client, settings, Streamer(address, app, instance))
         log.info("ready: %d worker(s) on %s", concurrency, address)
         workers = asyncio.gather(
             *(_worker(api, invoker, instance, concurrency) for _ in range(concurrency))

@@ -49,7 +49,7 @@ from runtime.wire.outputs import JSON_OPTIONS, encode_output
 from runtime.wire.render import LambdaError, lambda_error
 
 if TYPE_CHECKING:
-    from runtime.dispatch.dispatcher import Dispatcher
+    from runtime.instance import Instance
 
 log = logging.getLogger("thaw.lambda")
 
@@ -134,10 +134,10 @@ def prelude(status: int, raw_headers: list[tuple[bytes, bytes]]) -> bytes:
 class Streamer:
     """Answers invocations by streaming them to the Runtime API at `address`."""
 
-    def __init__(self, address: str, app: ASGIApp, dispatcher: Dispatcher) -> None:
+    def __init__(self, address: str, app: ASGIApp, instance: Instance) -> None:
         self.address = address
         self.app = app
-        self.dispatcher = dispatcher
+        self.instance = instance
 
     async def http(self, request: HttpRequest, request_id: str) -> int:
         """Run `request` through the app, streaming its answer as a Function URL would;
@@ -192,7 +192,7 @@ class Streamer:
         """A direct event with `"stream": true`: its items as JSON lines, then its output.
         Returns the payload to post when it was not streamed (a 202's job object)."""
         name = event["handler"]
-        outcome = await self.dispatcher.invoke(
+        outcome = await self.instance.invoke(
             name, event.get("input", {}), wait_s=wait_s, request_id=request_id, stream=True
         )
         if not isinstance(outcome, Streaming):

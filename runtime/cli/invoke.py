@@ -35,7 +35,7 @@ async def _invoke(settings: Settings, handler: str, event: Any, stream: bool) ->
     instance = Instance.create(settings)
     await instance.start()
     try:
-        outcome = await instance.dispatcher.invoke(
+        outcome = await instance.invoke(
             handler, event, wait_s=float("inf"), request_id=uuid.uuid4().hex, stream=stream
         )
         if isinstance(outcome, Streaming):

@@ -29,19 +29,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.errors import ConfigError, ThawError, Unauthorized
 from runtime.settings import Settings
 
-# Where the middleware leaves the caller's key id; `runtime.http.app.key_id_of` reads it.
+# Where the middleware leaves the caller's key id; `key_id_of` reads it.
 KEY_ID_SCOPE = "thaw.key_id"
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 KEY_ID_HEX = 16
 _HASH_LINE = re.compile(r"^sha256:([0-9a-fA-F]{64})(?:\s+(\S.*))?$")
 
-# Renders a ThawError as an HTTP response (runtime.http.app.problem_response): the
+# Renders a ThawError as an HTTP response (runtime.http.problems.problem_response): the
 # middleware runs outside Starlette's exception handlers, and errors must keep
 # one rendering path.
 Render = Callable[[ThawError, str | None], Response]
@@ -117,6 +118,11 @@ class KeyRing:
             if hmac.compare_digest(digest, known):
                 found = known
         return key_id(found) if found is not None else None
+
+
+def key_id_of(request: Request) -> str | None:
+    """The caller's API key id (set by `AuthMiddleware`), None when auth is off."""
+    return request.scope.get(KEY_ID_SCOPE)
 
 
 def bearer_token(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:

@@ -7,7 +7,7 @@ since silently ignoring a deadline would break the caller's timeout. So is a
 header line past MAX_HEADER_CHARS. That is the whole of what is refused, and
 what the OpenAPI document says (runtime/http/openapi.py).
 
-What `POST /invoke/{handler}` makes of them (runtime.http.app), the common
+What `POST /invoke/{handler}` makes of them (runtime.http.routes.invoke), the common
 reading of RFC 7240 §4.1 and §4.3:
 
     wait=S                  answer within S seconds: 200 if the work can finish

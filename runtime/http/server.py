@@ -51,7 +51,7 @@ class _H11Protocol(H11Protocol):
     the rest of the body to be read and discarded, and each byte of it would
     put off uvicorn's keep-alive timeout again: a client trickling it holds the
     connection forever. It must end within THAW_BODY_TIMEOUT_S, as a body the
-    app reads must (runtime.http.app.Intake), or the connection is closed.
+    app reads must (runtime.http.intake.Intake), or the connection is closed.
     """
 
     # THAW_BODY_TIMEOUT_S; `serve` sets it on a subclass of its own.
@@ -148,7 +148,7 @@ class _Server(uvicorn.Server):
         # Cut off what still runs, now, while its connections are open: handler
         # work (after a drain, none is left), then every request still running (a
         # body still arriving, a long-poll). Each caller gets 503 `drained`
-        # (runtime.http.app.Edge), where uvicorn would cancel them a second later
+        # (runtime.http.edge.Edge), where uvicorn would cancel them a second later
         # with an error logged and a text/plain 500 each.
         self._on_stop()
         for task in list(self.server_state.tasks):
@@ -166,8 +166,8 @@ def serving_line(instance: Instance, url: str) -> str:
     the first load does): an unset one is said to come with the first load."""
     settings = instance.settings
     version = __version__
-    handlers = sorted(instance.registry.handlers)
-    bundles = sorted(instance.registry.bundle_names())
+    handlers = instance.handler_names()
+    bundles = instance.bundle_names()
     pinned = f" (prewarm {', '.join(settings.prewarm)})" if settings.prewarm else ""
     device = settings.device or "cuda if there is one, else cpu (resolved at the first load)"
     budget = (

@@ -6,7 +6,7 @@ arguments are formatted by us, so the only way a payload reaches a log line is
 a deliberate `%s` of it, which the runtime never does.
 
 `request_id` is also taken from `REQUEST_ID`, a context variable the app sets
-for each request (runtime.http.app.Edge) and the job manager for each job it
+for each request (runtime.http.edge.Edge) and the job manager for each job it
 runs: every line logged while a request or its job is served names it, the
 runtime's own lines and a handler's alike (handler threads and tasks run in a
 copy of the request's context). One `extra=` of its own wins.

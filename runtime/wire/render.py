@@ -1,6 +1,6 @@
 """One error, every surface: the only place a `ThawError` becomes what a caller reads.
 
-    problem(exc, request_path)  RFC 9457 problem details, the HTTP body    (runtime/http/app.py)
+    problem(exc, request_path)  RFC 9457 problem details, the HTTP body (runtime/http/problems.py)
     http_headers(exc)           the headers that go with it: Retry-After,
                                 WWW-Authenticate, Allow
     job_error(exc)              a job record's `error`: type, message[, retryable]  (runtime/jobs)

@@ -1,0 +1,200 @@
+"""The app's outer edge (`Edge`): every request's id, its header bound, its
+access-log line and duration, and an answer for a request the server's
+shutdown cut off.
+
+Every request passes `Edge` first: it gives the request its id (answered as
+X-Request-Id, and the log context of every line logged while it is served),
+adds `Vary: Prefer` where the answer depends on Prefer, and once it is
+answered writes its access-log line and its request-duration histogram.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import re
+import secrets
+import time
+from collections.abc import Awaitable
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from runtime.errors import BadRequest, Draining
+from runtime.http.problems import problem_response, render_error
+from runtime.telemetry.logs import REQUEST_ID
+from runtime.telemetry.metrics import UNMATCHED, RequestStats
+
+# One line per request, at info: method, route template, status, duration, request id.
+access_log = logging.getLogger("thaw.access")
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# Matches uvicorn's h11_max_incomplete_event_size in server.py.
+MAX_HEADER_BYTES = 64 * 1024
+
+
+def _stopping(scope: Scope) -> bool:
+    """True once the server stops (runtime.http.server sets `app.state.stopping`)."""
+    app = scope.get("app")
+    return bool(getattr(getattr(app, "state", None), "stopping", False))
+
+
+# Routes whose answer depends on the Prefer header (RFC 7240 §2: `Vary: Prefer`).
+_VARY_PREFER = frozenset({"/invoke/{handler}"})
+_VARY_PREFER_HEADER = (b"vary", b"Prefer")
+
+
+class Observed:
+    """Where `Edge` records request durations: the instance's metrics, once it started."""
+
+    __slots__ = ("requests",)
+
+    def __init__(self) -> None:
+        self.requests: RequestStats | None = None
+
+
+class Edge:
+    """The app's outer edge: pure ASGI, and one frame for each request's bookkeeping.
+
+    Gives each request its id: the caller's X-Request-Id when it matches
+    `_REQUEST_ID`, else a new one. The id is `scope["thaw.request_id"]`, the
+    log context (runtime.telemetry.logs.REQUEST_ID) of every line logged while the
+    request is served, and the X-Request-Id of its answer, whatever gives it:
+    a route, a problem, a 404 no route matched, a 401 from the auth layer, a
+    500 for a bug (`render_error` is called here for an exception no handler
+    answered, which Starlette's outermost middleware would otherwise answer
+    past this edge). Answers of routes that read Prefer carry `Vary: Prefer`.
+    Once answered, a request adds to the request-duration histogram and writes
+    one access-log line (`thaw.access`, info): method, route template (never
+    the path's own values, a query or a body), status, duration, request id.
+
+    Refuses a request whose header block exceeds MAX_HEADER_BYTES: uvicorn's
+    h11 limit (server.py) bounds only a header block still arriving in pieces;
+    one that arrives whole in a single read is parsed however large. This
+    bounds both, with a problem+json answer naming the limit. The same pass
+    over the headers picks out X-Request-Id.
+
+    Answers a request cut off by the server's shutdown (runtime.http.server
+    cancels what still runs when it stops: a long-poll, a body still arriving)
+    with 503 `drained`, where the cancellation would otherwise reach uvicorn,
+    which answers a text/plain 500 and logs a traceback. Only then: any other
+    cancellation (the Lambda loop stopping its workers) goes on as it came.
+    """
+
+    def __init__(self, app: ASGIApp, observed: Observed) -> None:
+        self.app = app
+        self.observed = observed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        size = 0
+        given: bytes | None = None
+        for name, value in scope["headers"]:
+            size += len(name) + len(value) + 4
+            if name == b"x-request-id" and given is None:
+                given = value
+        # Inline for the common case (no id given): this runs for every request.
+        request_id = (
+            f"{_ID_PREFIX}-{next(_ID_COUNTER):x}" if given is None else new_request_id(given)
+        )
+        scope["thaw.request_id"] = request_id
+        id_header = (b"x-request-id", request_id.encode())
+        status = 0
+
+        # Not a coroutine function: it hands back the server's own awaitable, so a
+        # message costs no coroutine of its own.
+        def answer(message: Message) -> Awaitable[None]:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                # A copy: a response object's own header list is left as it was.
+                headers = [*message.get("headers", ()), id_header]
+                route = scope.get("route")
+                if route is not None and route.path in _VARY_PREFER:
+                    headers.append(_VARY_PREFER_HEADER)
+                message["headers"] = headers
+            return send(message)
+
+        token = REQUEST_ID.set(request_id)
+        try:
+            if size > MAX_HEADER_BYTES:
+                exc = BadRequest(
+                    f"request headers of {size} bytes exceed the {MAX_HEADER_BYTES}-byte limit",
+                    limit_bytes=MAX_HEADER_BYTES,
+                )
+                await problem_response(exc, scope["path"])(scope, receive, answer)
+                return
+            try:
+                await self.app(scope, receive, answer)
+            except asyncio.CancelledError:
+                if not _stopping(scope):
+                    raise
+                cut_off = Draining(
+                    "the server shut down before this request finished; send it again"
+                )
+                # RuntimeError: the response had started already, and the connection
+                # closes with it half sent, which is all there is left to do.
+                with contextlib.suppress(RuntimeError):
+                    await problem_response(cut_off, scope["path"])(scope, receive, answer)
+            except Exception as exc:
+                if status:
+                    raise  # half answered: the server closes the connection
+                # render_error logs it; the answer is the 500 problem, with its id.
+                response = await render_error(Request(scope, receive), exc)
+                await response(scope, receive, answer)
+        finally:
+            # Answered (or cut off): the request's duration and its access-log line.
+            took_s = time.monotonic() - started
+            route = scope.get("route")
+            template = route.path if route is not None else UNMATCHED
+            method: str = scope["method"]
+            requests = self.observed.requests
+            if requests is not None and status:
+                requests.observe(method, template, status, took_s)
+            if access_log.isEnabledFor(logging.INFO):
+                _access_line(method, template, status, took_s)
+            REQUEST_ID.reset(token)
+
+
+def _access_line(method: str, template: str, status: int, took_s: float) -> None:
+    """One request's access-log line (status 0: it ended with no answer, cut off)."""
+    took_ms = round(took_s * 1000, 3)
+    access_log.info(
+        "%s %s %d %.1f ms",
+        method[:16],
+        template,
+        status,
+        took_ms,
+        extra={
+            "method": method[:16],
+            "route": template,
+            "status_code": status,
+            "duration_ms": took_ms,
+        },
+    )
+
+
+# A random prefix per process and a counter: unique ids without drawing random
+# bytes on every request (request ids label logs; they are not secrets).
+_ID_PREFIX = secrets.token_hex(6)
+_ID_COUNTER = itertools.count(1)
+
+
+def new_request_id(given: bytes | None) -> str:
+    """The caller's X-Request-Id when it is a valid one, else a new id."""
+    if given is not None:
+        text = given.decode("latin-1")
+        if _REQUEST_ID.fullmatch(text):
+            return text
+    return f"{_ID_PREFIX}-{next(_ID_COUNTER):x}"
+
+
+def request_id_of(request: Request) -> str:
+    """The request's id (given by `Edge`)."""
+    request_id: str = request.scope["thaw.request_id"]
+    return request_id

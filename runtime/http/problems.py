@@ -1,0 +1,121 @@
+"""The one place an exception becomes an HTTP answer: application/problem+json.
+
+`render_error` is every route's exception handler (and `Edge`'s, for what no
+handler answered); `problem_response` renders a ThawError the runtime raised
+(the auth layer and `Edge` call it directly, outside Starlette's handlers).
+The body itself is runtime/wire/render.py's `problem`, shared with every
+other surface.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextvars import ContextVar
+from http import HTTPStatus
+from types import TracebackType
+
+import orjson
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Match, Route
+
+from runtime.errors import (
+    BadRequest,
+    MethodNotAllowed,
+    NotFound,
+    Overloaded,
+    RequestTimeout,
+    ThawError,
+)
+from runtime.wire.render import http_headers, problem
+
+log = logging.getLogger("thaw.app")
+
+PROBLEM = "application/problem+json"
+
+# Errors answered before the request body was read to its end.
+_CLOSES_CONNECTION = (RequestTimeout, Overloaded)
+
+
+def problem_response(exc: ThawError, request_path: str | None = None) -> Response:
+    """`exc` as application/problem+json (runtime/wire/render.py), `request_path` its `instance`."""
+    headers = http_headers(exc)
+    if isinstance(exc, _CLOSES_CONNECTION):
+        # The rest of the body is never read: the connection cannot carry another request.
+        headers["Connection"] = "close"
+    return Response(
+        orjson.dumps(problem(exc, request_path), default=str),
+        status_code=exc.status,
+        headers=headers,
+        media_type=PROBLEM,
+    )
+
+
+class _StatusOnly(ThawError):
+    """A Starlette HTTPException of a status the tree has no class for."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status  # type: ignore[misc]
+        self.title = HTTPStatus(status).phrase  # type: ignore[misc]
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this path (several routes may share one)."""
+    methods: set[str] = set()
+    for route in request.app.routes:
+        if isinstance(route, Route) and route.matches(request.scope)[0] is not Match.NONE:
+            methods |= route.methods or set()
+    return sorted(methods)
+
+
+# Set by an in-process caller that renders errors for a surface of its own (the
+# Lambda loop, runtime/aws/lambda_loop.py): `render_error` appends each error
+# it answers to the list, the exception itself and its traceback (Starlette
+# clears `__traceback__` once the answer is sent), so that its cause and
+# frames reach the caller and nothing is parsed back out of a problem+json
+# body. A list in a ContextVar: the app runs in the caller's task, and a task
+# it might start would see the same list.
+ErrorSink = list[tuple[BaseException, TracebackType | None]]
+ERROR_SINK: ContextVar[ErrorSink | None] = ContextVar("thaw_error_sink", default=None)
+
+
+def _as_thaw_error(request: Request, exc: Exception) -> ThawError:
+    """`exc` as the ThawError its answer renders; an unexpected one is logged."""
+    if isinstance(exc, ThawError):
+        return exc
+    if isinstance(exc, HTTPException):
+        # Starlette's own routing errors (404 no route, 405 wrong method).
+        if exc.status_code == 404:
+            return NotFound(f"no route for {request.method} {request.url.path}")
+        if exc.status_code == 405:
+            allow = _allowed_methods(request)
+            return MethodNotAllowed(
+                f"{request.method} is not allowed on {request.url.path}; "
+                f"allowed: {', '.join(allow)}",
+                allow=allow,
+            )
+        return _StatusOnly(exc.status_code, exc.detail or "error")
+    if isinstance(exc, ClientDisconnect):
+        # The client's own doing, not a fault here: no traceback, and nobody to answer.
+        log.info(
+            "client disconnected before its request body arrived: %s %s",
+            request.method,
+            request.url.path,
+        )
+        return BadRequest("client disconnected")
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return ThawError("internal error; see the server log")
+
+
+async def render_error(request: Request, exc: Exception) -> Response:
+    """The one place errors become HTTP responses."""
+    error = _as_thaw_error(request, exc)
+    sink = ERROR_SINK.get()
+    if sink is not None:
+        # A fault of the runtime (rendered as the bare root class) goes as raised:
+        # the sink's surface names it.
+        raised = exc if type(error) is ThawError else error
+        sink.append((raised, raised.__traceback__))
+    return problem_response(error, request.url.path)

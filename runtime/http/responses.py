@@ -1,0 +1,50 @@
+"""The JSON answers routes give: a body (`JSONResponse`), a job (`job_response`),
+and the Server-Timing value of an invocation (`server_timing`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from runtime.jobs.job import Job
+
+_JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
+
+
+class JSONResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content, option=_JSON_OPTS)
+
+
+def server_timing(timings_ms: dict[str, float], batch_size: int | None = None) -> str:
+    """The Server-Timing value; the dispatcher fills `timings_ms` in phase order.
+    A batched request's `batch` (its wait for the batch) says the batch's size."""
+    return ", ".join(
+        [
+            f'{name};dur={ms:.3f};desc="n={batch_size}"'
+            if name == "batch" and batch_size is not None
+            else f"{name};dur={ms:.3f}"
+            for name, ms in timings_ms.items()
+        ]
+    )
+
+
+def job_response(
+    job: Job,
+    status: int = 200,
+    retry_after_s: float | None = None,
+    *,
+    applied: str | None = None,
+) -> Response:
+    headers = {"Location": f"/jobs/{job.id}"}
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
+    if applied is not None:
+        # RFC 7240: only preferences the client sent and the server honoured.
+        headers["Preference-Applied"] = applied
+    return JSONResponse(job.public(), status_code=status, headers=headers)

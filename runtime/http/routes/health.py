@@ -1,0 +1,47 @@
+"""The instance itself: liveness and readiness probes, drain, metrics, and the
+OpenAPI document of the routes the app serves."""
+
+from __future__ import annotations
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from runtime.http.responses import JSONResponse
+from runtime.http.routes import instance_of
+
+
+async def healthz(request: Request) -> Response:
+    """200 as soon as the process serves."""
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    """200 once the prewarm set is READY and the instance is healthy and not draining."""
+    body = instance_of(request).readiness()
+    return JSONResponse(body, status_code=200 if body["status"] == "ready" else 503)
+
+
+async def drain(request: Request) -> Response:
+    """Readiness off, in-flight work finishes, the rest is aborted, then the process exits."""
+    instance_of(request).begin_drain("POST /drain")
+    return JSONResponse({"status": "draining"}, status_code=202)
+
+
+async def metrics(request: Request) -> Response:
+    """Prometheus text format."""
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    return Response(instance_of(request).metrics_text(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def openapi_document(request: Request) -> Response:
+    """The OpenAPI 3.1 description of this HTTP contract."""
+    document: bytes | None = getattr(request.app.state, "openapi", None)
+    if document is None:
+        from runtime.http.openapi import build_openapi
+
+        auth = getattr(request.app.state, "auth", False)
+        document = orjson.dumps(build_openapi(request.app.routes, auth=auth))
+        request.app.state.openapi = document
+    return Response(document, media_type="application/json")

@@ -1,0 +1,79 @@
+"""`POST /invoke/{handler}`: the deadline rule over HTTP (and the body of a submit).
+
+What the route makes of `Prefer` is runtime/http/prefer.py's docstring; the
+answer is the handler's output (200), its event stream (`Accept:
+text/event-stream`), or a job (202).
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from runtime.dispatch.dispatcher import Accepted, Completed
+from runtime.dispatch.streams import Streaming
+from runtime.errors import ThawError
+from runtime.http import sse
+from runtime.http.auth import key_id_of
+from runtime.http.edge import request_id_of
+from runtime.http.intake import Intake, parse_json
+from runtime.http.prefer import NO_PREFERENCES, parse_prefer
+from runtime.http.responses import job_response, server_timing
+from runtime.instance import Instance
+from runtime.wire.outputs import encode_output
+
+
+async def invocation(request: Request, *, force_async: bool) -> Response | sse.EventStreamResponse:
+    """The answer to an invocation of `{handler}`; `force_async`: a submit (always 202)."""
+    state = request.app.state
+    instance: Instance = state.instance
+    intake: Intake = state.intake
+    settings = instance.settings
+    name = request.path_params["handler"]
+    size = 0
+    try:  # the body's bytes count against THAW_MAX_BUFFERED_BYTES until the answer
+        try:
+            raw = await intake.read(request, settings.max_body_bytes)
+            size = len(raw)
+            event = parse_json(raw, settings.max_json_depth)
+            # The submit route always answers 202 and reads no preference.
+            prefs = (
+                NO_PREFERENCES if force_async else parse_prefer(request.headers.getlist("prefer"))
+            )
+        except ThawError as exc:
+            instance.count_refused(name, exc.status)
+            raise
+        # `respond-async` alone: 202 at once. With `wait=S` too, the common reading of
+        # RFC 7240 (§4.1, §4.3): answer within S seconds if the work can, else 202.
+        outcome = await instance.invoke(
+            name,
+            event,
+            wait_s=prefs.wait_s,
+            respond_async=force_async or (prefs.respond_async and prefs.wait_s is None),
+            request_id=request_id_of(request),
+            key_id=key_id_of(request),
+            stream=not force_async and sse.wants_events(request.headers.get("accept", "")),
+        )
+        if isinstance(outcome, Streaming):
+            timing = {"Server-Timing": server_timing(outcome.timings_ms)}
+            return await sse.invocation_response(
+                outcome.stream, settings.sse_heartbeat_s, request.url.path, timing
+            )
+        if isinstance(outcome, Accepted):
+            applied = "respond-async" if prefs.respond_async else None
+            return job_response(outcome.job, 202, outcome.retry_after_s, applied=applied)
+        assert isinstance(outcome, Completed)
+        body = encode_output(name, outcome.output)
+        return Response(
+            body,
+            media_type="application/json",
+            headers={"Server-Timing": server_timing(outcome.timings_ms, outcome.batch_size)},
+        )
+    finally:
+        intake.release(size)
+
+
+async def invoke(request: Request) -> Response | sse.EventStreamResponse:
+    """Invoke a handler; 200 with its output (or its event stream with
+    `Accept: text/event-stream`), or 202 with a job past the deadline."""
+    return await invocation(request, force_async=False)

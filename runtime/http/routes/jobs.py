@@ -1,0 +1,121 @@
+"""Jobs: submitting one (`POST /handlers/{handler}/jobs`, and the deprecated
+`POST /jobs/{handler}`), reading one (`?wait=S` long-polls; `Accept:
+text/event-stream` follows it), and cancelling one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from urllib.parse import quote
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Match, Route
+from starlette.types import Scope
+
+from runtime.errors import BadRequest
+from runtime.http import sse
+from runtime.http.auth import key_id_of
+from runtime.http.responses import JSONResponse
+from runtime.http.routes import instance_of
+from runtime.http.routes.invoke import invocation
+
+
+async def submit_job(request: Request) -> Response | sse.EventStreamResponse:
+    """Submit a job: invoke a handler asynchronously; always 202 with the job."""
+    return await invocation(request, force_async=True)
+
+
+# RFC 9745: the date `POST /jobs/{handler}` was deprecated (2026-12-01), as @epoch-seconds.
+_DEPRECATED = "@1796083200"
+
+
+async def submit_job_deprecated(request: Request) -> Response:
+    """`POST /jobs/{handler}`: the submit route before `POST /handlers/{handler}/jobs`."""
+    response = await invocation(request, force_async=True)
+    assert isinstance(response, Response)  # a submit never streams
+    successor = f"/handlers/{quote(request.path_params['handler'], safe='')}/jobs"
+    response.headers["Deprecation"] = _DEPRECATED
+    response.headers["Link"] = f'<{successor}>; rel="successor-version"'
+    return response
+
+
+class DeprecatedSubmitRoute(Route):
+    """The route of `submit_job_deprecated`: only where `{handler}` names a handler.
+
+    `POST /jobs/{handler}` and `GET|DELETE /jobs/{job_id}` differ only in the
+    name of their template's variable, which OpenAPI 3.1 forbids: the alias is
+    left out of the document, and matches only a registered handler's name (a
+    job id, 22 random characters, is none). Any other `POST /jobs/{x}` is 405
+    with `Allow: DELETE, GET, HEAD`, as the document says.
+    """
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        match, child = super().matches(scope)
+        if match is Match.NONE:
+            return match, child
+        app = scope.get("app")
+        instance = getattr(getattr(app, "state", None), "instance", None)
+        if instance is None or not instance.serves(child["path_params"]["handler"]):
+            return Match.NONE, {}
+        return match, child
+
+
+def _wait_param(request: Request) -> float:
+    raw = request.query_params.get("wait", "0")
+    try:
+        wait_s = float(raw)
+    except ValueError:
+        raise BadRequest(f"wait={raw!r} is not a number of seconds") from None
+    if not math.isfinite(wait_s) or wait_s < 0:
+        raise BadRequest(f"wait={raw!r} must be a non-negative number of seconds")
+    return min(wait_s, 60.0)
+
+
+async def get_job(request: Request) -> Response | sse.EventStreamResponse:
+    """The job object; `?wait=S` long-polls up to S seconds for a final state. A running
+    stream's job shows its output so far; `Accept: text/event-stream` follows it."""
+    instance = instance_of(request)
+    if sse.wants_events(request.headers.get("accept", "")):
+        return await follow_job(request)
+    body = await instance.job_view(
+        request.path_params["job_id"], key_id=key_id_of(request), wait_s=_wait_param(request)
+    )
+    return JSONResponse(body)
+
+
+async def follow_job(request: Request) -> sse.EventStreamResponse:
+    """A job as server-sent events: its items so far and then as they come (when
+    this instance runs it), then its output or error."""
+    instance = instance_of(request)
+    job_id = request.path_params["job_id"]
+    key_id = key_id_of(request)
+    job = await instance.job(job_id, key_id=key_id)  # 404 before any 200
+    heartbeat_s = instance.settings.sse_heartbeat_s
+    path = request.url.path
+    last = request.headers.get("last-event-id", "")
+    start = int(last) + 1 if last.isdigit() else 0
+
+    async def events() -> AsyncIterator[bytes]:
+        current = job
+        stream = instance.job_stream(job_id)
+        if stream is not None and not current.status.final:
+            async for chunk in sse.stream_events(stream, start, heartbeat_s, path):
+                yield chunk
+            return
+        # Not streamed here (run by another instance, or finished): its end.
+        while not current.status.final:
+            yield sse.HEARTBEAT
+            current = await instance.job(job_id, key_id=key_id, wait_s=heartbeat_s)
+        yield sse.job_final_event(current, path)
+
+    return sse.EventStreamResponse(events())
+
+
+async def cancel_job(request: Request) -> Response:
+    """Cancel a job that has not finished."""
+    job = await instance_of(request).cancel_job(
+        request.path_params["job_id"], key_id=key_id_of(request)
+    )
+    return JSONResponse(job.public())

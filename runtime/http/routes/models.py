@@ -1,0 +1,25 @@
+"""Model bundles: every bundle's state (`GET /models`), and loading or unloading one."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from runtime.http.responses import JSONResponse
+from runtime.http.routes import instance_of
+
+
+async def list_models(request: Request) -> Response:
+    """Every bundle: id, state, bytes, phase times, loads, hits, last use, estimate."""
+    return JSONResponse(await instance_of(request).models_view())
+
+
+async def load_model(request: Request) -> Response:
+    """Prewarm a bundle in the background (202)."""
+    view = await instance_of(request).load_bundle(request.path_params["bundle"])
+    return JSONResponse(view, status_code=202)
+
+
+async def unload_model(request: Request) -> Response:
+    """Unload a bundle once its in-flight requests finish."""
+    return JSONResponse(await instance_of(request).unload_bundle(request.path_params["bundle"]))
