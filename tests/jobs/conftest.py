@@ -7,6 +7,14 @@ from pathlib import Path
 import pytest
 
 from runtime.jobs.stores.sqlite import SQLiteJobStore
+from tests.jobs import postgres_fixtures
+
+# The session's PostgreSQL cluster, PgBouncer before it, and an empty database per
+# test, for every job test (tests/jobs/postgres_fixtures.py; they skip without them).
+postgres_cluster = postgres_fixtures.postgres_cluster
+pgbouncer = postgres_fixtures.pgbouncer
+postgres_database = postgres_fixtures.postgres_database
+_postgres_session_database = postgres_fixtures._postgres_session_database
 
 
 @pytest.fixture
