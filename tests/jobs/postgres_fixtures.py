@@ -210,6 +210,10 @@ class PgBouncer:
             "pool_mode = transaction\n"
             f"default_pool_size = {pool_size}\n"
             "max_client_conn = 2000\n"
+            # While the server is down a client waits this long for one, then errors
+            # (the default, 120 s, would hold every store call for two minutes);
+            # a failed login is retried after 1 s, failing clients meanwhile.
+            "query_wait_timeout = 2\n"
             "server_login_retry = 1\n"
             f"logfile = {self.log}\n" + ("user = postgres\n" if os.geteuid() == 0 else "")
             # As root it switches to `postgres` itself (it refuses to run as root),

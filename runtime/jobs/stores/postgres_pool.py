@@ -21,13 +21,15 @@ connection after 30 s", never "connection refused", and its reconnect back-off
 doubles without bound, so after an outage of T seconds the pool may take T
 more to notice the server is back. Here a call that needs a connection makes
 it itself (a refusal is a `StorageUnavailable` at once, with libpq's reason),
-and the first call after the server returns connects. A connection found
-broken drops every idle one too: after a restart they are all dead.
+and the first call after the server returns connects. An idle connection the
+server closed (a restart) is noticed before use and replaced (`_quiet`); one
+that breaks during a call fails that call and drops every idle one too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import select
 import threading
 import time
 from collections import deque
@@ -136,6 +138,21 @@ def translated(where: str, what: str) -> Iterator[None]:
         ) from exc
 
 
+def _quiet(conn: Connection) -> bool:
+    """Whether an idle connection is still usable, without a round trip.
+
+    The server says nothing on an idle connection unless it is closing it (a
+    shutdown, a restart, a crash, an idle timeout): a readable socket means it
+    is gone. Checked before a statement is sent on it, so the first call after
+    a restart connects afresh instead of failing, and nothing sent is in doubt.
+    """
+    try:
+        ready, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (psycopg.Error, OSError, ValueError):
+        return False
+    return not ready
+
+
 class Pool:
     """Up to `size` autocommit connections, made by the calls that need them."""
 
@@ -171,13 +188,18 @@ class Pool:
 
     def _take(self) -> Connection:
         now = time.monotonic()
-        stale: list[Connection] = []
+        unusable: list[Connection] = []
+        conn: Connection | None = None
         with self._lock:
             # The least recently used go first: a quiet instance shrinks to one.
             while self._idle and now - self._idle[0][1] > _IDLE_S:
-                stale.append(self._idle.popleft()[0])
-            conn = self._idle.pop()[0] if self._idle else None
-        for old in stale:
+                unusable.append(self._idle.popleft()[0])
+            while self._idle and conn is None:
+                conn = self._idle.pop()[0]
+                if not _quiet(conn):
+                    unusable.append(conn)
+                    conn = None
+        for old in unusable:
             old.close()
         return conn if conn is not None else connect(self.conninfo)
 
