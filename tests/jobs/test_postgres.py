@@ -80,6 +80,7 @@ def test_open_store_picks_postgres_by_scheme(dsn: str, stores: list[PostgresJobS
         ("postgresql://thaw@127.0.0.1/db?pool_max=0", "pool_max"),
         ("postgresql://thaw@127.0.0.1/db?pool_max=many", "pool_max"),
         ("postgresql://thaw@127.0.0.1/db?no_such_option=1", "no_such_option"),
+        ("postgresql://thaw@127.0.0.1/db?prepare=yes", "prepare"),
         ("postgresql://thaw@127.0.0.1/db?listen=postgresql://x/y%3Fbogus%3D1", "listen"),
         ("mysql://thaw@127.0.0.1/db", "expected postgresql://"),
     ],
@@ -336,6 +337,22 @@ def test_racing_claimers_of_one_queue_each_take_different_jobs(
     for thread in threads:
         thread.join()
     assert sorted(taken) == sorted(jobs)
+
+
+def test_prepared_statements_when_asked_straight_to_the_server(
+    dsn: str, stores: list[PostgresJobStore]
+) -> None:
+    """`prepare=1`: psycopg prepares each statement from its fifth run on; the
+    same calls (and claim_next with and without a handler filter) still hold."""
+    store = opened(stores, f"{dsn}?prepare=1")
+    for round_ in range(8):
+        job = queued(store, "embed" if round_ % 2 else "chat")
+        taken = store.claim_next("a", 30.0, 3, handlers=None if round_ % 2 else ["chat"])
+        assert taken is not None and taken.id == job.id
+        assert store.heartbeat(job.id, "a", 30.0, attempt=1)
+        assert store.finish(job.id, "a", JobStatus.SUCCEEDED, {"round": round_})
+        got = store.get(job.id)
+        assert got is not None and got.output == {"round": round_}
 
 
 def test_purge_deletes_in_batches(dsn: str, stores: list[PostgresJobStore]) -> None:

@@ -85,9 +85,14 @@ _CLAIM_ORPHAN = _claim_sql(
     "SELECT id FROM thaw_jobs WHERE id = %(id)s AND owner = %(dead)s AND status = 'running'"
     " AND expires_at > %(now)s"
 )
-_CLAIM_NEXT = _claim_sql(
-    "SELECT id FROM thaw_jobs WHERE status = 'queued' AND expires_at > %(now)s"
-    " AND attempts < %(max)s{handlers} ORDER BY created_at LIMIT 1"
+# A queued job is never lost, so the next one's claim is one UPDATE, with no
+# failing branch to plan (a third of the claim's time, unprepared).
+_CLAIM_NEXT = (
+    f"UPDATE thaw_jobs j SET {_RUN} FROM (SELECT id FROM thaw_jobs WHERE status = 'queued'"
+    " AND expires_at > %(now)s AND attempts < %(max)s{handlers} ORDER BY created_at LIMIT 1"
+    " FOR UPDATE SKIP LOCKED) target WHERE j.id = target.id RETURNING true, "
+    + ", ".join(f"j.{name.strip()}" for name in _FIELDS.split(","))
+    + f", pg_notify('{CHANNEL}', j.id || ' ' || j.status || ' ' || j.handler)"
 )
 
 
@@ -152,7 +157,9 @@ class PostgresJobStore:
         self.where = self.target.where
         self.ttl_s = ttl_s
         self.clock = clock
-        self._pool = Pool(self.target.conninfo, self.target.pool_max, self.where)
+        self._pool = Pool(
+            self.target.conninfo, self.target.pool_max, self.where, prepare=self.target.prepare
+        )
         self._schema_lock = threading.Lock()
         self._schema_ready = False
         self._listeners: list[Listener] = []
@@ -312,19 +319,22 @@ class PostgresJobStore:
     ) -> bool:
         """Renew the lease; with `attempt`, only for that run of the job (fencing)."""
         now = self.clock.wall()
-        return self._count(
-            f"renewing the lease of job {job_id}",
-            "UPDATE thaw_jobs SET lease_until = %(lease)s,"
-            " expires_at = GREATEST(expires_at, %(expires)s)"
-            " WHERE id = %(id)s AND owner = %(owner)s AND status = 'running'" + _fence(attempt),
-            {
-                "lease": now + lease_s,
-                "expires": now + self.ttl_s,
-                "id": job_id,
-                "owner": owner,
-                "attempt": attempt,
-            },
-        ) == 1
+        return (
+            self._count(
+                f"renewing the lease of job {job_id}",
+                "UPDATE thaw_jobs SET lease_until = %(lease)s,"
+                " expires_at = GREATEST(expires_at, %(expires)s)"
+                " WHERE id = %(id)s AND owner = %(owner)s AND status = 'running'" + _fence(attempt),
+                {
+                    "lease": now + lease_s,
+                    "expires": now + self.ttl_s,
+                    "id": job_id,
+                    "owner": owner,
+                    "attempt": attempt,
+                },
+            )
+            == 1
+        )
 
     def set_phase(
         self,

@@ -4,16 +4,21 @@ The URL is libpq's (`postgresql://user:password@host:port/db?sslmode=...`) plus
 Thaw's own query parameters, taken out before libpq sees it:
 
 - `pool_max` (default 8): connections this instance keeps for store calls.
+- `prepare=1`: let psycopg prepare the statements it runs often (from the
+  fifth run on). Only straight to PostgreSQL, or to a pooler that keeps
+  prepared statements (PgBouncer 1.21+ with `max_prepared_statements`): in
+  transaction mode a statement prepared on one server connection is missing on
+  the next. Off by default; it saves the planning of each claim (docs/fleet.md).
 - `listen`: where the listening session goes (`LISTEN` needs a session of its
   own, which a pooler in transaction mode cannot give), percent-encoded where it
   holds a `&`; by default the URL itself. With PgBouncer in front, the URL names
   PgBouncer and `listen` names PostgreSQL (docs/fleet.md).
 
 Every connection is in autocommit mode and every store call is one statement
-(one round trip, one implicit transaction), and no statement is prepared on
-the server (`prepare_threshold=None`): PgBouncer in transaction mode hands each
-transaction to any server connection, where a statement prepared by another
-would be missing.
+(one round trip, one implicit transaction), and unless `prepare=1` no statement
+is prepared on the server (`prepare_threshold=None`): PgBouncer in transaction
+mode hands each transaction to any server connection, where a statement
+prepared by another would be missing.
 
 Why not psycopg_pool: it connects in background workers, so a client waiting
 for a connection to a server that is down learns only "couldn't get a
@@ -72,6 +77,7 @@ class Target:
     conninfo: str
     listen_conninfo: str
     pool_max: int
+    prepare: bool
     # host:port/db, for messages (never the password).
     where: str
 
@@ -97,7 +103,7 @@ def parse_url(url: str) -> Target:
     ours: dict[str, str] = {}
     theirs: list[tuple[str, str]] = []
     for key, value in parse_qsl(parts.query, keep_blank_values=True):
-        if key in ("pool_max", "listen"):
+        if key in ("pool_max", "listen", "prepare"):
             ours[key] = value
         else:
             theirs.append((key, value))
@@ -113,11 +119,15 @@ def parse_url(url: str) -> Target:
         raise ConfigError(
             f"THAW_JOB_STORE: pool_max must be a whole number >= 1, got {ours['pool_max']!r}"
         )
-    return Target(conninfo, listen_conninfo, pool_max, where)
+    prepare = ours.get("prepare", "0")
+    if prepare not in ("0", "1"):
+        raise ConfigError(f"THAW_JOB_STORE: prepare must be 0 or 1, got {prepare!r}")
+    return Target(conninfo, listen_conninfo, pool_max, prepare == "1", where)
 
 
-def connect(conninfo: str) -> Connection:
-    return psycopg.connect(conninfo, autocommit=True, prepare_threshold=None)
+def connect(conninfo: str, prepare: bool = False) -> Connection:
+    # psycopg's own default threshold (5 runs) when asked, else never.
+    return psycopg.connect(conninfo, autocommit=True, prepare_threshold=5 if prepare else None)
 
 
 @contextlib.contextmanager
@@ -156,8 +166,9 @@ def _quiet(conn: Connection) -> bool:
 class Pool:
     """Up to `size` autocommit connections, made by the calls that need them."""
 
-    def __init__(self, conninfo: str, size: int, where: str) -> None:
+    def __init__(self, conninfo: str, size: int, where: str, *, prepare: bool = False) -> None:
         self.conninfo = conninfo
+        self.prepare = prepare
         self.where = where
         self._slots = threading.BoundedSemaphore(size)
         self._lock = threading.Lock()
@@ -201,7 +212,7 @@ class Pool:
                     conn = None
         for old in unusable:
             old.close()
-        return conn if conn is not None else connect(self.conninfo)
+        return conn if conn is not None else connect(self.conninfo, self.prepare)
 
     def _give_back(self, conn: Connection) -> None:
         if conn.closed or conn.info.transaction_status != TransactionStatus.IDLE:

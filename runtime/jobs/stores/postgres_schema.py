@@ -28,8 +28,11 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # Version 1. Payloads are orjson bytes, as in SQLite (exact floats, no parse
         # on the server); times are epoch seconds from the instance's clock, so
         # tests drive leases with a ManualClock and float8 returns what was written.
-        # fillfactor leaves room on each page so that heartbeats (which change no
-        # indexed column but expires_at) and phase updates can be HOT updates.
+        # fillfactor leaves room on each page so that phase updates (no indexed
+        # column changes) can be HOT updates. A queue table churns: vacuum and
+        # analyze it after 5% and 2% of its rows changed (not 20% and 10%), so dead
+        # rows stay few and the planner knows how many jobs are queued (with a
+        # stale count of ~0 it sorted the whole queue for each claim_next).
         """
         CREATE TABLE thaw_jobs (
             id text PRIMARY KEY,
@@ -47,13 +50,20 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             lease_until double precision,
             key_id text,
             progress bytea
-        ) WITH (fillfactor = 80)
+        ) WITH (
+            fillfactor = 80,
+            autovacuum_vacuum_scale_factor = 0.05,
+            autovacuum_analyze_scale_factor = 0.02
+        )
         """,
         # lapsed(): queued and running jobs, oldest first; finished ones never read.
         "CREATE INDEX thaw_jobs_active ON thaw_jobs (created_at)"
         " WHERE status IN ('queued', 'running')",
-        # claim_next() per handler, and the queue depth an autoscaler reads.
-        "CREATE INDEX thaw_jobs_queued ON thaw_jobs (handler, created_at) WHERE status = 'queued'",
+        # claim_next(): the oldest queued job is the first entry (a handler filter
+        # skips others' on the way), and the queue depth an autoscaler reads. Keyed
+        # by handler first, the oldest of several handlers would need a sort of
+        # every queued row: 4 ms a claim with 2000 queued.
+        "CREATE INDEX thaw_jobs_queued ON thaw_jobs (created_at) WHERE status = 'queued'",
         "CREATE INDEX thaw_jobs_owner ON thaw_jobs (owner, created_at) WHERE status = 'running'",
         "CREATE INDEX thaw_jobs_expiry ON thaw_jobs (expires_at)",
         # ping(): one row per instance, the last time it could write.
