@@ -17,8 +17,10 @@ CPU, so that one interpreter's lock does not set the figures. Per configuration:
 3. finishes: every claimer `finish`es the jobs it claimed.
 
 Each phase's rate is its operations over the time from the first claimer's
-start to the last one's end; latencies are per call, p50 and p99. The table
-goes to stdout (and FILE), progress to stderr.
+start to the last one's end; latencies are per call, p50 and p99. Last, what
+NOTIFY costs a write (`notify_cost`: plain UPDATEs, UPDATE + NOTIFY in one
+transaction as the store does, and NOTIFY in a transaction of its own), with
+1, 8 and 32 writers. The table goes to stdout (and FILE), progress to stderr.
 """
 
 from __future__ import annotations
@@ -163,6 +165,68 @@ def measure(url: str, admin_url: str, claimers: int, jobs: int) -> dict[str, Pha
     return out
 
 
+# What NOTIFY costs a write, on a scratch table of the same database: a notifying
+# commit holds a cluster-wide lock through its WAL flush, so such commits are
+# serialized and lose group commit; a NOTIFY in a transaction of its own writes
+# no WAL and holds that lock for microseconds.
+_NOTIFY_VARIANTS = {
+    "plain UPDATE": ("UPDATE bench_rows SET v = v + 1 WHERE id = %s",),
+    "UPDATE + NOTIFY in its transaction (the store)": (
+        "WITH u AS (UPDATE bench_rows SET v = v + 1 WHERE id = %s RETURNING id)"
+        " SELECT pg_notify('bench', id::text) FROM u",
+    ),
+    "UPDATE, then NOTIFY in a transaction of its own": (
+        "UPDATE bench_rows SET v = v + 1 WHERE id = %s",
+        "SELECT pg_notify('bench', %s::text)",
+    ),
+}
+
+
+def notify_cost(url: str, writes_each: int) -> list[Row]:
+    import threading
+
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_rows (id int PRIMARY KEY, v int)")
+        conn.execute(
+            "INSERT INTO bench_rows SELECT g, 0 FROM generate_series(0, 63) g"
+            " ON CONFLICT DO NOTHING"
+        )
+    listener = psycopg.connect(url, autocommit=True)
+    listener.execute("LISTEN bench")  # notifications are queued only while someone listens
+    rows = []
+    try:
+        for writers in CLAIMERS:
+            cells = []
+            for statements in _NOTIFY_VARIANTS.values():
+
+                def write(index: int, statements: tuple[str, ...] = statements) -> None:
+                    with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
+                        for _ in range(writes_each):
+                            for statement in statements:
+                                conn.execute(statement, (index,))
+
+                threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
+                started = time.perf_counter()
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+                cells.append(f"{writers * writes_each / (time.perf_counter() - started):,.0f}")
+                for _ in listener.notifies(timeout=0.5):
+                    pass
+            rows.append(
+                Row(
+                    f"{writers} writer(s), writes/s: " + " | ".join(_NOTIFY_VARIANTS),
+                    " | ".join(cells),
+                )
+            )
+    finally:
+        listener.close()
+    return rows
+
+
 def _rate(phase: Phase) -> float:
     return phase.ops / max(phase.ended - phase.started, 1e-9)
 
@@ -222,6 +286,8 @@ def run(quick: bool = False, jobs: int | None = None) -> list[Row]:
                         ),
                     )
                 )
+        print("[jobstore] the cost of NOTIFY ...", file=sys.stderr, flush=True)
+        rows += notify_cost(direct, 100 if quick else 300)
     finally:
         if bouncer is not None:
             bouncer.stop()

@@ -425,3 +425,21 @@ def test_the_listener_comes_back_after_a_restart_and_says_what_it_may_have_misse
     assert listener.listening.is_set()
     job = queued(store)
     assert events.get(timeout=30) == JobEvent(job.id, "queued", "echo")
+
+
+def test_a_callback_that_raises_does_not_stop_the_listener(
+    dsn: str, stores: list[PostgresJobStore]
+) -> None:
+    store = opened(stores, dsn)
+    events: queue.Queue[JobEvent] = queue.Queue()
+
+    def on_event(event: JobEvent) -> None:
+        events.put(event)
+        if event.handler == "boom":
+            raise RuntimeError("a consumer's bug")
+
+    assert store.listen(on_event).listening.wait(30)
+    boom = queued(store, "boom")
+    after = queued(store)
+    assert events.get(timeout=30) == JobEvent(boom.id, "queued", "boom")
+    assert events.get(timeout=30) == JobEvent(after.id, "queued", "echo")

@@ -100,7 +100,7 @@ class Listener:
                     log.info("job store %s: listening for job changes again", self.where)
                 failures = 0
                 if not first:
-                    self.on_gap()
+                    self._call(self.on_gap)
                 first = False
                 self._serve(conn)
             except psycopg.Error as exc:
@@ -119,6 +119,13 @@ class Listener:
                 if conn is not None:
                     conn.close()
 
+    def _call(self, callback: Callable[..., None], *args: JobEvent) -> None:
+        """A consumer's callback; what it raises is logged, and listening goes on."""
+        try:
+            callback(*args)
+        except Exception:
+            log.exception("job store %s: a job-change callback failed", self.where)
+
     def _serve(self, conn: Connection) -> None:
         """Deliver notifications until stopped or the session fails (psycopg.Error)."""
         session, wake = conn.fileno(), self._wake_r.fileno()
@@ -132,4 +139,4 @@ class Listener:
             for notify in conn.notifies(timeout=0):
                 event = JobEvent.parse(notify.payload)
                 if event is not None:
-                    self.on_event(event)
+                    self._call(self.on_event, event)
