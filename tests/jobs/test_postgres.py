@@ -18,13 +18,19 @@ import psycopg
 import pytest
 
 from runtime.clock import ManualClock
-from runtime.errors import ConfigError, StorageUnavailable
+from runtime.errors import ConfigError, Conflict, StorageUnavailable
 from runtime.jobs.job import Job, JobStatus, new_job_id
 from runtime.jobs.store import open_store
 from runtime.jobs.stores.postgres import PostgresJobStore
 from runtime.jobs.stores.postgres_listen import JobEvent
 from runtime.jobs.stores.postgres_schema import SCHEMA_VERSION
-from tests.jobs.postgres_fixtures import PgBouncer, PostgresCluster, started_cluster, store_dsn
+from tests.jobs.postgres_fixtures import (
+    PgBouncer,
+    PostgresCluster,
+    pgbouncer_binary,
+    started_cluster,
+    store_dsn,
+)
 
 TTL_S = 3600.0
 
@@ -181,8 +187,6 @@ def test_a_restart_mid_run_loses_nothing_acknowledged(
     again by itself, and every write it acknowledged before is there."""
     bouncer = None
     if through == "pgbouncer":
-        from tests.jobs.postgres_fixtures import pgbouncer_binary
-
         binary = pgbouncer_binary()
         if binary is None:
             pytest.skip("no pgbouncer binary")
@@ -353,6 +357,20 @@ def test_prepared_statements_when_asked_straight_to_the_server(
         assert store.finish(job.id, "a", JobStatus.SUCCEEDED, {"round": round_})
         got = store.get(job.id)
         assert got is not None and got.output == {"round": round_}
+
+
+def test_an_id_twice_in_one_batch_keeps_the_first(dsn: str, stores: list[PostgresJobStore]) -> None:
+    store = opened(stores, dsn)
+    job_id = new_job_id()
+    first, again = (
+        Job(id=job_id, handler="first", input={}),
+        Job(id=job_id, handler="again", input={}),
+    )
+    outcomes = store.create_many([first, again])
+    assert outcomes[0] is None and isinstance(outcomes[1], Conflict)
+    got = store.get(job_id)
+    assert got is not None and got.handler == "first"
+    assert store.create_many([]) == []
 
 
 def test_purge_deletes_in_batches(dsn: str, stores: list[PostgresJobStore]) -> None:
