@@ -12,18 +12,21 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
 from runtime.clock import ManualClock
+from runtime.dispatch.dispatcher import Accepted
 from runtime.errors import ConfigError, Conflict, StorageUnavailable
 from runtime.jobs.job import Job, JobStatus, new_job_id
 from runtime.jobs.store import open_store
 from runtime.jobs.stores.postgres import PostgresJobStore
 from runtime.jobs.stores.postgres_listen import JobEvent
 from runtime.jobs.stores.postgres_schema import SCHEMA_VERSION
+from runtime.settings import Settings
 from tests.jobs.postgres_fixtures import (
     PgBouncer,
     PostgresCluster,
@@ -31,6 +34,7 @@ from tests.jobs.postgres_fixtures import (
     started_cluster,
     store_dsn,
 )
+from tests.support import running_instance
 
 TTL_S = 3600.0
 
@@ -461,3 +465,33 @@ def test_a_callback_that_raises_does_not_stop_the_listener(
     after = queued(store)
     assert events.get(timeout=30) == JobEvent(boom.id, "queued", "boom")
     assert events.get(timeout=30) == JobEvent(after.id, "queued", "echo")
+
+
+# -- the runtime on it ----------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_an_instance_keeps_its_jobs_in_postgres_where_another_reads_them(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Two instances in-process on one database, through PgBouncer: a job the first
+    accepts (its deadline passed) succeeds there, and the second answers its poll."""
+    url = store_dsn(request, True)
+
+    def settings(name: str) -> Settings:
+        return Settings(
+            bundle_source=str(tmp_path / "bundles"),
+            cache_dir=str(tmp_path / name / "cache"),
+            state_dir=str(tmp_path / name / "state"),
+            job_store=url,
+            handlers=("tests.handlers.sleepy",),
+        )
+
+    async with running_instance(settings("a")) as a, running_instance(settings("b")) as b:
+        outcome = await a.dispatcher.invoke("sleepy", {"s": 0.6}, wait_s=0.2, request_id="r1")
+        assert isinstance(outcome, Accepted)
+        done = await a.jobs.get(outcome.job.id, key_id=None, wait_s=30.0)
+        assert done.status is JobStatus.SUCCEEDED and done.output["slept_s"] == 0.6
+        seen = await b.jobs.get(outcome.job.id, key_id=None)
+        assert seen.status is JobStatus.SUCCEEDED and seen.output == done.output
+        assert seen.owner == a.jobs.owner and seen.attempts == 1
