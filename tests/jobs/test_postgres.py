@@ -147,6 +147,17 @@ def test_a_newer_schema_is_refused_naming_both_versions(
     assert f"this Thaw's ({SCHEMA_VERSION})" in message
 
 
+def test_a_role_that_may_not_create_the_tables_is_a_config_error(
+    postgres_cluster: PostgresCluster, postgres_database: str
+) -> None:
+    role = f"reader_{postgres_database}"
+    postgres_cluster.execute(f"DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN")
+    postgres_cluster.execute(f"REVOKE CREATE ON SCHEMA public FROM {role}", postgres_database)
+    url = f"postgresql://{role}@127.0.0.1:{postgres_cluster.port}/{postgres_database}"
+    with pytest.raises(ConfigError, match="cannot create or check its tables"):
+        PostgresJobStore(url, ttl_s=TTL_S)
+
+
 # -- faults of the server ------------------------------------------------------------
 
 

@@ -35,9 +35,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
+import psycopg
 
 from runtime.clock import SYSTEM, Clock
-from runtime.errors import Conflict, StorageUnavailable
+from runtime.errors import ConfigError, Conflict, StorageUnavailable
 from runtime.jobs.job import Job, JobStatus, cancelled_error, lost_error
 from runtime.jobs.stores.postgres_listen import CHANNEL, JobEvent, Listener
 from runtime.jobs.stores.postgres_pool import Pool, Target, parse_url, translated
@@ -183,11 +184,18 @@ class PostgresJobStore:
         with self._schema_lock:
             if self._schema_ready:
                 return
-            with (
-                translated(self.where, "creating or checking the schema"),
-                self._pool.connection() as conn,
-            ):
-                found = ensure_schema(conn, self.where, self.clock.wall())
+            try:
+                with (
+                    translated(self.where, "creating or checking the schema"),
+                    self._pool.connection() as conn,
+                ):
+                    found = ensure_schema(conn, self.where, self.clock.wall())
+            except psycopg.ProgrammingError as exc:
+                # A role that may not create tables, or one that cannot read them:
+                # a deployment's mistake that no retry fixes.
+                raise ConfigError(
+                    f"job store {self.where}: cannot create or check its tables: {exc}"
+                ) from exc
             if found == 0:
                 log.info("job store %s: tables created", self.where)
             self._schema_ready = True
