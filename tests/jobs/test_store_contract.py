@@ -21,7 +21,6 @@ from runtime.errors import Conflict, WorkerLost
 from runtime.jobs.job import Job, JobStatus, new_job_id
 from runtime.jobs.store import JobStore
 from runtime.jobs.stores.dynamodb import DynamoDBJobStore
-from runtime.jobs.stores.postgres import PostgresJobStore
 from runtime.jobs.stores.sqlite import SQLiteJobStore
 from tests import aws_fixtures
 from tests.aws_fixtures import client, make_bucket, make_jobs_table
@@ -44,6 +43,9 @@ def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenS
             return SQLiteJobStore(path, ttl_s=ttl_s)
 
     elif request.param in ("postgres", "pgbouncer"):
+        pytest.importorskip("psycopg", reason="the postgres extra: pip install -e '.[postgres]'")
+        from runtime.jobs.stores.postgres import PostgresJobStore
+
         dsn = postgres_fixtures.store_dsn(request, request.param == "pgbouncer")
 
         def make(ttl_s: float) -> JobStore:
