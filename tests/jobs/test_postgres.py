@@ -92,12 +92,14 @@ def test_open_store_picks_postgres_by_scheme(dsn: str, stores: list[PostgresJobS
         ("postgresql://thaw@127.0.0.1/db?no_such_option=1", "no_such_option"),
         ("postgresql://thaw@127.0.0.1/db?prepare=yes", "prepare"),
         ("postgresql://thaw@127.0.0.1/db?listen=postgresql://x/y%3Fbogus%3D1", "listen"),
-        ("mysql://thaw@127.0.0.1/db", "expected postgresql://"),
+        ("mysql://thaw:s3cret@127.0.0.1/db", "expected postgresql://"),
+        ("postgresql://thaw:s3cret@127.0.0.1:port/db", "port"),
     ],
 )
 def test_a_malformed_url_is_a_config_error(url: str, complaint: str) -> None:
-    with pytest.raises(ConfigError, match=complaint):
+    with pytest.raises(ConfigError, match=complaint) as refused:
         PostgresJobStore(url, ttl_s=TTL_S)
+    assert "s3cret" not in str(refused.value)
 
 
 def test_the_schema_is_created_once_and_versioned(

@@ -88,6 +88,10 @@ def _libpq(url: str, what: str) -> tuple[str, str]:
         params = conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
         raise ConfigError(f"THAW_JOB_STORE: {what} is not a valid PostgreSQL URL: {exc}") from exc
+    port = str(params.get("port", "5432"))
+    if not all(part.isdigit() for part in port.split(",")):
+        # libpq would accept it here and fail every connection attempt instead.
+        raise ConfigError(f"THAW_JOB_STORE: {what} has a port that is not a number: {port!r}")
     for key, value in _DEFAULTS.items():
         params.setdefault(key, value)
     where = (
@@ -96,9 +100,21 @@ def _libpq(url: str, what: str) -> tuple[str, str]:
     return make_conninfo("", **params), where
 
 
+def _redacted(url: str) -> str:
+    """The URL as a message may show it: without its password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return urlunsplit(
+        parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1))
+    )
+
+
 def parse_url(url: str) -> Target:
     if not url.startswith(_SCHEMES):
-        raise ConfigError(f"THAW_JOB_STORE={url!r}: expected postgresql://user@host:port/db")
+        raise ConfigError(
+            f"THAW_JOB_STORE={_redacted(url)!r}: expected postgresql://user@host:port/db"
+        )
     parts = urlsplit(url)
     ours: dict[str, str] = {}
     theirs: list[tuple[str, str]] = []
