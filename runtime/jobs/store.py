@@ -100,9 +100,15 @@ class JobStore(Protocol):
     def close(self) -> None: ...
 
 
+_POSTGRES = ("postgresql://", "postgres://")
+
+
 def _check_scheme(url: str) -> None:
-    if not url.startswith(("sqlite://", "dynamodb://")):
-        raise ConfigError(f"THAW_JOB_STORE={url!r}: expected sqlite:///path or dynamodb://table")
+    if not url.startswith(("sqlite://", "dynamodb://", *_POSTGRES)):
+        raise ConfigError(
+            f"THAW_JOB_STORE={url!r}: expected sqlite:///path, dynamodb://table"
+            " or postgresql://user@host:port/db"
+        )
 
 
 def open_store(url: str, *, ttl_s: float) -> JobStore:
@@ -111,6 +117,10 @@ def open_store(url: str, *, ttl_s: float) -> JobStore:
         from runtime.jobs.stores.sqlite import SQLiteJobStore
 
         return SQLiteJobStore.from_url(url, ttl_s=ttl_s)
+    if url.startswith(_POSTGRES):
+        from runtime.jobs.stores.postgres import PostgresJobStore
+
+        return PostgresJobStore.from_url(url, ttl_s=ttl_s)
     from runtime.jobs.stores.dynamodb import DynamoDBJobStore
 
     return DynamoDBJobStore.from_url(url, ttl_s=ttl_s)

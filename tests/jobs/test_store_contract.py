@@ -1,7 +1,8 @@
-"""One contract, every job store: SQLite (a temp file) and DynamoDB + S3 (a moto server).
+"""One contract, every job store: SQLite (a temp file), DynamoDB + S3 (a moto server),
+and PostgreSQL (a throwaway cluster), directly and through PgBouncer in transaction mode.
 
-Each test states one rule of `runtime.jobs.store.JobStore` and runs against both
-stores. A store is opened through a factory so a test can open a second
+Each test states one rule of `runtime.jobs.store.JobStore` and runs against every
+store. A store is opened through a factory so a test can open a second
 instance on the same data (another Lambda instance, or a restart).
 """
 
@@ -23,6 +24,7 @@ from runtime.jobs.stores.dynamodb import DynamoDBJobStore
 from runtime.jobs.stores.sqlite import SQLiteJobStore
 from tests import aws_fixtures
 from tests.aws_fixtures import client, make_bucket, make_jobs_table
+from tests.jobs import postgres_fixtures
 
 moto_endpoint = aws_fixtures.moto_endpoint  # fixture: the session's moto server (DynamoDB runs)
 
@@ -30,7 +32,7 @@ OpenStore = Callable[..., JobStore]
 LEASE_S = 0.3
 
 
-@pytest.fixture(params=["sqlite", "dynamodb"])
+@pytest.fixture(params=["sqlite", "dynamodb", "postgres", "pgbouncer"])
 def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenStore]:
     """Opens a store on this test's data; every call is a new instance."""
     opened: list[JobStore] = []
@@ -39,6 +41,15 @@ def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenS
 
         def make(ttl_s: float) -> JobStore:
             return SQLiteJobStore(path, ttl_s=ttl_s)
+
+    elif request.param in ("postgres", "pgbouncer"):
+        pytest.importorskip("psycopg", reason="the postgres extra: pip install -e '.[postgres]'")
+        from runtime.jobs.stores.postgres import PostgresJobStore
+
+        dsn = postgres_fixtures.store_dsn(request, request.param == "pgbouncer")
+
+        def make(ttl_s: float) -> JobStore:
+            return PostgresJobStore(dsn, ttl_s=ttl_s)
 
     else:
         endpoint = request.getfixturevalue("moto_endpoint")
