@@ -40,116 +40,24 @@ import psycopg
 from runtime.clock import SYSTEM, Clock
 from runtime.errors import ConfigError, Conflict, StorageUnavailable
 from runtime.jobs.job import Job, JobStatus, cancelled_error, lost_error
-from runtime.jobs.stores.postgres_listen import CHANNEL, JobEvent, Listener
+from runtime.jobs.stores.postgres_listen import JobEvent, Listener
 from runtime.jobs.stores.postgres_pool import Pool, Target, parse_url, translated
 from runtime.jobs.stores.postgres_schema import ensure_schema
+from runtime.jobs.stores.postgres_sql import (
+    CLAIM,
+    CLAIM_NEXT,
+    CLAIM_ORPHAN,
+    FIELDS,
+    NOTIFY,
+    PENDING,
+    ROW,
+    dump,
+    fence,
+    job_of,
+    row_of,
+)
 
 log = logging.getLogger("thaw.jobs")
-
-_FIELDS = (
-    "id, handler, status, phase, attempts, created_at, updated_at, expires_at,"
-    " input, output, error, owner, lease_until, key_id, progress"
-)
-# The same, qualified, where a claim's UPDATE joins the row it locked.
-_J_FIELDS = ", ".join(f"j.{name.strip()}" for name in _FIELDS.split(","))
-_NOTIFY = f"pg_notify('{CHANNEL}', id || ' ' || status || ' ' || handler)"
-# Queued, or running with a lapsed lease, and not expired (SQLite's WHERE clause).
-_PENDING = (
-    "expires_at > %(now)s AND (status = 'queued' OR (status = 'running' AND lease_until < %(now)s))"
-)
-_RUN = (
-    "status = 'running', owner = %(owner)s, lease_until = %(lease)s, attempts = j.attempts + 1,"
-    " phase = 'claimed', updated_at = %(now)s, error = NULL"
-)
-_LOSE = "status = 'failed', phase = 'failed', error = %(lost)s, owner = NULL, updated_at = %(now)s"
-
-
-def _claim_sql(target: str) -> str:
-    """A claim of the row `target` selects (locked, SKIP LOCKED): run it, or fail it as
-    lost when out of attempts; the row comes back, first column true for a claim."""
-    return (
-        f"WITH target AS ({target} FOR UPDATE SKIP LOCKED),"
-        f" won AS (UPDATE thaw_jobs j SET {_RUN} FROM target"
-        f" WHERE j.id = target.id AND j.attempts < %(max)s RETURNING {_J_FIELDS}),"
-        f" lost AS (UPDATE thaw_jobs j SET {_LOSE} FROM target"
-        " WHERE j.id = target.id AND j.status = 'running' AND j.attempts >= %(max)s"
-        f" RETURNING {_J_FIELDS})"
-        f" SELECT true, {_FIELDS}, {_NOTIFY} FROM won"
-        f" UNION ALL SELECT false, {_FIELDS}, {_NOTIFY} FROM lost"
-    )
-
-
-_CLAIM = _claim_sql(
-    f"SELECT id FROM thaw_jobs WHERE id = %(id)s AND (attempts < %(max)s OR status = 'running')"
-    f" AND {_PENDING}"
-)
-_CLAIM_ORPHAN = _claim_sql(
-    "SELECT id FROM thaw_jobs WHERE id = %(id)s AND owner = %(dead)s AND status = 'running'"
-    " AND expires_at > %(now)s"
-)
-# A queued job is never lost, so the next one's claim is a single UPDATE with
-# no failing branch: less to plan on every claim when nothing is prepared.
-_CLAIM_NEXT = (
-    f"UPDATE thaw_jobs j SET {_RUN} FROM (SELECT id FROM thaw_jobs WHERE status = 'queued'"
-    " AND expires_at > %(now)s AND attempts < %(max)s{handlers} ORDER BY created_at LIMIT 1"
-    f" FOR UPDATE SKIP LOCKED) target WHERE j.id = target.id RETURNING true, {_J_FIELDS},"
-    f" pg_notify('{CHANNEL}', j.id || ' ' || j.status || ' ' || j.handler)"
-)
-
-
-def _dump(value: Any) -> bytes | None:
-    return None if value is None else orjson.dumps(value)
-
-
-def _load(blob: bytes | None) -> Any:
-    return None if blob is None else orjson.loads(blob)
-
-
-def _job(row: Sequence[Any]) -> Job:
-    return Job(
-        id=row[0],
-        handler=row[1],
-        status=JobStatus(row[2]),
-        phase=row[3],
-        attempts=row[4],
-        created_at=row[5],
-        updated_at=row[6],
-        expires_at=row[7],
-        input=_load(row[8]),
-        output=_load(row[9]),
-        error=_load(row[10]),
-        owner=row[11],
-        lease_until=row[12],
-        key_id=row[13],
-        progress=_load(row[14]),
-    )
-
-
-_ROW = "(" + ", ".join(["%s"] * 15) + ")"
-
-
-def _row(job: Job) -> tuple[Any, ...]:
-    return (
-        job.id,
-        job.handler,
-        str(job.status),
-        job.phase,
-        job.attempts,
-        job.created_at,
-        job.updated_at,
-        job.expires_at,
-        _dump(job.input),
-        _dump(job.output),
-        _dump(job.error),
-        job.owner,
-        job.lease_until,
-        job.key_id,
-        _dump(job.progress),
-    )
-
-
-def _fence(attempt: int | None) -> str:
-    return "" if attempt is None else " AND attempts = %(attempt)s"
 
 
 class PostgresJobStore:
@@ -232,12 +140,12 @@ class PostgresJobStore:
         for job in jobs:
             job.created_at = job.updated_at = now
             job.expires_at = now + self.ttl_s
-            params += _row(job)
+            params += row_of(job)
         rows = self._rows(
             "creating jobs",
-            f"WITH made AS (INSERT INTO thaw_jobs ({_FIELDS}) VALUES"
-            f" {', '.join([_ROW] * len(jobs))} ON CONFLICT (id) DO NOTHING"
-            f" RETURNING id, status, handler) SELECT id, {_NOTIFY} FROM made",
+            f"WITH made AS (INSERT INTO thaw_jobs ({FIELDS}) VALUES"
+            f" {', '.join([ROW] * len(jobs))} ON CONFLICT (id) DO NOTHING"
+            f" RETURNING id, status, handler) SELECT id, {NOTIFY} FROM made",
             params,
         )
         made = {row[0] for row in rows}
@@ -253,23 +161,23 @@ class PostgresJobStore:
     def get(self, job_id: str) -> Job | None:
         rows = self._rows(
             f"reading job {job_id}",
-            f"SELECT {_FIELDS} FROM thaw_jobs WHERE id = %(id)s AND expires_at > %(now)s",
+            f"SELECT {FIELDS} FROM thaw_jobs WHERE id = %(id)s AND expires_at > %(now)s",
             {"id": job_id, "now": self.clock.wall()},
         )
-        return _job(rows[0]) if rows else None
+        return job_of(rows[0]) if rows else None
 
     def _claim(self, what: str, sql: str, params: dict[str, Any], lease_s: float) -> Job | None:
         now = self.clock.wall()
         params.update(now=now, lease=now + lease_s, lost=orjson.dumps(lost_error(params["max"])))
         rows = self._rows(what, sql, params)
         if rows and rows[0][0]:
-            return _job(rows[0][1:])
+            return job_of(rows[0][1:])
         return None
 
     def claim(self, job_id: str, owner: str, lease_s: float, max_attempts: int) -> Job | None:
         return self._claim(
             f"claiming job {job_id}",
-            _CLAIM,
+            CLAIM,
             {"id": job_id, "owner": owner, "max": max_attempts},
             lease_s,
         )
@@ -279,7 +187,7 @@ class PostgresJobStore:
     ) -> Job | None:
         return self._claim(
             f"claiming job {job_id}",
-            _CLAIM_ORPHAN,
+            CLAIM_ORPHAN,
             {"id": job_id, "dead": dead_owner, "owner": owner, "max": max_attempts},
             lease_s,
         )
@@ -302,7 +210,7 @@ class PostgresJobStore:
             params["handlers"] = list(handlers)
             where = " AND handler = ANY(%(handlers)s)"
         return self._claim(
-            "claiming a queued job", _CLAIM_NEXT.format(handlers=where), params, lease_s
+            "claiming a queued job", CLAIM_NEXT.format(handlers=where), params, lease_s
         )
 
     def owned(self, owner: str, limit: int = 100) -> list[str]:
@@ -332,7 +240,7 @@ class PostgresJobStore:
                 f"renewing the lease of job {job_id}",
                 "UPDATE thaw_jobs SET lease_until = %(lease)s,"
                 " expires_at = GREATEST(expires_at, %(expires)s)"
-                " WHERE id = %(id)s AND owner = %(owner)s AND status = 'running'" + _fence(attempt),
+                " WHERE id = %(id)s AND owner = %(owner)s AND status = 'running'" + fence(attempt),
                 {
                     "lease": now + lease_s,
                     "expires": now + self.ttl_s,
@@ -357,11 +265,11 @@ class PostgresJobStore:
             f"updating job {job_id}",
             "WITH changed AS (UPDATE thaw_jobs SET phase = %(phase)s, progress = %(progress)s,"
             " updated_at = %(now)s WHERE id = %(id)s AND owner = %(owner)s"
-            f" AND status = 'running'{_fence(attempt)} RETURNING id, status, handler)"
-            f" SELECT {_NOTIFY} FROM changed",
+            f" AND status = 'running'{fence(attempt)} RETURNING id, status, handler)"
+            f" SELECT {NOTIFY} FROM changed",
             {
                 "phase": phase,
-                "progress": _dump(progress),
+                "progress": dump(progress),
                 "now": self.clock.wall(),
                 "id": job_id,
                 "owner": owner,
@@ -390,12 +298,12 @@ class PostgresJobStore:
             " output = %(output)s, error = %(error)s, lease_until = NULL, progress = NULL,"
             " updated_at = %(now)s, expires_at = %(expires)s"
             " WHERE id = %(id)s AND owner = %(owner)s AND status = 'running'"
-            f"{_fence(attempt)} RETURNING id, status, handler)"
-            f" SELECT {_NOTIFY} FROM done",
+            f"{fence(attempt)} RETURNING id, status, handler)"
+            f" SELECT {NOTIFY} FROM done",
             {
                 "status": str(status),
-                "output": _dump(output),
-                "error": _dump(error),
+                "output": dump(output),
+                "error": dump(error),
                 "now": now,
                 "expires": now + self.ttl_s,
                 "id": job_id,
@@ -412,18 +320,18 @@ class PostgresJobStore:
             "WITH cancelled AS (UPDATE thaw_jobs SET status = 'cancelled', phase = 'cancelled',"
             " error = %(error)s, output = NULL, updated_at = %(now)s"
             " WHERE id = %(id)s AND status IN ('queued', 'running') AND expires_at > %(now)s"
-            f" RETURNING {_FIELDS})"
-            f" SELECT {_FIELDS}, {_NOTIFY} FROM cancelled"
-            f" UNION ALL SELECT {_FIELDS}, NULL FROM thaw_jobs WHERE id = %(id)s"
+            f" RETURNING {FIELDS})"
+            f" SELECT {FIELDS}, {NOTIFY} FROM cancelled"
+            f" UNION ALL SELECT {FIELDS}, NULL FROM thaw_jobs WHERE id = %(id)s"
             " AND expires_at > %(now)s AND NOT EXISTS (SELECT 1 FROM cancelled)",
             {"error": orjson.dumps(cancelled_error()), "now": self.clock.wall(), "id": job_id},
         )
-        return _job(rows[0]) if rows else None
+        return job_of(rows[0]) if rows else None
 
     def lapsed(self, limit: int = 100) -> list[str]:
         rows = self._rows(
             "listing lapsed jobs",
-            f"SELECT id FROM thaw_jobs WHERE status IN ('queued', 'running') AND {_PENDING}"
+            f"SELECT id FROM thaw_jobs WHERE status IN ('queued', 'running') AND {PENDING}"
             " ORDER BY created_at LIMIT %(limit)s",
             {"now": self.clock.wall(), "limit": limit},
         )
