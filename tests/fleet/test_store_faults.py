@@ -1,0 +1,119 @@
+"""A fleet instance whose PostgreSQL is wrong or unreachable at start: /healthz
+answers, /readyz is 503 naming the reason, job routes answer 503
+storage-unavailable with Retry-After, nothing crashes; once the database
+answers, the same process is ready and serves jobs, by itself."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.jobs import postgres_fixtures
+from tests.support import ServerProcess
+
+postgres_cluster = postgres_fixtures.postgres_cluster
+
+STORAGE_UNAVAILABLE = "https://thaw.dev/problems/storage-unavailable"
+
+
+def until(condition: Callable[[], Any], what: str, timeout_s: float = 60.0) -> Any:
+    """Poll `condition` until truthy (a safety limit, not an assertion on time)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = condition()
+        if result:
+            return result
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def instance(thaw_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[[str], ServerProcess]]:
+    started: list[ServerProcess] = []
+
+    def start(dsn: str) -> ServerProcess:
+        server = ServerProcess(
+            {**thaw_env, "THAW_JOB_STORE": dsn, "THAW_HANDLERS": "handlers.echo"}
+        )
+        server.log_path = tmp_path / f"server-{server.port}.log"
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.kill()
+
+
+@pytest.fixture
+def unstarted_cluster() -> Iterator[postgres_fixtures.PostgresCluster]:
+    """A cluster on a port of its own that nothing listens on until the test starts it."""
+    bindir = postgres_fixtures.server_bindir()
+    if bindir is None:
+        pytest.skip("no PostgreSQL server binaries (apt-get install postgresql; .ci/run does)")
+    cluster = postgres_fixtures.PostgresCluster(bindir)
+    yield cluster
+    cluster.remove()
+
+
+def assert_unavailable(client: httpx.Client, reason: str) -> None:
+    assert client.get("/healthz").status_code == 200
+    ready = client.get("/readyz")
+    assert ready.status_code == 503
+    [condition] = ready.json()["conditions"]
+    assert condition["condition"] == "job-store"
+    assert reason in condition["detail"]
+    for response in (
+        client.post("/handlers/echo/jobs", json={"x": 1}),
+        client.post("/invoke/echo", json={"x": 1}, headers={"Prefer": "respond-async"}),
+        client.get("/jobs/0123456789abcdef"),
+        client.delete("/jobs/0123456789abcdef"),
+    ):
+        assert response.status_code == 503, response.text
+        assert response.headers["content-type"] == "application/problem+json"
+        assert response.json()["type"] == STORAGE_UNAVAILABLE
+        assert reason in response.json()["detail"]
+        assert int(response.headers["retry-after"]) > 0
+
+
+def assert_serves_jobs(client: httpx.Client) -> None:
+    job_id = client.post("/handlers/echo/jobs", json={"x": 2}).raise_for_status().json()["id"]
+    body = client.get(f"/jobs/{job_id}?wait=30").raise_for_status().json()
+    assert (body["status"], body["output"]) == ("succeeded", {"x": 2})
+
+
+def test_unreachable_at_start_then_ready_by_itself(
+    instance: Callable[[str], ServerProcess], unstarted_cluster: postgres_fixtures.PostgresCluster
+) -> None:
+    server = instance(unstarted_cluster.dsn())
+    with server.client() as client:
+        until(lambda: client.get("/readyz").json().get("conditions"), "the job-store condition")
+        assert_unavailable(client, "Connection refused")
+        # A call that needs no store still runs.
+        assert client.post("/invoke/echo", json={"y": 1}).json() == {"y": 1}
+        unstarted_cluster.start()
+        until(lambda: client.get("/readyz").status_code == 200, "readiness once it answers")
+        assert_serves_jobs(client)
+    assert server.proc is not None and server.proc.poll() is None
+    assert "Traceback" not in server.log()
+
+
+def test_a_database_that_does_not_exist(
+    instance: Callable[[str], ServerProcess], postgres_cluster: postgres_fixtures.PostgresCluster
+) -> None:
+    server = instance(postgres_cluster.dsn("no_such_database"))
+    with server.client() as client:
+        until(lambda: client.get("/readyz").json().get("conditions"), "the job-store condition")
+        assert_unavailable(client, 'database "no_such_database" does not exist')
+        postgres_cluster.execute("CREATE DATABASE no_such_database")
+        try:
+            until(lambda: client.get("/readyz").status_code == 200, "readiness once it exists")
+            assert_serves_jobs(client)
+        finally:
+            server.kill()
+            postgres_cluster.drop_database("no_such_database")
+    assert "Traceback" not in server.log()
