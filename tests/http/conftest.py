@@ -1,4 +1,5 @@
-"""Fixtures for tests that run a real `thaw serve` process."""
+"""Fixtures for the HTTP tests: the app in-process (tests/inproc.py), and real
+`thaw serve` processes for the tests where the process is the point."""
 
 from __future__ import annotations
 
@@ -8,6 +9,12 @@ from pathlib import Path
 import pytest
 
 from tests.support import ServerProcess, make_bundle
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    """asyncio, for the module: a module's in-process app lives on one event loop."""
+    return "asyncio"
 
 
 @pytest.fixture
