@@ -1,6 +1,6 @@
 """Storage faults against a real `thaw serve`: a full disk (a small tmpfs holding the
 job store and the state dir), the SQLite file deleted or overwritten while the
-server runs, and a state dir that cannot be created.
+server runs, and a state dir that cannot be created (in-process: one app, its log captured).
 
 The rules: a store that cannot write answers 503 storage-unavailable with
 Retry-After, never 500 and never a 202 for a job it did not record; /readyz is
@@ -11,6 +11,7 @@ and stamps, never a model load.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 import time
@@ -22,7 +23,9 @@ import httpx
 import pytest
 
 from runtime.bundles.stamps import RACY_S
+from runtime.settings import Settings
 from tests.handlers.runlog import runs
+from tests.inproc import captured_logs, serving
 from tests.jobs import tmpfs
 from tests.support import ServerProcess, make_bundle
 
@@ -254,27 +257,32 @@ def test_a_job_database_overwritten_while_serving_is_refused_until_removed(
         assert client.get(f"/jobs/{accepted}").json()["status"] == "succeeded"
 
 
-def test_a_state_dir_that_cannot_be_created_costs_estimates_never_loads(
-    serve_at: Serve, tmp_path: Path, bundles: Path
+@pytest.mark.anyio
+async def test_a_state_dir_that_cannot_be_created_costs_estimates_never_loads(
+    app_settings: Settings, tmp_path: Path, bundles: Path
 ) -> None:
     make_bundle(bundles, "alpha")
     make_bundle(bundles, "beta")
-    # Stamps are saved only for files that had settled before verification began.
+    # Stamps are saved only for files that had settled before verification began
+    # (their ctime cannot be set back: this waits for the filesystem's clock).
     time.sleep(RACY_S + 0.2)
     blocker = tmp_path / "blocker"
     blocker.write_text("a file where the state dir's parent should be")
-    server = serve_at(THAW_STATE_DIR=str(blocker / "state"))
-    with server.client() as client:
-        for name in ("alpha", "beta", "alpha"):
-            response = client.post(f"/invoke/{name}", json={}, headers={"Prefer": "wait=120"})
-            assert response.status_code == 200, response.text
-        job = client.post("/handlers/beta/jobs", json={}).json()
-        assert client.get(f"/jobs/{job['id']}", params={"wait": 30}).json()["status"] == (
-            "succeeded"
-        )
-        assert readiness(client) == (200, [])
-    # The whole log: the tail `log()` keeps is mostly access lines by now.
-    log = server.log_path.read_text()
+    settings = dataclasses.replace(app_settings, state_dir=str(blocker / "state"))
+    with captured_logs() as logs:
+        async with serving(settings) as served:
+            client = served.client
+            for name in ("alpha", "beta", "alpha"):
+                response = await client.post(
+                    f"/invoke/{name}", json={}, headers={"Prefer": "wait=120"}
+                )
+                assert response.status_code == 200, response.text
+            job = (await client.post("/handlers/beta/jobs", json={})).json()
+            final = await client.get(f"/jobs/{job['id']}", params={"wait": 30})
+            assert final.json()["status"] == "succeeded"
+            ready = await client.get("/readyz")
+            assert (ready.status_code, ready.json().get("conditions", [])) == (200, [])
+    log = logs.text
     assert count(log, "load estimates cannot be saved") == 1, log
     assert count(log, "verified-file stamps cannot be saved") == 1, log
     assert count(log, "dead-owner recovery is off") == 1, log
