@@ -13,38 +13,18 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 
 from tests.inproc import Listening, listening, settings_for, until
+from tests.sse import SSE, acollect, aread_events, collect, read_events
 from tests.support import make_bundle
 
 pytestmark = pytest.mark.anyio
 
-SSE = {"accept": "text/event-stream"}
-
-
-async def read_events(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
-    """SSE as the spec parses it: fields until a blank line; comments kept as `comment`."""
-    event: dict[str, Any] = {}
-    async for line in lines:
-        if line == "":
-            if event:
-                yield event
-            event = {}
-        elif line.startswith(":"):
-            yield {"comment": line[1:].strip()}
-        else:
-            name, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            event[name] = event[name] + "\n" + value if name in event else value
-    if event:
-        yield event
-
-
-async def collect(response: httpx.Response) -> list[dict[str, Any]]:
-    return [e async for e in read_events(response.aiter_lines()) if "comment" not in e]
+# `SSE`, `collect` and `read_events` (the sync readers) are also what
+# tests/pretrained/test_generate_streaming.py reads its streams with.
+__all__ = ["SSE", "collect", "read_events"]
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +65,7 @@ async def test_each_item_is_an_event_then_the_joined_result(
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         assert response.headers["cache-control"] == "no-cache"
-        events = await collect(response)
+        events = await acollect(response)
     assert [e.get("id") for e in events] == ["0", "1", "2", None]
     assert [orjson.loads(e["data"]) for e in events[:3]] == [{"text": f"t{i} "} for i in range(3)]
     assert events[3]["event"] == "result"
@@ -108,7 +88,7 @@ async def test_gaps_carry_heartbeat_comments(server: Listening) -> None:
         server.client() as client,
         client.stream("POST", "/invoke/ticks", json=event, headers=SSE) as resp,
     ):
-        events = [e async for e in read_events(resp.aiter_lines())]
+        events = [e async for e in aread_events(resp.aiter_lines())]
     kinds = ["comment" if "comment" in e else e.get("event", "item") for e in events]
     # The gap between the two ticks is ten heartbeat periods long.
     first, second = kinds.index("item"), len(kinds) - 1 - kinds[::-1].index("item")
@@ -124,7 +104,7 @@ async def test_a_failure_midway_is_an_error_event(server: Listening, handler: st
         client.stream("POST", f"/invoke/{handler}", json=event, headers=SSE) as r,
     ):
         assert r.status_code == 200
-        events = await collect(r)
+        events = await acollect(r)
     assert [orjson.loads(e["data"]) for e in events[:2]] == [{"text": "t0 "}, {"text": "t1 "}]
     assert events[2]["event"] == "error"
     problem = orjson.loads(events[2]["data"])
@@ -154,7 +134,7 @@ async def test_a_client_that_disconnects_stops_the_generation(
         client.stream("POST", f"/invoke/{handler}", json=event, headers=SSE) as response,
     ):
         seen = 0
-        async for e in read_events(response.aiter_lines()):
+        async for e in aread_events(response.aiter_lines()):
             seen += "data" in e
             if seen == 3:
                 break
@@ -193,7 +173,7 @@ async def test_a_streaming_job_is_polled_with_its_output_so_far_then_followed(
         assert job["progress"] == {"items": 2, "partial_output": {"text": "t0 t1 ", "ticks": 2}}
         assert "output" not in job
         async with client.stream("GET", job_url, headers=SSE) as followed:
-            events = read_events(followed.aiter_lines())
+            events = aread_events(followed.aiter_lines())
             replayed = []
             async for e in events:
                 if "data" in e:
@@ -211,7 +191,7 @@ async def test_a_streaming_job_is_polled_with_its_output_so_far_then_followed(
         assert done["status"] == "succeeded"
         assert done["output"] == {"text": "t0 t1 t2 t3 t4 ", "ticks": 5}
         async with client.stream("GET", job_url, headers=SSE) as again:
-            ended = await collect(again)
+            ended = await acollect(again)
         assert [e.get("event") for e in ended] == ["result"]
         assert orjson.loads(ended[0]["data"]) == done["output"]
 
@@ -258,7 +238,7 @@ async def test_a_load_past_the_deadline_is_a_job_and_a_ready_model_streams_at_on
         )
         assert cold.status_code == 202
         async with client.stream("GET", cold.headers["location"], headers=SSE) as followed:
-            events = await collect(followed)
+            events = await acollect(followed)
         assert orjson.loads(events[-1]["data"]) == {"text": "t0 t1 ", "ticks": 2}
         # READY: the stream starts at once, though its run (0.6 s) outlasts the deadline.
         event = {"n": 4, "gap_s": 0.2}
@@ -266,5 +246,5 @@ async def test_a_load_past_the_deadline_is_a_job_and_a_ready_model_streams_at_on
             "POST", "/invoke/model_ticks", json=event, headers={**SSE, "prefer": "wait=0.3"}
         ) as warm:
             assert warm.status_code == 200
-            events = await collect(warm)
+            events = await acollect(warm)
         assert [e.get("id") for e in events] == ["0", "1", "2", "3", None]
