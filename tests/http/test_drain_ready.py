@@ -26,6 +26,15 @@ def queued(client: httpx.Client, handler: str) -> float:
     return 0.0
 
 
+def load_began(client: httpx.Client, bundle: str) -> bool:
+    """Whether `bundle`'s load has begun (or ended): a cold call that began it is
+    under way, not only admitted (an admitted call reads its bundle's manifest
+    before it starts: a drain that begins then does not wait for it)."""
+    models = client.get("/models").json()["models"]
+    model = next(m for m in models if m["name"] == bundle)
+    return "progress" in model or model["state"] != "stored"
+
+
 def test_healthz_answers_before_torch_is_imported(
     servers: list[ServerProcess], server_env: dict[str, str], bundles: Path
 ) -> None:
@@ -124,6 +133,6 @@ def test_sigterm_drains_and_exits_zero(serve: Any, bundles: Path) -> None:
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         future = pool.submit(long_call)
         with server.client() as client:
-            until(lambda: queued(client, "alpha") == 1, "the call admitted")
+            until(lambda: load_began(client, "alpha"), "the call began the load")
         assert server.terminate() == 0
         assert future.result().status_code == 200
