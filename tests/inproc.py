@@ -246,3 +246,14 @@ async def until(condition: Any, what: str, *, attempts: int = 6000, every_s: flo
             return value
         await asyncio.sleep(every_s)
     raise AssertionError(f"never happened: {what}")
+
+
+def answer_once(settings: Settings, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    """One request to an app started on `settings` and stopped after it: what a
+    restarted server answers first, for a sync test (its own event loop)."""
+
+    async def ask() -> httpx.Response:
+        async with serving(settings) as served:
+            return await served.client.request(method, path, **kwargs)
+
+    return asyncio.run(ask())
