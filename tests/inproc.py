@@ -251,9 +251,19 @@ async def until(condition: Any, what: str, *, attempts: int = 6000, every_s: flo
 def answer_once(settings: Settings, method: str, path: str, **kwargs: Any) -> httpx.Response:
     """One request to an app started on `settings` and stopped after it: what a
     restarted server answers first, for a sync test (its own event loop)."""
+    [response] = answers_once(settings, [(method, path)], **kwargs)
+    return response
 
-    async def ask() -> httpx.Response:
+
+def answers_once(
+    settings: Settings, requests: list[tuple[str, str]], **kwargs: Any
+) -> list[httpx.Response]:
+    """`answer_once` for several (method, path) requests, in order, to one app."""
+
+    async def ask() -> list[httpx.Response]:
         async with serving(settings) as served:
-            return await served.client.request(method, path, **kwargs)
+            return [
+                await served.client.request(method, path, **kwargs) for method, path in requests
+            ]
 
     return asyncio.run(ask())

@@ -25,7 +25,7 @@ import pytest
 from runtime.bundles.stamps import RACY_S
 from runtime.settings import Settings
 from tests.handlers.runlog import runs
-from tests.inproc import captured_logs, serving
+from tests.inproc import answer_once, answers_once, captured_logs, serving
 from tests.jobs import tmpfs
 from tests.support import ServerProcess, make_bundle
 
@@ -68,6 +68,13 @@ def until(condition: Callable[[], Any], what: str, timeout_s: float = 30.0) -> A
             return value
         assert time.monotonic() < deadline, f"never happened: {what}"
         time.sleep(0.05)
+
+
+def restart_settings(server: ServerProcess) -> Settings:
+    """The settings of a server started again on `server`'s state, with the
+    default lease (the short ones here make a lease lapse during an outage)."""
+    env = {k: v for k, v in server.env.items() if k != "THAW_JOB_LEASE_S"}
+    return Settings.from_env(env)
 
 
 def assert_storage_unavailable(response: httpx.Response) -> None:
@@ -156,13 +163,12 @@ def test_a_full_disk_refuses_jobs_with_503_and_keeps_a_finished_output(
     assert count(log, "Traceback") == 0, log
 
     server.terminate()
-    again = serve_at(
-        THAW_JOB_STORE=f"sqlite:///{disk / 'jobs.sqlite3'}", THAW_STATE_DIR=str(disk / "state")
+    # Restarted on the same state (in-process: what the store kept is the point).
+    kept, after = answers_once(
+        restart_settings(server), [("GET", f"/jobs/{held_id}"), ("GET", f"/jobs/{after_id}")]
     )
-    with again.client() as client:
-        kept = client.get(f"/jobs/{held_id}").json()
-        assert kept["status"] == "succeeded" and kept["output"] == done["output"]
-        assert client.get(f"/jobs/{after_id}").json()["status"] == "succeeded"
+    assert kept.json()["status"] == "succeeded" and kept.json()["output"] == done["output"]
+    assert after.json()["status"] == "succeeded"
 
 
 @pytest.mark.parametrize("side_files_too", [False, True], ids=["rm-db", "rm-db-wal-shm"])
@@ -203,11 +209,11 @@ def test_a_job_database_deleted_while_serving_loses_no_accepted_job(
     assert count(log, "unready: job-store") == count(log, "ready again: job-store") <= 1, log
 
     server.kill()  # no clean shutdown: what was acknowledged must be on disk
-    again = serve_at(THAW_JOB_STORE=f"sqlite:///{database}")
-    with again.client() as client:
-        for job_id in [held_id, *accepted]:
-            kept = client.get(f"/jobs/{job_id}").json()
-            assert kept["status"] == "succeeded", kept
+    kept = answers_once(
+        restart_settings(server), [("GET", f"/jobs/{job_id}") for job_id in [held_id, *accepted]]
+    )
+    for answer in kept:
+        assert answer.json()["status"] == "succeeded", answer.json()
     assert sqlite3.connect(database).execute("PRAGMA integrity_check").fetchone() == ("ok",)
 
 
@@ -252,9 +258,8 @@ def test_a_job_database_overwritten_while_serving_is_refused_until_removed(
     assert count(log, "ready again: job-store") == 1, log
 
     server.kill()
-    again = serve_at(THAW_JOB_STORE=f"sqlite:///{database}")
-    with again.client() as client:
-        assert client.get(f"/jobs/{accepted}").json()["status"] == "succeeded"
+    kept_job = answer_once(restart_settings(server), "GET", f"/jobs/{accepted}").json()
+    assert kept_job["status"] == "succeeded"
 
 
 @pytest.mark.anyio
