@@ -63,7 +63,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
     to_app: asyncio.Queue[Message] = asyncio.Queue()
     from_app: asyncio.Queue[Message] = asyncio.Queue()
     scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"}, "state": {}}
-    task = asyncio.create_task(app(scope, to_app.get, from_app.put))  # type: ignore[arg-type]
+    task = asyncio.create_task(app(scope, to_app.get, from_app.put))
 
     async def step(name: str) -> None:
         await to_app.put({"type": f"lifespan.{name}"})
@@ -75,6 +75,8 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
             raise RuntimeError(f"the app ended its lifespan during {name}")
         message = reply.result()
         if message["type"] != f"lifespan.{name}.complete":
+            # Starlette re-raises what failed once it has said so: raise that.
+            await task
             raise RuntimeError(f"lifespan {name} failed: {message.get('message', '')}")
 
     try:
