@@ -17,7 +17,6 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -27,7 +26,7 @@ from runtime.settings import Settings
 from tests.handlers.runlog import runs
 from tests.inproc import answer_once, answers_once, captured_logs, serving
 from tests.jobs import tmpfs
-from tests.support import ServerProcess, make_bundle
+from tests.support import ServerProcess, make_bundle, until
 
 PROBLEM_TYPE = "https://thaw.dev/problems/storage-unavailable"
 Serve = Callable[..., ServerProcess]
@@ -57,17 +56,6 @@ def serve_at(servers: list[ServerProcess], server_env: dict[str, str], tmp_path:
 def disk(tmp_path: Path) -> Iterator[Path]:
     with tmpfs.mounted(tmp_path / "disk", "8m") as mounted:
         yield mounted
-
-
-def until(condition: Callable[[], Any], what: str, timeout_s: float = 30.0) -> Any:
-    """Poll `condition` until truthy (a safety limit, not an assertion on time)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.05)
 
 
 def restart_settings(server: ServerProcess) -> Settings:
