@@ -28,8 +28,8 @@ from typing import Any
 import httpx
 import orjson
 import uvicorn
+from asgi_lifespan import LifespanManager
 from starlette.applications import Starlette
-from starlette.types import Message
 
 from runtime.http.app import create_app
 from runtime.instance import Instance
@@ -59,38 +59,11 @@ def settings_for(root: Path, **overrides: Any) -> Settings:
 @contextlib.asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
     """Run `app`'s ASGI lifespan as a server does: startup before the block, shutdown
-    after it, however the block ends; a failed startup raises here."""
-    to_app: asyncio.Queue[Message] = asyncio.Queue()
-    from_app: asyncio.Queue[Message] = asyncio.Queue()
-    scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"}, "state": {}}
-    task = asyncio.create_task(app(scope, to_app.get, from_app.put))
-
-    async def step(name: str) -> None:
-        await to_app.put({"type": f"lifespan.{name}"})
-        reply = asyncio.ensure_future(from_app.get())
-        await asyncio.wait({reply, task}, return_when=asyncio.FIRST_COMPLETED)
-        if not reply.done():
-            reply.cancel()
-            task.result()  # the app's own exception, if it raised one
-            raise RuntimeError(f"the app ended its lifespan during {name}")
-        message = reply.result()
-        if message["type"] != f"lifespan.{name}.complete":
-            # Starlette re-raises what failed once it has said so: raise that.
-            await task
-            raise RuntimeError(f"lifespan {name} failed: {message.get('message', '')}")
-
-    try:
-        await step("startup")
-    except BaseException:
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
-        raise
-    try:
+    (the instance's drain) after it, however the block ends; a failed startup raises
+    the app's own error here. No time limit on either: a start under load, or a
+    drain's grace, is not a failure."""
+    async with LifespanManager(app, startup_timeout=None, shutdown_timeout=None):
         yield
-    finally:
-        await step("shutdown")
-        await task
 
 
 @dataclass
