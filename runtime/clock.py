@@ -20,7 +20,7 @@ import heapq
 import itertools
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Timer(Protocol):
@@ -59,7 +59,7 @@ class Clock:
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
 
-    async def wait_until(self, future: asyncio.Future[object], when: float) -> bool:
+    async def wait_until(self, future: asyncio.Future[Any], when: float) -> bool:
         """Wait for `future` until `when` at the latest (it is not cancelled); True if done."""
         if future.done():
             return True
