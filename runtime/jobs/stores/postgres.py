@@ -50,7 +50,9 @@ from runtime.jobs.stores.postgres_sql import (
     FIELDS,
     NOTIFY,
     PENDING,
+    QUEUE_FIGURES,
     ROW,
+    SILENT_OWNERS,
     dump,
     fence,
     job_of,
@@ -358,6 +360,23 @@ class PostgresJobStore:
             {"before": now - self.ttl_s},
         )
         return total
+
+    # ---- beyond the contract: the fleet's figures and liveness ------------------------
+
+    def queue_figures(self) -> dict[str, tuple[int, float]]:
+        """Per handler with queued jobs: how many, and the oldest one's `created_at`."""
+        rows = self._rows("counting queued jobs", QUEUE_FIGURES, {"now": self.clock.wall()})
+        return {handler: (int(count), float(oldest)) for handler, count, oldest in rows}
+
+    def silent_owners(self, before: float, limit: int = 100) -> list[str]:
+        """Owners whose last `ping` is older than `before` (epoch s) and that still
+        hold running jobs, the longest silent first."""
+        rows = self._rows(
+            "listing silent owners",
+            SILENT_OWNERS,
+            {"before": before, "now": self.clock.wall(), "limit": limit},
+        )
+        return [row[0] for row in rows]
 
     # ---- beyond the contract: wake-ups ------------------------------------------------
 

@@ -118,3 +118,17 @@ def row_of(job: Job) -> tuple[Any, ...]:
 
 def fence(attempt: int | None) -> str:
     return "" if attempt is None else " AND attempts = %(attempt)s"
+
+# The fleet's queue per handler, for /metrics (runtime/jobs/fleet_metrics.py): a
+# walk of the partial index of queued jobs, however large the table.
+QUEUE_FIGURES = (
+    "SELECT handler, count(*), min(created_at) FROM thaw_jobs"
+    " WHERE status = 'queued' AND expires_at > %(now)s GROUP BY handler"
+)
+# Owners not seen since `before` that still hold running jobs: the instances the
+# fleet's liveness takes to be dead (runtime/jobs/liveness.py).
+SILENT_OWNERS = (
+    "SELECT o.owner FROM thaw_owners o WHERE o.seen_at < %(before)s AND EXISTS"
+    " (SELECT 1 FROM thaw_jobs j WHERE j.owner = o.owner AND j.status = 'running'"
+    " AND j.expires_at > %(now)s) ORDER BY o.seen_at LIMIT %(limit)s"
+)
