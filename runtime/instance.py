@@ -28,6 +28,7 @@ from runtime.dispatch.calls import HandlerCalls
 from runtime.dispatch.dispatcher import Accepted, Completed, Dispatcher
 from runtime.dispatch.streams import Stream, Streaming
 from runtime.errors import Draining, ThawError, UnknownBundle
+from runtime.jobs.fleet_queue import FleetQueueReader
 from runtime.jobs.job import Job
 from runtime.jobs.manager import JobManager, JobRunner
 from runtime.jobs.store import DeferredStore
@@ -65,6 +66,8 @@ class Instance:
     # Ends the process once a drain is done: set by the entry point (the server
     # stops uvicorn, the Lambda loop stops taking events); None keeps it running.
     exit_hook: Callable[[], object] | None = None
+    # The fleet's queue figures for /metrics (a store shared by a fleet has them).
+    fleet_queue: FleetQueueReader | None = None
     _background: set[asyncio.Task[None]] = field(default_factory=set)
     _drain: asyncio.Task[None] | None = None
 
@@ -142,6 +145,8 @@ class Instance:
             health,
             instance_id,
         )
+        metrics.fleet.handlers = tuple(sorted(registry.handlers))
+        instance.fleet_queue = FleetQueueReader(store, metrics.fleet, SYSTEM)
         health.on_wedged = lambda condition: instance.begin_drain(condition.detail)
         return instance
 
@@ -382,8 +387,11 @@ class Instance:
             status = "warming"
         return {"status": status, "waiting": waiting, "conditions": self.health.describe()}
 
-    def metrics_text(self) -> bytes:
-        """Every metric in the Prometheus text format."""
+    async def metrics_text(self) -> bytes:
+        """Every metric in the Prometheus text format; the fleet's queue read from the
+        store first when the last read is not recent (runtime/jobs/fleet_queue.py)."""
+        if self.fleet_queue is not None:
+            await self.fleet_queue.refresh()
         return self.metrics.render()
 
     @property

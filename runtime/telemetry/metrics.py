@@ -20,6 +20,9 @@ event loop, so nothing here needs a lock.
     thaw_batch_size{handler}                       requests per call of a batched handler
     thaw_batch_wait_seconds{handler}               a request's wait for its batch to start
                                                    (Server-Timing's `batch`)
+    thaw_fleet_jobs_queued{handler}                the fleet's queued jobs, read from a
+                                                   shared store (PostgreSQL) at scrape time
+    thaw_fleet_oldest_queued_age_seconds{handler}  how long its oldest queued job has waited
     process_*                                      the process collector (CPU, memory, fds)
 """
 
@@ -38,7 +41,12 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -216,6 +224,54 @@ class _SignedError:
         self._owner._observe(self._bundle, error_s)
 
 
+class FleetQueue:
+    """The fleet's queue per handler as the shared store last told it (the jobs layer
+    reads it at scrape time, runtime/jobs/fleet_queue.py). Every instance of a fleet
+    exports the same figures: an autoscaler takes their max across instances.
+
+    `figures` is None for a store no other instance shares (nothing is exported);
+    `handlers` are this instance's, exported with 0 when none of theirs is queued,
+    so an autoscaler sees a zero rather than no series.
+    """
+
+    def __init__(self) -> None:
+        self.figures: dict[str, tuple[int, float]] | None = None
+        self.handlers: tuple[str, ...] = ()
+        # The wall-clock time the figures were read, for the oldest job's age.
+        self.read_at = 0.0
+
+    def update(self, figures: dict[str, tuple[int, float]], read_at: float) -> None:
+        """`figures`: per handler, (queued jobs, the oldest one's created_at)."""
+        self.figures = figures
+        self.read_at = read_at
+
+
+class _FleetCollector(Collector):
+    def __init__(self, fleet: FleetQueue) -> None:
+        self._fleet = fleet
+
+    def collect(self) -> Iterator[Metric]:
+        fleet = self._fleet
+        if fleet.figures is None:
+            return
+        queued = GaugeMetricFamily(
+            "thaw_fleet_jobs_queued",
+            "Jobs queued in the fleet's shared store, per handler (every instance tells the same).",
+            labels=["handler"],
+        )
+        oldest = GaugeMetricFamily(
+            "thaw_fleet_oldest_queued_age_seconds",
+            "Seconds the fleet's oldest queued job of each handler has waited (0: none queued).",
+            labels=["handler"],
+        )
+        for name in sorted(set(fleet.handlers) | set(fleet.figures)):
+            count, created_at = fleet.figures.get(name, (0, fleet.read_at))
+            queued.add_metric([name], count)
+            oldest.add_metric([name], max(0.0, fleet.read_at - created_at) if count else 0.0)
+        yield queued
+        yield oldest
+
+
 class _Collector(Collector):
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
@@ -306,6 +362,8 @@ class Metrics:
             "Bytes reserved in the memory budget (weights plus admitted requests).",
             registry=self.registry,
         )
+        self.fleet = FleetQueue()
+        self.registry.register(_FleetCollector(self.fleet))
         # CPU seconds, resident and virtual memory, open fds, start time: read
         # from /proc at scrape time (absent where there is no /proc).
         ProcessCollector(registry=self.registry)

@@ -32,7 +32,7 @@ async def metrics(request: Request) -> Response:
     """Prometheus text format."""
     from prometheus_client import CONTENT_TYPE_LATEST
 
-    return Response(instance_of(request).metrics_text(), media_type=CONTENT_TYPE_LATEST)
+    return Response(await instance_of(request).metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
 
 async def openapi_document(request: Request) -> Response:
