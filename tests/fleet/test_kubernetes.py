@@ -205,3 +205,15 @@ def test_kedas_query_counts_the_queued_jobs_of_thaws_schema(
     with psycopg.connect(postgres_cluster.dsn(store_database)) as conn:
         row = conn.execute(trigger["metadata"]["query"].encode()).fetchone()
     assert row == (2,)
+
+
+def test_the_prometheus_query_names_a_metric_thaw_exports() -> None:
+    from runtime.telemetry.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.fleet.update({"echo": (3, 0.0)}, read_at=10.0)
+    exported = metrics.render().decode()
+    [trigger] = [t for t in one("ScaledObject")["spec"]["triggers"] if t["type"] == "prometheus"]
+    query = trigger["metadata"]["query"]
+    assert "thaw_fleet_jobs_queued" in query
+    assert 'thaw_fleet_jobs_queued{handler="echo"} 3.0' in exported
