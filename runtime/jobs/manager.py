@@ -25,17 +25,16 @@ by the instance that holds the job.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import dataclasses
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from runtime.clock import SYSTEM, Clock
 from runtime.errors import (
     Conflict,
     Draining,
@@ -136,19 +135,23 @@ class JobManager:
         health: Health | None = None,
         owners_dir: Path | None = None,
         runner: JobRunner | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.store = store
+        # Leases and records are epoch seconds (`clock.wall()`, shared with other
+        # instances); waits, back-offs and heartbeats run on `clock.monotonic()`.
+        self.clock = clock
         self.owner = owner
         self.lease_s = lease_s
         self.max_attempts = max_attempts
         self.metrics = metrics
-        self.health = health if health is not None else Health()
+        self.health = health if health is not None else Health(clock)
         # This instance's lock file among its node's (None: no dead-owner recovery).
         self.owner_lock = OwnerLock(owners_dir, owner) if owners_dir is not None else None
         self.local: dict[str, LocalJob] = {}
         # Final records seen here: polls of a finished job are answered from
         # memory, the store down or not (runtime/jobs/finished.py).
-        self.finished = FinishedJobs()
+        self.finished = FinishedJobs(clock=clock)
         # None (a manager on its own, in tests): jobs are claimed but not run again.
         self.runner = runner
         self.final_write_grace_s = FINAL_WRITE_GRACE_S
@@ -195,7 +198,7 @@ class JobManager:
         delay = RETRY_FIRST_S
         try:
             while STORE_CONDITION in self.health.conditions:
-                await asyncio.sleep(delay)
+                await self.clock.sleep(delay)
                 delay = min(2 * delay, RETRY_MAX_S)
                 try:
                     await self._read(self.store.ping, self.owner)
@@ -208,11 +211,21 @@ class JobManager:
         finally:
             self._probe = None
 
+    async def _wait_set(self, event: asyncio.Event, timeout_s: float) -> bool:
+        """Whether `event` is set within `timeout_s` (on the clock, not the loop's)."""
+        if event.is_set():
+            return True
+        waiter = asyncio.ensure_future(event.wait())
+        try:
+            return await self.clock.wait_until(waiter, self.clock.monotonic() + timeout_s)
+        finally:
+            waiter.cancel()
+
     # ---- this instance's jobs ----------------------------------------------------
 
     async def record(self, handler: str, event: Any, *, phase: str, key_id: str | None) -> Job:
         """Write a new job, running and leased to this instance; returns once durable."""
-        now = time.time()
+        now = self.clock.wall()
         job = Job(
             id=new_job_id(),
             handler=handler,
@@ -312,8 +325,7 @@ class JobManager:
                     failure or "the record kept changing",
                 )
                 return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._give_up.wait(), delay)
+            await self._wait_set(self._give_up, delay)
             delay = min(2 * delay, RETRY_MAX_S)
         if recorded:
             self.metrics.jobs.labels(str(status)).inc()
@@ -333,7 +345,7 @@ class JobManager:
         True when written; False when a record exists (or appeared meanwhile)."""
         if await self._read(self.store.get, local.job.id) is not None:
             return False
-        now = time.time()
+        now = self.clock.wall()
         job = dataclasses.replace(
             local.job,
             status=JobStatus.RUNNING,
@@ -369,7 +381,7 @@ class JobManager:
         interval = max(0.05, self.lease_s / 3)
         try:
             while self.local:
-                await asyncio.sleep(interval)
+                await self.clock.sleep(interval)
                 held = [lj for lj in self.local.values() if not lj.released]
                 if held:
                     await asyncio.gather(*map(self._beat, held))
@@ -409,7 +421,8 @@ class JobManager:
 
     async def get(self, job_id: str, *, key_id: str | None, wait_s: float = 0.0) -> Job:
         """The job; long-polls up to `wait_s` for a final state; recovers lapsed jobs."""
-        deadline = time.monotonic() + wait_s
+        clock = self.clock
+        deadline = clock.monotonic() + wait_s
         while True:
             job = await self._lookup(job_id)
             local = self.local.get(job_id)
@@ -419,20 +432,19 @@ class JobManager:
                 job = await self._read(self.store.get, job_id)
             if job is None or job.key_id != key_id:
                 raise UnknownJob(f"no job {job_id!r}")
-            lapsed = job.lease_until is not None and job.lease_until < time.time()
+            lapsed = job.lease_until is not None and job.lease_until < clock.wall()
             if job.status is JobStatus.RUNNING and local is None and lapsed:
                 claimed = await self._claim_and_run(job)
                 job = claimed or await self._read(self.store.get, job_id) or job
             self.finished.remember(job)
-            remaining = deadline - time.monotonic()
+            remaining = deadline - clock.monotonic()
             if job.status.final or remaining <= 0:
                 return job
             local = self.local.get(job_id)
             if local is not None:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(local.done.wait(), timeout=remaining)
+                await self._wait_set(local.done, remaining)
             else:
-                await asyncio.sleep(min(0.1, remaining))
+                await clock.sleep(min(0.1, remaining))
 
     async def _lookup(self, job_id: str) -> Job | None:
         """The job as remembered if it is finished, else as the store has it."""
@@ -595,9 +607,7 @@ class JobManager:
         """
         for local in list(self.local.values()):
             local.work.cancel()
-        try:
-            await asyncio.wait_for(self._idle.wait(), self.final_write_grace_s)
-        except TimeoutError:
+        if not await self._wait_set(self._idle, self.final_write_grace_s):
             self._give_up.set()
             await self._idle.wait()
 

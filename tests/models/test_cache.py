@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from runtime.bundles.manifest import MANIFEST, Manifest
+from runtime.clock import SYSTEM, Clock, ManualClock
 from runtime.dispatch.dispatcher import Completed
 from runtime.errors import BundleError, InsufficientMemory, IntegrityError, LoadFailed
 from runtime.instance import Instance
@@ -46,21 +47,8 @@ async def call(instance: Instance, handler: str, event: Any = None) -> Any:
     return outcome.output
 
 
-class SkipClock:
-    """time.monotonic(), which a test moves past a back-off at once instead of sleeping."""
-
-    def __init__(self) -> None:
-        self.skipped = 0.0
-
-    def __call__(self) -> float:
-        return time.monotonic() + self.skipped
-
-    def skip(self, seconds: float) -> None:
-        self.skipped += seconds
-
-
-async def started(settings: Settings, clock: SkipClock | None = None) -> Instance:
-    instance = Instance.create(settings, discover(settings.handlers), clock=clock or time.monotonic)
+async def started(settings: Settings, clock: Clock = SYSTEM) -> Instance:
+    instance = Instance.create(settings, discover(settings.handlers), clock=clock)
     await instance.start()
     return instance
 
@@ -153,7 +141,7 @@ async def test_flipped_byte_fails_integrity_then_recovers(tmp_path: Path) -> Non
     corrupt = bytearray(original)
     corrupt[len(corrupt) // 2] ^= 0x01
     shard.write_bytes(bytes(corrupt))
-    clock = SkipClock()
+    clock = ManualClock()
     # A back-off no test run outlasts: only the clock's skip gets past it.
     instance = await started(settings_for(tmp_path, retry_backoff_s=600.0), clock)
     try:
@@ -168,7 +156,7 @@ async def test_flipped_byte_fails_integrity_then_recovers(tmp_path: Path) -> Non
         shard.write_bytes(original)
         with pytest.raises(LoadFailed, match="integrity"):
             await call(instance, "alpha")  # within the back-off: not tried again
-        clock.skip(600.0)
+        clock.advance(600.0)
         output = await call(instance, "alpha")
         assert output["tensors"] == 3
         assert entry.lifecycle.state is State.READY
@@ -180,7 +168,7 @@ async def test_builder_fault_fails_then_succeeds_after_backoff(tmp_path: Path) -
     fault = tmp_path / "fault"
     fault.touch()
     make_bundle(tmp_path / "bundles", "alpha", config={"fault_file": str(fault)})
-    clock = SkipClock()
+    clock = ManualClock()
     instance = await started(settings_for(tmp_path, retry_backoff_s=600.0), clock)
     try:
         with pytest.raises(Exception, match="injected builder fault"):
@@ -194,7 +182,7 @@ async def test_builder_fault_fails_then_succeeds_after_backoff(tmp_path: Path) -
         with pytest.raises(LoadFailed, match="injected builder fault") as info:
             await call(instance, "alpha")
         assert info.value.retry_after_s is not None and info.value.retry_after_s > 0
-        clock.skip(600.0)
+        clock.advance(600.0)
         assert (await call(instance, "alpha"))["bundle"] == "alpha"
     finally:
         await instance.stop()

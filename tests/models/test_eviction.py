@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from runtime.bundles.manifest import BundleFile, Manifest
+from runtime.clock import Clock
 from runtime.errors import InsufficientMemory, LoadFailed, UnknownBundle
 from runtime.models.cache import Lease, ModelCache
 from runtime.models.estimate import Estimator
@@ -175,12 +176,12 @@ class FakeSource:
         return "fake"
 
 
-class FakeClock:
+class FakeClock(Clock):
+    """Simulated monotonic time: set by the test, moved by each fetch's cost."""
+
     def __init__(self) -> None:
         self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+        super().__init__(lambda: self.now)
 
 
 class Model:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
@@ -39,6 +38,7 @@ from urllib.parse import parse_qs, urlsplit
 import orjson
 from botocore.exceptions import ClientError
 
+from runtime.clock import SYSTEM, Clock
 from runtime.errors import ConfigError, Conflict
 from runtime.jobs.job import Job, JobStatus, cancelled_error, lost_error
 from runtime.jobs.stores.payloads import FIELDS, Payloads, translated
@@ -131,6 +131,7 @@ class DynamoDBJobStore:
         table: str,
         *,
         ttl_s: float,
+        clock: Clock = SYSTEM,
         bucket: str | None = None,
         prefix: str = "jobs/",
         client: Any = None,
@@ -138,6 +139,8 @@ class DynamoDBJobStore:
     ) -> None:
         self.table = table
         self.ttl_s = ttl_s
+        # Items hold epoch seconds (TTL, leases other instances compare): the wall clock.
+        self.clock = clock
         self._owned: list[Any] = []
         if client is None:
             client = _client("dynamodb")
@@ -149,7 +152,7 @@ class DynamoDBJobStore:
         self.payloads = Payloads(s3_client, bucket, prefix)
 
     @classmethod
-    def from_url(cls, url: str, *, ttl_s: float) -> DynamoDBJobStore:
+    def from_url(cls, url: str, *, ttl_s: float, clock: Clock = SYSTEM) -> DynamoDBJobStore:
         """`dynamodb://table?bucket=name&prefix=jobs/`; the endpoint is AWS_ENDPOINT_URL's."""
         parts = urlsplit(url)
         query = parse_qs(parts.query)
@@ -162,6 +165,7 @@ class DynamoDBJobStore:
         return cls(
             parts.netloc,
             ttl_s=ttl_s,
+            clock=clock,
             bucket=query.get("bucket", [None])[0],
             prefix=f"{prefix}/" if prefix else "",
         )
@@ -276,7 +280,7 @@ class DynamoDBJobStore:
         return outcomes
 
     def create(self, job: Job) -> None:
-        now = time.time()
+        now = self.clock.wall()
         job.created_at = job.updated_at = now
         job.expires_at = float(math.ceil(now + self.ttl_s))
         fields: dict[str, Any] = {
@@ -322,18 +326,18 @@ class DynamoDBJobStore:
                 TableName=self.table, Key={"id": {"S": job_id}}, ConsistentRead=True
             )
         item = response.get("Item")
-        if item is None or float(item[TTL_ATTRIBUTE]["N"]) <= time.time():
+        if item is None or float(item[TTL_ATTRIBUTE]["N"]) <= self.clock.wall():
             return None
         return self._to_job(item)
 
     def claim(self, job_id: str, owner: str, lease_s: float, max_attempts: int) -> Job | None:
-        values = {":max": max_attempts, ":now": time.time()} | _STATES
+        values = {":max": max_attempts, ":now": self.clock.wall()} | _STATES
         return self._take(job_id, owner, lease_s, max_attempts, _CLAIMABLE, _LOST, values)
 
     def claim_orphan(
         self, job_id: str, dead_owner: str, owner: str, lease_s: float, max_attempts: int
     ) -> Job | None:
-        values = {":max": max_attempts, ":now": time.time(), ":dead": dead_owner} | _STATES
+        values = {":max": max_attempts, ":now": self.clock.wall(), ":dead": dead_owner} | _STATES
         return self._take(job_id, owner, lease_s, max_attempts, _ORPHANED, _ORPHAN_LOST, values)
 
     def _take(
@@ -417,14 +421,14 @@ class DynamoDBJobStore:
 
     def heartbeat(self, job_id: str, owner: str, lease_s: float) -> bool:
         # A job that is still being worked on must not expire under its worker.
-        now = time.time()
+        now = self.clock.wall()
         sets = {"lease_until": now + lease_s, TTL_ATTRIBUTE: float(math.ceil(now + self.ttl_s))}
         return self._owned_update(job_id, owner, sets, [])
 
     def set_phase(
         self, job_id: str, owner: str, phase: str, progress: dict[str, Any] | None = None
     ) -> bool:
-        sets: dict[str, Any] = {"phase": phase, "updated_at": time.time()}
+        sets: dict[str, Any] = {"phase": phase, "updated_at": self.clock.wall()}
         removes: list[str] = []
         self._set_payload(job_id, sets, removes, "progress", progress)
         return self._owned_update(job_id, owner, sets, removes)
@@ -439,7 +443,7 @@ class DynamoDBJobStore:
     ) -> bool:
         if not status.final:
             raise ValueError(f"finish() needs a final status, got {status}")
-        now = time.time()
+        now = self.clock.wall()
         sets: dict[str, Any] = {
             "status": str(status),
             "phase": str(status),
@@ -463,7 +467,7 @@ class DynamoDBJobStore:
                 "status": "cancelled",
                 "phase": "cancelled",
                 "error": orjson.dumps(cancelled_error()),
-                "updated_at": time.time(),
+                "updated_at": self.clock.wall(),
             },
             ["output", "output_ref", "error_ref", "active"],
             "#status IN (:queued, :running)",
@@ -472,7 +476,7 @@ class DynamoDBJobStore:
         return self.get(job_id)
 
     def lapsed(self, limit: int = 100) -> list[str]:
-        return self._active(_PENDING, {":now": time.time()} | _STATES, limit)
+        return self._active(_PENDING, {":now": self.clock.wall()} | _STATES, limit)
 
     def _active(self, only: str, values: dict[str, Any], limit: int | None = None) -> list[str]:
         """Ids of active (queued or running) jobs matching `only`, oldest first."""
@@ -498,7 +502,7 @@ class DynamoDBJobStore:
     def purge_expired(self) -> int:
         """Delete expired items now (TTL does, much later) and their S3 payloads. A Scan."""
         expired = "#expires_at <= :now"
-        names, values = _names(expired, "#id"), {":now": _attr(time.time())}
+        names, values = _names(expired, "#id"), {":now": _attr(self.clock.wall())}
         purged = 0
         with translated("purging expired jobs"):
             pages = self.client.get_paginator("scan").paginate(

@@ -28,13 +28,13 @@ import logging
 import os
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from runtime.clock import SYSTEM, Clock
 from runtime.errors import ConfigError, Conflict, StorageUnavailable
 from runtime.jobs.job import (
     STORE_RETRY_AFTER_S,
@@ -152,9 +152,11 @@ class _Connection(threading.local):
 
 
 class SQLiteJobStore:
-    def __init__(self, path: Path, *, ttl_s: float) -> None:
+    def __init__(self, path: Path, *, ttl_s: float, clock: Clock = SYSTEM) -> None:
         self.path = path
         self.ttl_s = ttl_s
+        # Records hold epoch seconds (other processes read them): the wall clock.
+        self.clock = clock
         self._local = _Connection()
         # SQLite allows one writer at a time and makes the others sleep in
         # growing steps (up to 100 ms) while they wait. Writers of this process
@@ -176,11 +178,11 @@ class SQLiteJobStore:
             self._conn()
 
     @classmethod
-    def from_url(cls, url: str, *, ttl_s: float) -> SQLiteJobStore:
+    def from_url(cls, url: str, *, ttl_s: float, clock: Clock = SYSTEM) -> SQLiteJobStore:
         prefix = "sqlite:///"
         if not url.startswith(prefix) or len(url) == len(prefix):
             raise ConfigError(f"THAW_JOB_STORE={url!r}: expected sqlite:///relative/or//abs/path")
-        return cls(Path(url[len(prefix) :]), ttl_s=ttl_s)
+        return cls(Path(url[len(prefix) :]), ttl_s=ttl_s, clock=clock)
 
     # ---- connections and faults ----------------------------------------------
 
@@ -391,7 +393,7 @@ class SQLiteJobStore:
 
     def create_many(self, jobs: Sequence[Job]) -> list[Conflict | None]:
         """One transaction for all; a used id fails only its own insert."""
-        now = time.time()
+        now = self.clock.wall()
         outcomes: list[Conflict | None] = []
         with self._translated("creating jobs"), self._write_lock:
             conn = self._conn()
@@ -421,12 +423,12 @@ class SQLiteJobStore:
         rows = self._read(
             f"reading job {job_id}",
             f"SELECT {_COLUMNS} FROM jobs WHERE id = ? AND expires_at > ?",
-            (job_id, time.time()),
+            (job_id, self.clock.wall()),
         )
         return self._row_to_job(rows[0]) if rows else None
 
     def claim(self, job_id: str, owner: str, lease_s: float, max_attempts: int) -> Job | None:
-        now = time.time()
+        now = self.clock.wall()
         claimed = self._write(
             f"claiming job {job_id}",
             "UPDATE jobs SET status = 'running', owner = ?, lease_until = ?,"
@@ -449,7 +451,7 @@ class SQLiteJobStore:
     def claim_orphan(
         self, job_id: str, dead_owner: str, owner: str, lease_s: float, max_attempts: int
     ) -> Job | None:
-        now = time.time()
+        now = self.clock.wall()
         claimed = self._write(
             f"claiming job {job_id}",
             "UPDATE jobs SET owner = ?, lease_until = ?,"
@@ -474,7 +476,7 @@ class SQLiteJobStore:
             "listing jobs by owner",
             "SELECT id FROM jobs WHERE owner = ? AND status = 'running' AND expires_at > ?"
             " ORDER BY created_at LIMIT ?",
-            (owner, time.time(), limit),
+            (owner, self.clock.wall(), limit),
         )
         return [row[0] for row in rows]
 
@@ -482,11 +484,11 @@ class SQLiteJobStore:
         self._write(
             "writing a probe",
             "INSERT OR REPLACE INTO probes (id, owner, at) VALUES (1, ?, ?)",
-            (owner, time.time()),
+            (owner, self.clock.wall()),
         )
 
     def heartbeat(self, job_id: str, owner: str, lease_s: float) -> bool:
-        now = time.time()
+        now = self.clock.wall()
         changed = self._write(
             f"renewing the lease of job {job_id}",
             "UPDATE jobs SET lease_until = ?, expires_at = MAX(expires_at, ?)"
@@ -502,7 +504,7 @@ class SQLiteJobStore:
             f"updating job {job_id}",
             "UPDATE jobs SET phase = ?, progress = ?, updated_at = ?"
             " WHERE id = ? AND owner = ? AND status = 'running'",
-            (phase, _dump(progress), time.time(), job_id, owner),
+            (phase, _dump(progress), self.clock.wall(), job_id, owner),
         )
         return changed == 1
 
@@ -516,7 +518,7 @@ class SQLiteJobStore:
     ) -> bool:
         if not status.final:
             raise ValueError(f"finish() needs a final status, got {status}")
-        now = time.time()
+        now = self.clock.wall()
         changed = self._write(
             f"recording the outcome of job {job_id}",
             "UPDATE jobs SET status = ?, phase = ?, output = ?, error = ?, lease_until = NULL,"
@@ -541,12 +543,12 @@ class SQLiteJobStore:
             f"cancelling job {job_id}",
             "UPDATE jobs SET status = 'cancelled', phase = 'cancelled', error = ?, output = NULL,"
             " updated_at = ? WHERE id = ? AND status IN ('queued', 'running')",
-            (error, time.time(), job_id),
+            (error, self.clock.wall(), job_id),
         )
         return self.get(job_id)
 
     def lapsed(self, limit: int = 100) -> list[str]:
-        now = time.time()
+        now = self.clock.wall()
         rows = self._read(
             "listing lapsed jobs",
             "SELECT id FROM jobs WHERE expires_at > ? AND (status = 'queued'"
@@ -557,7 +559,7 @@ class SQLiteJobStore:
 
     def purge_expired(self) -> int:
         return self._write(
-            "purging expired jobs", "DELETE FROM jobs WHERE expires_at <= ?", (time.time(),)
+            "purging expired jobs", "DELETE FROM jobs WHERE expires_at <= ?", (self.clock.wall(),)
         )
 
     def close(self) -> None:
