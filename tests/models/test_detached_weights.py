@@ -40,6 +40,8 @@ from runtime.errors import BundleError, IntegrityError
 from runtime.instance import Instance
 from runtime.models import weights as weights_mod
 from runtime.models.lifecycle import State
+from runtime.models.weights import device as weights_device
+from runtime.models.weights import format as weights_format
 from runtime.registry import discover
 from runtime.settings import Settings
 from tests.handlers.weights_sum import describe
@@ -288,7 +290,7 @@ def test_a_shard_changed_after_verification_is_refused_at_load(
         # The device path's own checks, driven with the CPU (the one device here).
         rel, size = manifest.files[1].path, manifest.files[1].size
         with pytest.raises(IntegrityError, match=fragment) as caught:
-            weights_mod._load_mapped(victim, rel, size, "cpu", None, verified[rel])
+            weights_device.load_mapped(victim, rel, size, "cpu", None, verified[rel])
     else:
         with pytest.raises(IntegrityError, match=fragment) as caught:
             weights_mod.load_weights(bundle_dir, manifest, "cpu", verified)
@@ -392,7 +394,6 @@ def test_a_shard_changed_while_being_read_is_refused(
     bundle_dir, manifest = fetched(tmp_path, "wsum_a")
     victim = shard_paths(bundle_dir, manifest)[0]
     # Small reads, so the file changes after its first read and before its last.
-    monkeypatch.setattr(weights_mod, "_CHUNK_BYTES", 1024)
     real_preadv = os.preadv
     reads = 0
 
@@ -405,7 +406,7 @@ def test_a_shard_changed_while_being_read_is_refused(
 
     monkeypatch.setattr(os, "preadv", preadv)
     with pytest.raises(IntegrityError, match="changed while it was being read"):
-        weights_mod.load_weights(bundle_dir, manifest, "cpu")
+        weights_mod.load_weights(bundle_dir, manifest, "cpu", chunk_bytes=1024)
     assert reads >= 2, "the shard was not changed during the read"
 
 
@@ -421,7 +422,7 @@ def test_the_device_path_refuses_a_shard_changed_while_safetensors_reads_it(
     bundle_dir, manifest = fetched(tmp_path, "wsum_a")
     victim = shard_paths(bundle_dir, manifest)[0]
     rel, size = manifest.files[0].path, manifest.files[0].size
-    intact = weights_mod._load_mapped(victim, rel, size, "cpu", None)
+    intact = weights_device.load_mapped(victim, rel, size, "cpu", None)
     assert describe(intact) == expected_answer(bundle_dir, manifest)
     real = safetensors.torch.load_file
 
@@ -433,7 +434,7 @@ def test_the_device_path_refuses_a_shard_changed_while_safetensors_reads_it(
 
     monkeypatch.setattr(safetensors.torch, "load_file", load_file)
     with pytest.raises(IntegrityError, match="changed while it was being read"):
-        weights_mod._load_mapped(victim, rel, size, "cpu", None)
+        weights_device.load_mapped(victim, rel, size, "cpu", None)
 
 
 # ---- the reader against safetensors' own ------------------------------------------------------
@@ -446,7 +447,7 @@ def write_safetensors(path: Path, tensors: list[tuple[str, Any]]) -> None:
 
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     data = bytearray()
-    codes = {v: k for k, v in weights_mod._SAFETENSORS_DTYPES.items()}
+    codes = {v: k for k, v in weights_format.SAFETENSORS_DTYPES.items()}
     for name, tensor in tensors:
         raw = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
         code = codes[str(tensor.dtype).removeprefix("torch.")]
@@ -490,12 +491,11 @@ def every_dtype() -> list[tuple[str, Any]]:
 @pytest.mark.parametrize("chunk", [16 * 1024 * 1024, 8], ids=["one-read", "8-byte-reads"])
 @pytest.mark.parametrize("dtype", [None, "float16", "bfloat16"])
 def test_the_reader_matches_safetensors_for_every_dtype(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: str | None, chunk: int
+    tmp_path: Path, dtype: str | None, chunk: int
 ) -> None:
     import torch
     from safetensors.torch import load
 
-    monkeypatch.setattr(weights_mod, "_CHUNK_BYTES", chunk)
     src = tmp_path / "src"
     src.mkdir()
     tensors = every_dtype()
@@ -504,7 +504,7 @@ def test_the_reader_matches_safetensors_for_every_dtype(
     manifest = build_bundle(
         src, "mixed", out=tmp_path / "mixed", config={"dtype": dtype} if dtype else {}
     )
-    loaded = weights_mod.load_weights(tmp_path / "mixed", manifest, "cpu")
+    loaded = weights_mod.load_weights(tmp_path / "mixed", manifest, "cpu", chunk_bytes=chunk)
 
     reference: dict[str, torch.Tensor] = {}
     for name in ("a.safetensors", "b.safetensors"):
