@@ -86,7 +86,7 @@ class Instance:
             default_init_s=settings.default_init_s,
         )
         cache = ModelCache(
-            source=open_source(settings),
+            source=open_source(settings, clock=clock),
             registry=registry,
             estimator=estimator,
             metrics=metrics,
