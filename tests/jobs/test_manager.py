@@ -118,7 +118,7 @@ async def test_a_job_outliving_its_lease_keeps_it_and_reports_its_phase(
     assert store.claim(job.id, "elsewhere", LEASE_S, 5) is None
 
     await advance(clock, 4 * LEASE_S, armed=2)  # the work's end
-    done = await jobs.get(job.id, key_id=None, wait_s=5.0)
+    done = await asyncio.wait_for(jobs.get(job.id, key_id=None, wait_s=5.0), SAFETY_S)
     assert done.status is JobStatus.SUCCEEDED and done.output == {"ok": True}
     assert not jobs.local
 
@@ -156,7 +156,7 @@ async def test_outcomes_of_failing_work_are_recorded(store: SQLiteJobStore) -> N
     jobs.follow(plain, asyncio.ensure_future(raises(ValueError("bad input"))), lambda: ("", None))
     ours = await jobs.record("echo", {}, phase="running", key_id=None)
     jobs.follow(ours, asyncio.ensure_future(raises(LoadFailed("bundle broke"))), lambda: ("", None))
-    await jobs.wait_idle()
+    await asyncio.wait_for(jobs.wait_idle(), SAFETY_S)
 
     failed = store.get(plain.id)
     assert failed is not None and failed.status is JobStatus.FAILED
@@ -209,7 +209,7 @@ async def test_a_failed_heartbeat_does_not_stop_the_job(tmp_path: Path, clock: M
     await until(lambda: lease_renewed(store, job.id), "the next heartbeat renewed the lease")
     assert not work.done()
     await advance(clock, BEAT_S, armed=2)
-    done = await jobs.get(job.id, key_id=None, wait_s=5.0)
+    done = await asyncio.wait_for(jobs.get(job.id, key_id=None, wait_s=5.0), SAFETY_S)
     assert done.status is JobStatus.SUCCEEDED and done.output == 7
 
 
