@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -67,19 +66,31 @@ async def test_32_concurrent_first_invocations_load_once(tmp_path: Path) -> None
 
 
 class CountingSource:
-    """An instance's own bundle source, counting its manifest reads (each made slow)."""
+    """An instance's own bundle source, counting its manifest reads; each read is
+    held until the test opens `gate`, so every concurrent caller overlaps it."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.reads = 0
         self._lock = threading.Lock()
+        self.gate = threading.Event()
 
     def manifest(self, name: str) -> Manifest:
         with self._lock:
             self.reads += 1
-        time.sleep(0.05)  # a read every concurrent caller overlaps
+        self.gate.wait(30)
         manifest: Manifest = self.inner.manifest(name)
         return manifest
+
+
+async def while_the_read_is_held(source: CountingSource, calls: list[Any]) -> list[Any]:
+    """Run `calls` at once while the first manifest read is held, then let it end."""
+    running = asyncio.gather(*calls, return_exceptions=True)
+    while source.reads == 0:  # the read runs in a worker thread
+        await asyncio.sleep(0.005)
+    # Every caller started in the loop turn the read began in: all wait on it now.
+    source.gate.set()
+    return await running
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.inner, attr)
@@ -90,11 +101,10 @@ async def test_a_burst_of_cold_estimates_reads_the_manifest_once(tmp_path: Path)
     instance = await started(settings_for(tmp_path))
     source = instance.cache.source = CountingSource(instance.cache.source)
     try:
-        estimates = await asyncio.gather(
-            *(instance.cache.estimate_ready_s("alpha") for _ in range(64))
-        )
+        calls = [instance.cache.estimate_ready_s("alpha") for _ in range(64)]
+        estimates = await while_the_read_is_held(source, calls)
         assert source.reads == 1
-        assert min(estimates) > 0
+        assert all(isinstance(e, float) and e > 0 for e in estimates), estimates
         await instance.cache.estimate_ready_s("alpha")
         assert source.reads == 1, "a known manifest was read again"
     finally:
@@ -109,9 +119,8 @@ async def test_a_failed_manifest_read_fails_every_waiter_and_is_retried(tmp_path
     instance = await started(settings_for(tmp_path))
     source = instance.cache.source = CountingSource(instance.cache.source)
     try:
-        results = await asyncio.gather(
-            *(instance.cache.manifest_of("alpha") for _ in range(8)), return_exceptions=True
-        )
+        calls = [instance.cache.manifest_of("alpha") for _ in range(8)]
+        results = await while_the_read_is_held(source, calls)
         assert source.reads == 1
         assert all(isinstance(r, BundleError) for r in results), results
         manifest_file.write_bytes(good)
