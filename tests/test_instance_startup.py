@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from runtime.bundles.sources.local import LocalSource
+from runtime.clock import ManualClock
 from runtime.dispatch.dispatcher import Accepted, Completed
 from runtime.instance import Instance
 from runtime.jobs.job import JobStatus
@@ -73,6 +75,27 @@ async def test_creating_an_instance_opens_no_store(tmp_path: Path) -> None:
         assert instance.store.opened
     finally:
         await instance.stop()
+
+
+def test_one_clock_reaches_every_component_that_reads_time(tmp_path: Path) -> None:
+    clock = ManualClock()
+    settings = settings_for(tmp_path)
+    instance = Instance.create(settings, discover(settings.handlers), clock=clock)
+    cache, jobs = instance.cache, instance.jobs
+    source = cache.source
+    assert isinstance(source, LocalSource) and source.stamps is not None
+    readers = {
+        "instance": instance.clock,
+        "health": instance.health.clock,
+        "cache": cache.clock,
+        "budget": cache.budget.clock,
+        "stamps": source.stamps.clock,
+        "job store": instance.store.clock,
+        "jobs": jobs.clock,
+        "job leases": jobs.leases.clock,
+        "store calls": jobs.calls.clock,
+    }
+    assert {name: c for name, c in readers.items() if c is not clock} == {}
 
 
 async def test_requests_during_background_start_are_served(
