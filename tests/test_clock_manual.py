@@ -1,4 +1,5 @@
-"""The instance's clock as components use it: timers, waits, and deadlines made from epoch times.
+"""The instance's clock as components use it: timers, waits, deadlines made from epoch
+times, and readiness conditions dated and timed.
 
 Everything runs on a `ManualClock`, so what is asserted is order and outcome.
 """
@@ -6,11 +7,13 @@ Everything runs on a `ManualClock`, so what is asserted is order and outcome.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
 from runtime.aws.lambda_loop import MAX_MARGIN_S, deadline_on
 from runtime.clock import SYSTEM, ManualClock
+from runtime.telemetry.health import Health
 
 pytestmark = pytest.mark.anyio
 
@@ -69,3 +72,23 @@ def test_the_lambda_deadline_becomes_one_on_the_monotonic_clock() -> None:
     clock.advance(10.0)
     assert deadline - clock.monotonic() == pytest.approx(20.0 - MAX_MARGIN_S, abs=0.002)
     assert deadline_on(clock, 0) == float("inf")
+
+
+def test_a_health_condition_is_dated_on_the_wall_and_timed_on_the_monotonic_clock(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = ManualClock()
+    health = Health(clock)
+    began = clock.wall()
+    with caplog.at_level(logging.INFO, logger="thaw.health"):
+        health.report("job-store", "disk full")
+        clock.advance(12.5)
+        health.report("job-store", "still full")  # held: neither re-dated nor logged again
+        shown = health.describe()
+        health.clear("job-store")
+    assert shown == [{"condition": "job-store", "detail": "disk full", "since": began}]
+    assert health.ok
+    assert [r.getMessage() for r in caplog.records] == [
+        "unready: job-store: disk full",
+        "ready again: job-store ended after 12.5 s",
+    ]
