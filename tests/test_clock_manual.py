@@ -13,6 +13,7 @@ import pytest
 
 from runtime.aws.lambda_loop import MAX_MARGIN_S, deadline_on
 from runtime.clock import SYSTEM, ManualClock
+from runtime.context import Context
 from runtime.telemetry.health import Health
 
 pytestmark = pytest.mark.anyio
@@ -92,3 +93,14 @@ def test_a_health_condition_is_dated_on_the_wall_and_timed_on_the_monotonic_cloc
         "unready: job-store: disk full",
         "ready again: job-store ended after 12.5 s",
     ]
+
+
+def test_a_context_counts_its_deadline_down_on_its_clock() -> None:
+    clock = ManualClock()
+    ctx = Context(request_id="r", handler="h", deadline_at=clock.monotonic() + 5.0, clock=clock)
+    assert ctx.remaining_s() == 5.0
+    clock.advance(2.0)
+    assert ctx.remaining_s() == 3.0
+    clock.advance(10.0)
+    assert ctx.remaining_s() == 0.0
+    assert Context(request_id="r", handler="h", clock=clock).remaining_s() is None
