@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import threading
 import warnings
@@ -249,4 +250,37 @@ async def test_budget_evicts_lru_idle_never_in_use_and_refuses_too_large(tmp_pat
             await call(instance, "huge")
         assert cache.entries["gamma"].lifecycle.state is State.READY, "refusal evicted nothing"
     finally:
+        await instance.stop()
+
+
+async def test_a_phase_with_no_progress_fails_when_the_clock_passes_its_stall_limit(
+    tmp_path: Path,
+) -> None:
+    """The no-progress deadline is armed on the instance's clock: the builder hangs
+    (tests/handlers/stuck.py) and the load fails only once the clock passes it."""
+    release = tmp_path / "release"
+    make_bundle(tmp_path / "bundles", "stuck", config={"release": str(release)})
+    clock = ManualClock()
+    settings = dataclasses.replace(
+        settings_for(tmp_path, phase_stall_s=300.0, drain_grace_s=0.5),
+        handlers=("tests.handlers.stuck",),
+    )
+    instance = await started(settings, clock)
+    try:
+        loading = asyncio.ensure_future(instance.cache.acquire("stuck"))
+        entry = instance.cache.entry("stuck")
+        # LOADED is set in the step that arms the init phase's stall timer.
+        while entry.lifecycle.state is not State.LOADED:  # the builder has started
+            await asyncio.sleep(0.005)
+        clock.advance(299.0)
+        for _ in range(20):  # the loop turns a failure due now would take to surface
+            await asyncio.sleep(0)
+        assert not loading.done() and entry.lifecycle.state is State.LOADED
+        clock.advance(2.0)
+        with pytest.raises(LoadFailed, match="init made no progress for 300 s"):
+            await asyncio.wait_for(loading, 30)
+        assert entry.lifecycle.state is State.FAILED
+        assert instance.health.wedged is not None and "init" in instance.health.wedged.detail
+    finally:
+        release.touch()
         await instance.stop()
