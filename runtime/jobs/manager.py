@@ -262,6 +262,7 @@ class JobManager:
         clock = self.clock
         deadline = clock.monotonic() + wait_s
         while True:
+            held_before = job_id in self.local
             job = await self._lookup(job_id)
             local = self.local.get(job_id)
             if job is None and local is not None and local.job.key_id == key_id:
@@ -281,8 +282,9 @@ class JobManager:
             local = self.local.get(job_id)
             if local is not None:
                 await wait_set(clock, local.done, remaining)
-            else:
+            elif not held_before:
                 await clock.sleep(min(0.1, remaining))
+            # else it finished here while the store was read: read its outcome at once
 
     async def _lookup(self, job_id: str) -> Job | None:
         """The job as remembered if it is finished, else as the store has it."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 
 from runtime.clock import ManualClock
 from runtime.errors import LoadFailed
-from runtime.jobs.job import JobStatus
+from runtime.jobs.job import Job, JobStatus
 from runtime.jobs.manager import JobManager
 from runtime.jobs.stores.sqlite import SQLiteJobStore
 from runtime.telemetry.metrics import Metrics
@@ -230,3 +231,46 @@ async def test_abort_all_records_running_jobs_as_drained(
         assert stored is not None and stored.status is JobStatus.FAILED
         assert stored.error is not None and stored.error["type"] == "drained"
     assert await tasks_back_to(before)
+
+
+class StaleRead(SQLiteJobStore):
+    """A real store whose next read, once `hold` is set, returns the row as it was
+    when the read began, but only after `go`: a poll overtaken by the job's end."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hold = threading.Event()
+        self.began = threading.Event()
+        self.go = threading.Event()
+
+    def get(self, job_id: str) -> Job | None:
+        found = super().get(job_id)
+        if self.hold.is_set():
+            self.hold.clear()
+            self.began.set()
+            self.go.wait(SAFETY_S)
+        return found
+
+
+async def test_a_poll_overtaken_by_the_jobs_end_here_reads_its_outcome_at_once(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    store = StaleRead(tmp_path / "jobs.sqlite3", ttl_s=60.0, clock=clock)
+    jobs = manager(store)
+    job = await jobs.record("echo", {}, phase="running", key_id=None)
+    release = asyncio.Event()
+
+    async def work() -> str:
+        await release.wait()
+        return "done"
+
+    jobs.follow(job, asyncio.ensure_future(work()), lambda: ("running", None))
+    store.hold.set()
+    poll = asyncio.ensure_future(jobs.get(job.id, key_id=None, wait_s=5.0))
+    await asyncio.to_thread(store.began.wait, SAFETY_S)  # it read the job running
+    release.set()
+    await asyncio.wait_for(jobs.wait_idle(), SAFETY_S)  # recorded, and no longer held here
+    store.go.set()
+    # No clock advance: the poll must not wait for one to read what it already missed.
+    done = await asyncio.wait_for(poll, SAFETY_S)
+    assert done.status is JobStatus.SUCCEEDED and done.output == "done"
