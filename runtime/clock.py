@@ -61,8 +61,8 @@ class Clock:
 
     async def wait_until(self, future: asyncio.Future[Any], when: float) -> bool:
         """Wait for `future` until `when` at the latest (it is not cancelled); True if done."""
-        if future.done():
-            return True
+        if future.done() or when <= self.monotonic():
+            return future.done()
         waker: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def wake(_: object = None) -> None:
@@ -126,6 +126,10 @@ class ManualClock(Clock):
         return timer
 
     async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            # Due now: no advance is needed (nor would one come) to end it.
+            await asyncio.sleep(0)
+            return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def wake() -> None:

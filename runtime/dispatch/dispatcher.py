@@ -189,6 +189,7 @@ class Dispatcher:
                 deadline_at=deadline_at,
                 logger=HANDLER_LOG,
                 client_context=CLIENT_CONTEXT.get(),
+                clock=self.clock,
             )
             cold = bool(spec.uses) and not all(map(self.cache.is_ready, spec.uses))
             items = Stream(spec) if spec.streams or stream else None
@@ -399,7 +400,9 @@ class Dispatcher:
     def run_job(self, job: Job) -> asyncio.Future[Any]:
         """Run a recovered job's stored input on this instance (the JobRunner protocol)."""
         spec = self.registry.handler(job.handler)
-        ctx = Context(request_id=job.id, handler=job.handler, logger=HANDLER_LOG)
+        ctx = Context(
+            request_id=job.id, handler=job.handler, logger=HANDLER_LOG, clock=self.clock
+        )
         self.pending[spec.name] += 1
         return self._start(Work(self.books, spec, ctx, self.handler_stats(spec.name)), job.input)
 
