@@ -149,7 +149,7 @@ class Instance:
             clock,
         )
         metrics.fleet.handlers = tuple(sorted(registry.handlers))
-        instance.fleet_queue = FleetQueueReader(store, metrics.fleet, SYSTEM)
+        instance.fleet_queue = FleetQueueReader(store, metrics.fleet, clock)
         health.on_wedged = lambda condition: instance.begin_drain(condition.detail)
         return instance
 
