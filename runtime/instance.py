@@ -27,6 +27,7 @@ from runtime.dispatch.calls import HandlerCalls
 from runtime.dispatch.dispatcher import Accepted, Completed, Dispatcher
 from runtime.dispatch.streams import Stream, Streaming
 from runtime.errors import Draining, ThawError, UnknownBundle
+from runtime.jobs.fleet import Fleet
 from runtime.jobs.fleet_queue import FleetQueueReader
 from runtime.jobs.job import Job
 from runtime.jobs.manager import JobManager, JobRunner
@@ -69,6 +70,8 @@ class Instance:
     exit_hook: Callable[[], object] | None = None
     # The fleet's queue figures for /metrics (a store shared by a fleet has them).
     fleet_queue: FleetQueueReader | None = None
+    # Wake-ups and liveness shared with the other instances of a fleet (runtime/jobs/fleet.py).
+    fleet: Fleet | None = None
     _background: set[asyncio.Task[None]] = field(default_factory=set)
     _drain: asyncio.Task[None] | None = None
 
@@ -150,6 +153,7 @@ class Instance:
         )
         metrics.fleet.handlers = tuple(sorted(registry.handlers))
         instance.fleet_queue = FleetQueueReader(store, metrics.fleet, clock)
+        instance.fleet = Fleet(dispatcher.jobs)
         health.on_wedged = lambda condition: instance.begin_drain(condition.detail)
         return instance
 
@@ -191,6 +195,8 @@ class Instance:
             if on_error is not None:
                 on_error(exc)
             return
+        if self.fleet is not None and self.fleet.start(self.store.open()):
+            self.spawn(self.fleet.judge())
         await self._maintain()
 
     async def _maintain(self) -> None:
@@ -267,6 +273,8 @@ class Instance:
         self.calls.shutdown()
         for task in list(self._background):
             task.cancel()
+        if self.fleet is not None:
+            self.fleet.close()
         self.store.close()
         self.jobs.close()
 

@@ -22,10 +22,14 @@ as leases do): keep them synchronized.
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Protocol
 
 from runtime.clock import Clock
 from runtime.errors import StorageUnavailable
+
+log = logging.getLogger("thaw.jobs")
 
 
 class OwnersTable(Protocol):
@@ -90,3 +94,38 @@ class Liveness:
             return []
         before = self.clock.wall() - self.dead_after_s
         return [o for o in self.store.silent_owners(before, limit) if o != self.owner]
+
+
+class Pinger:
+    """`liveness.beat()` every `ping_s` from a thread of its own.
+
+    Not on the event loop: a loop held up for seconds (a burst of work, a slow
+    import holding the GIL in bursts) must not make a living instance look dead
+    to the others. The interval is real time, like the process's own life.
+    """
+
+    def __init__(self, liveness: Liveness) -> None:
+        self.liveness = liveness
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="thaw-liveness", daemon=True)
+
+    def start(self) -> Pinger:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        failing = False
+        while not self._stop.is_set():
+            try:
+                self.liveness.beat()
+                failing = False
+            except StorageUnavailable:
+                failing = True  # the store's health condition says so already
+            except Exception:
+                if not failing:
+                    log.exception("liveness ping failed")
+                failing = True
+            self._stop.wait(self.liveness.ping_s)
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -45,6 +45,7 @@ from runtime.jobs.leases import Leases, LocalJob, Outcome, Probe
 from runtime.jobs.owners import OwnerLock
 from runtime.jobs.recovery import JobRunner, Recovery
 from runtime.jobs.store import JobStore
+from runtime.jobs.wakeups import Event, Wakeups
 from runtime.telemetry.health import Health
 from runtime.telemetry.logs import REQUEST_ID
 from runtime.telemetry.metrics import Metrics
@@ -58,6 +59,9 @@ log = logging.getLogger("thaw.jobs")
 # How long a drain waits for outcomes the store does not take before giving up
 # on them (the process is about to exit; their jobs run again elsewhere).
 FINAL_WRITE_GRACE_S = 5.0
+# A long poll woken by notifications still reads the job this often: its owner may
+# have died without a word, and the poll is what recovers a lapsed lease.
+RECHECK_S = 5.0
 
 
 def outcome_of(work: asyncio.Future[Any], handler: str) -> Outcome:
@@ -134,6 +138,10 @@ class JobManager:
         self._give_up = asyncio.Event()
         self._abandoned = 0
         self._running = metrics.jobs.labels(str(JobStatus.RUNNING))
+        # Changes of jobs made by other instances of a fleet, when the store tells
+        # them (runtime/jobs/wakeups.py; started by runtime/jobs/fleet.py).
+        self.wakeups = Wakeups(clock)
+        self.wakeups.subscribe(self._on_event)
 
     @property
     def runner(self) -> JobRunner | None:
@@ -259,9 +267,24 @@ class JobManager:
 
     async def get(self, job_id: str, *, key_id: str | None, wait_s: float = 0.0) -> Job:
         """The job; long-polls up to `wait_s` for a final state; recovers lapsed jobs."""
+        if wait_s <= 0 or not self.wakeups.supported:
+            return await self._get(job_id, key_id, wait_s, None)
+        # Watched before the first read: a change committed between a read and the
+        # wait that follows it still wakes the wait.
+        changed = self.wakeups.watch(job_id)
+        try:
+            return await self._get(job_id, key_id, wait_s, changed)
+        finally:
+            self.wakeups.unwatch(job_id, changed)
+
+    async def _get(
+        self, job_id: str, key_id: str | None, wait_s: float, changed: asyncio.Event | None
+    ) -> Job:
         clock = self.clock
         deadline = clock.monotonic() + wait_s
         while True:
+            if changed is not None:
+                changed.clear()
             held_before = job_id in self.local
             job = await self._lookup(job_id)
             local = self.local.get(job_id)
@@ -282,9 +305,24 @@ class JobManager:
             local = self.local.get(job_id)
             if local is not None:
                 await wait_set(clock, local.done, remaining)
+            elif changed is not None:
+                # Woken by the job's next change on any instance; read again now and
+                # then all the same, for a lease that lapses (its owner says nothing).
+                await wait_set(clock, changed, min(remaining, RECHECK_S))
             elif not held_before:
                 await clock.sleep(min(0.1, remaining))
             # else it finished here while the store was read: read its outcome at once
+
+    def _on_event(self, event: Event | None) -> None:
+        """A job changed on some instance: one cancelled that runs here stops now,
+        instead of at its next heartbeat."""
+        if event is None or event.status != JobStatus.CANCELLED:
+            return
+        local = self.local.get(event.job_id)
+        if local is not None and not local.work.done():
+            log.info("job %s was cancelled on another instance: stopping its work", event.job_id)
+            local.released = True
+            local.work.cancel()
 
     async def _lookup(self, job_id: str) -> Job | None:
         """The job as remembered if it is finished, else as the store has it."""

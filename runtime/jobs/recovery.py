@@ -138,7 +138,12 @@ class Recovery:
             owner.release(delete=True)
         return reclaimed
 
-    async def _reclaim(self, dead_owner: str) -> int:
+    async def reclaim_owner(self, dead_owner: str) -> int:
+        """Claim and run at once the running jobs of `dead_owner`, found dead by the
+        fleet's liveness in the database (runtime/jobs/fleet.py); returns how many."""
+        return await self._reclaim(dead_owner, where="in the fleet (silent in the database)")
+
+    async def _reclaim(self, dead_owner: str, *, where: str = "on this node") -> int:
         reclaimed = 0
         seen: set[str] = set()
         calls = self.calls
@@ -165,8 +170,9 @@ class Recovery:
                     reclaimed += 1
         if seen:
             log.info(
-                "owner %s died on this node: %d of its %d running job(s) taken at once",
+                "owner %s died %s: %d of its %d running job(s) taken at once",
                 dead_owner,
+                where,
                 reclaimed,
                 len(seen),
             )

@@ -80,19 +80,32 @@ class Wakeups:
     def subscribe(self, callback: Subscriber) -> None:
         self._subscribers.append(callback)
 
+    def watch(self, job_id: str) -> asyncio.Event:
+        """An event set by each change of `job_id` (and by a gap) until `unwatch`.
+
+        Taken before the job is read, so a change committed between the read and
+        the wait is not missed: clear it, read, then wait on it.
+        """
+        event = asyncio.Event()
+        self._waiters.setdefault(job_id, set()).add(event)
+        return event
+
+    def unwatch(self, job_id: str, event: asyncio.Event) -> None:
+        waiters = self._waiters.get(job_id)
+        if waiters is not None:
+            waiters.discard(event)
+            if not waiters:
+                del self._waiters[job_id]
+
     async def wait(self, job_id: str, timeout_s: float) -> bool:
         """Wait up to `timeout_s` for an event of `job_id` (or a gap); True if one came."""
-        event = asyncio.Event()
-        waiters = self._waiters.setdefault(job_id, set())
-        waiters.add(event)
+        event = self.watch(job_id)
         waiter = asyncio.ensure_future(event.wait())
         try:
             return await self.clock.wait_until(waiter, self.clock.monotonic() + timeout_s)
         finally:
             waiter.cancel()
-            waiters.discard(event)
-            if not waiters and self._waiters.get(job_id) is waiters:
-                del self._waiters[job_id]
+            self.unwatch(job_id, event)
 
     def waiting(self, job_id: str) -> int:
         """How many waits on `job_id` are in progress (for tests)."""

@@ -119,6 +119,7 @@ def row_of(job: Job) -> tuple[Any, ...]:
 def fence(attempt: int | None) -> str:
     return "" if attempt is None else " AND attempts = %(attempt)s"
 
+
 # The fleet's queue per handler, for /metrics (runtime/jobs/fleet_metrics.py): a
 # walk of the partial index of queued jobs, however large the table.
 QUEUE_FIGURES = (

@@ -1,0 +1,143 @@
+"""Any instance answers any job, and the fleet outlives its instances:
+
+- a long poll on one instance wakes when the job finishes on another, by the
+  database's notification (shown in-process on a ManualClock that never moves,
+  so no timer could have woken it);
+- a cancel that reaches another instance stops the running work, long before
+  any lease or heartbeat could have told its owner (leases of 600 s);
+- an instance SIGKILLed has its running job taken over by another, found dead
+  by its silence in the database, long before its lease lapses; a living
+  instance's job that runs longer than that silence is never taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.clock import ManualClock
+from runtime.jobs.job import Job, JobStatus, new_job_id
+from runtime.jobs.manager import JobManager
+from runtime.jobs.stores.postgres import PostgresJobStore
+from runtime.telemetry.metrics import Metrics
+from tests.fleet.conftest import MakeFleet
+
+# Far longer than any test waits: only the fleet's own signals can explain what happens.
+LEASE_S = "600"
+
+
+def until(condition: Callable[[], Any], what: str, timeout_s: float = 60.0) -> Any:
+    """Poll `condition` until truthy (a safety limit, not an assertion on time)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = condition()
+        if result:
+            return result
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.anyio
+async def test_a_long_poll_wakes_on_the_notification_of_another_instances_write(
+    fleet_dsn: str,
+) -> None:
+    clock = ManualClock()  # never advanced: no timer can wake anything
+    here = PostgresJobStore(fleet_dsn, ttl_s=3600, clock=clock)
+    there = PostgresJobStore(fleet_dsn, ttl_s=3600, clock=clock)
+    manager = JobManager(
+        here, owner="here", lease_s=30, max_attempts=3, metrics=Metrics(), clock=clock
+    )
+    try:
+        manager.wakeups.start(here)
+        assert await asyncio.to_thread(here._listeners[0].listening.wait, 30)
+        job = Job(id=new_job_id(), handler="echo", input={"x": 1})
+        await asyncio.to_thread(there.create, job)
+        poll = asyncio.ensure_future(manager.get(job.id, key_id=None, wait_s=60))
+        for _ in range(1000):  # until the poll watches the job
+            if manager.wakeups.waiting(job.id):
+                break
+            await asyncio.sleep(0.01)
+        assert await asyncio.to_thread(there.claim, job.id, "there", 30, 3) is not None
+        await asyncio.sleep(0.3)
+        assert not poll.done()  # running is not final: the poll waits on
+        assert await asyncio.to_thread(there.finish, job.id, "there", JobStatus.SUCCEEDED, {"y": 2})
+        found = await asyncio.wait_for(poll, 30)
+        assert (found.status, found.output) == (JobStatus.SUCCEEDED, {"y": 2})
+    finally:
+        manager.wakeups.close()
+        manager.close()
+        here.close()
+        there.close()
+
+
+def tick_log(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_a_cancel_on_another_instance_stops_the_work_at_once(
+    make_fleet: MakeFleet, tmp_path: Path
+) -> None:
+    ticks = tmp_path / "ticks.log"
+    fleet = make_fleet(2, THAW_JOB_LEASE_S=LEASE_S, THAW_TEST_TICK_LOG=str(ticks))
+    owner, other = fleet.instances
+    with owner.client() as here, other.client() as there:
+        job_id = (
+            here.post("/handlers/ticks/jobs", json={"n": 100000, "gap_s": 0.01})
+            .raise_for_status()
+            .json()["id"]
+        )
+        until(lambda: "tick 0" in tick_log(ticks), "the job to run")
+        cancelled = there.delete(f"/jobs/{job_id}").raise_for_status().json()
+        assert cancelled["status"] == "cancelled"
+        # The owner heard the notification: its generator is closed, not run on
+        # to its next heartbeat (a third of a 600 s lease away).
+        ended = until(
+            lambda: [line for line in tick_log(ticks) if line.startswith("end ")],
+            "the work to stop",
+        )
+        assert ended[0].endswith(" closed")
+        for client in (here, there):
+            assert client.get(f"/jobs/{job_id}").json()["status"] == "cancelled"
+
+
+def test_a_killed_instances_job_is_taken_over_and_a_living_ones_never(
+    make_fleet: MakeFleet, tmp_path: Path
+) -> None:
+    ticks = tmp_path / "ticks.log"
+    hold = tmp_path / "hold"
+    hold.touch()
+    fleet = make_fleet(3, THAW_JOB_LEASE_S=LEASE_S, THAW_TEST_TICK_LOG=str(ticks))
+    victim, survivor, _ = fleet.instances
+    with victim.client() as direct:
+        held_id = (
+            direct.post("/handlers/ticks/jobs", json={"n": 3, "hold": str(hold), "hold_at": 1})
+            .raise_for_status()
+            .json()["id"]
+        )
+    with survivor.client() as direct:
+        # Runs for longer than an owner's silence is allowed to last (5 s), on a
+        # living instance: it must finish where it started, once.
+        alive_id = (
+            direct.post("/handlers/sleepy/jobs", json={"s": 8}).raise_for_status().json()["id"]
+        )
+    until(lambda: "tick 0" in tick_log(ticks), "the held job to start")
+    fleet.kill(0)
+    hold.unlink()  # the run that takes over goes through
+    with fleet.client() as client:
+        taken = until(
+            lambda: (
+                (b := client.get(f"/jobs/{held_id}?wait=5").json())["status"] == "succeeded" and b
+            ),
+            "the killed instance's job to finish elsewhere",
+        )
+        alive = client.get(f"/jobs/{alive_id}?wait=30").json()
+    assert taken["attempts"] == 2
+    assert taken["output"] == {"text": "t0 t1 t2 ", "ticks": 3}
+    assert (alive["status"], alive["attempts"]) == ("succeeded", 1)
+    assert alive["output"]["pid"] == survivor.proc.pid  # type: ignore[union-attr]
+    assert "silent in the database" in survivor.log() + fleet.instances[2].log()
