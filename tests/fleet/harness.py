@@ -124,6 +124,7 @@ class Fleet:
     ) -> None:
         self.instances: list[ServerProcess] = []
         self.nginx: Nginx | None = None
+        self._generation = 0
         try:
             for index in range(count):
                 state = root / f"instance-{index}"
@@ -157,10 +158,16 @@ class Fleet:
         """SIGKILL instance `index` (and its process group): no drain, no goodbye."""
         self.instances[index].kill()
 
-    def restart(self, index: int, *, wait: bool = True) -> ServerProcess:
-        """Start instance `index` again on its port, with its state directory."""
+    def restart(self, index: int, *, wait: bool = True, fresh: bool = False) -> ServerProcess:
+        """Start instance `index` again on its port: with its state directory, as a
+        process restarted on its machine, or (`fresh`) a new one, as a replacement
+        on another machine (which finds no lock file of the dead owner's)."""
         server = self.instances[index]
         server.kill()
+        if fresh:
+            self._generation += 1
+            state = Path(server.env["THAW_STATE_DIR"]).parent.parent
+            server.env["THAW_STATE_DIR"] = str(state / f"restart-{self._generation}" / "state")
         return server.start(wait=wait)
 
     def stop(self) -> None:
