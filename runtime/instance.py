@@ -197,6 +197,7 @@ class Instance:
             return
         if self.fleet is not None and self.fleet.start(self.store.open()):
             self.spawn(self.fleet.judge())
+            self.spawn(self.fleet.take_queued(_FleetWork(self)))
         await self._maintain()
 
     async def _maintain(self) -> None:
@@ -409,3 +410,23 @@ class Instance:
     def request_stats(self) -> RequestStats:
         """Where the HTTP edge records each request's duration."""
         return self.metrics.requests
+
+
+class _FleetWork:
+    """What taking the fleet's queued jobs asks of this instance (runtime/jobs/fleet.py)."""
+
+    def __init__(self, instance: Instance) -> None:
+        self.instance = instance
+
+    def idle(self) -> bool:
+        dispatcher = self.instance.dispatcher
+        return not dispatcher.draining and not dispatcher.in_flight and not self.instance.jobs.local
+
+    def handlers(self) -> list[str]:
+        return self.instance.handler_names()
+
+    def warm(self, handler: str) -> bool:
+        instance = self.instance
+        return all(
+            instance.cache.is_ready(name) for name in instance.registry.handler(handler).uses
+        )

@@ -85,10 +85,14 @@ class Recovery:
             self._run_recovered(claimed)
         return claimed
 
+    def run_claimed(self, claimed: Job) -> None:
+        """Run a job this instance just claimed from the fleet's queue."""
+        self._run_recovered(claimed, what="running queued job")
+
     def _can_run(self, handler: str) -> bool:
         return self.runner is None or self.runner.can_run(handler)
 
-    def _run_recovered(self, claimed: Job) -> None:
+    def _run_recovered(self, claimed: Job, *, what: str = "recovering job") -> None:
         if self.runner is None:
             return
         # Its first request's id is not kept with the job: a recovered run is known by
@@ -96,7 +100,7 @@ class Recovery:
         # that claimed it.
         token = REQUEST_ID.set(claimed.id)
         try:
-            log.info("recovering job %s (attempt %d)", claimed.id, claimed.attempts)
+            log.info("%s %s (attempt %d)", what, claimed.id, claimed.attempts)
             work = self.runner.run_job(claimed)
             self.follow(claimed, work, lambda: ("running", None))
         finally:

@@ -85,3 +85,20 @@ def test_an_instance_on_its_own_sqlite_file_exports_no_fleet_queue(
         text = client.get("/metrics").raise_for_status().text
     assert "thaw_fleet_jobs_queued" not in text
     assert "thaw_jobs_total" in text
+
+
+def test_idle_instances_take_the_fleets_queued_jobs(make_fleet: MakeFleet, fleet_dsn: str) -> None:
+    fleet = make_fleet(2)
+    # Queued straight in the store (no instance accepted them): the fleet's queue.
+    store = PostgresJobStore(fleet_dsn, ttl_s=3600)
+    jobs = [Job(id=new_job_id(), handler="sleepy", input={"s": 0}) for _ in range(6)]
+    try:
+        store.create_many(jobs)
+    finally:
+        store.close()
+    with fleet.client() as client:
+        final = [client.get(f"/jobs/{job.id}?wait=30").json() for job in jobs]
+    assert [body["status"] for body in final] == ["succeeded"] * 6
+    assert [body["attempts"] for body in final] == [1] * 6
+    pids = {server.proc.pid for server in fleet.instances if server.proc is not None}
+    assert {body["output"]["pid"] for body in final} <= pids

@@ -191,3 +191,19 @@ async def test_a_gap_wakes_every_waiter_and_tells_subscribers() -> None:
     wakeups.deliver(None)
     assert await asyncio.gather(*waits) == [True, True]
     assert heard == [None]
+
+
+def test_claim_next_takes_only_jobs_queued_before_a_time_when_asked(
+    store: PostgresJobStore, clock: ManualClock
+) -> None:
+    old = job("a")
+    store.create(old)
+    clock.advance(20)
+    young = job("a")
+    store.create(young)
+    cutoff = clock.wall() - 10
+    first = store.claim_next("me", LEASE_S, 3, ["a"], queued_before=cutoff)
+    assert first is not None and first.id == old.id
+    assert store.claim_next("me", LEASE_S, 3, ["a"], queued_before=cutoff) is None
+    second = store.claim_next("me", LEASE_S, 3, ["a"])
+    assert second is not None and second.id == young.id

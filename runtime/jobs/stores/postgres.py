@@ -200,8 +200,11 @@ class PostgresJobStore:
         lease_s: float,
         max_attempts: int,
         handlers: Sequence[str] | None = None,
+        *,
+        queued_before: float | None = None,
     ) -> Job | None:
-        """Take the oldest queued job (of one of `handlers`, when given) to run it.
+        """Take the oldest queued job (of one of `handlers`, when given; created before
+        `queued_before`, epoch s, when given) to run it.
 
         Beyond the JobStore contract: how an idle instance takes work another
         accepted. Rows other claimers hold are skipped, never waited for.
@@ -211,6 +214,9 @@ class PostgresJobStore:
         if handlers is not None:
             params["handlers"] = list(handlers)
             where = " AND handler = ANY(%(handlers)s)"
+        if queued_before is not None:
+            params["before"] = queued_before
+            where += " AND created_at < %(before)s"
         return self._claim(
             "claiming a queued job", CLAIM_NEXT.format(handlers=where), params, lease_s
         )
