@@ -97,6 +97,12 @@ class Fleet:
         clock = self.jobs.clock
         while True:
             await clock.sleep(self.ping_s)
+            failure = liveness.failure
+            if failure is not None:
+                # Readiness off now (the health condition, and its probe that turns it
+                # back on), not at the next request or maintenance pass.
+                self.jobs.calls.failing(failure)
+                continue
             try:
                 dead = await asyncio.to_thread(liveness.dead)
                 for owner in dead:

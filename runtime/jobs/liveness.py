@@ -67,14 +67,19 @@ class Liveness:
         # Wall time of the first ping of the current unbroken run of good ones.
         self._since: float | None = None
         self._last: float | None = None
+        # The last ping's failure, None once one succeeds: how the event loop learns
+        # that the store went away even when no request touches it.
+        self.failure: StorageUnavailable | None = None
 
     def beat(self) -> None:
         """Ping; a failure (StorageUnavailable, raised) breaks the run of good pings."""
         try:
             self.store.ping(self.owner)
-        except StorageUnavailable:
+        except StorageUnavailable as exc:
             self._since = None
+            self.failure = exc
             raise
+        self.failure = None
         now = self.clock.wall()
         if self._since is None or self._last is None or now - self._last > self.dead_after_s:
             # Pings further apart than a death's silence (this process was stopped,

@@ -119,6 +119,7 @@ def test_a_failed_ping_breaks_the_run(
         with pytest.raises(StorageUnavailable):
             me.beat()
         assert not me.judging and me.dead() == []
+        assert isinstance(me.failure, StorageUnavailable)  # for the loop to report
     finally:
         dead_end.close()
 

@@ -117,3 +117,48 @@ def test_a_database_that_does_not_exist(
             server.kill()
             postgres_cluster.drop_database("no_such_database")
     assert "Traceback" not in server.log()
+
+
+def test_postgresql_restarted_under_a_fleet(
+    thaw_env: dict[str, str], tmp_path: Path, unstarted_cluster: postgres_fixtures.PostgresCluster
+) -> None:
+    """While PostgreSQL is down the fleet answers 503 storage-unavailable through
+    nginx; once it is back every instance recovers by itself, and the jobs accepted
+    before the restart are all there."""
+    from tests.fleet.harness import Fleet, nginx_binary
+
+    binary = nginx_binary()
+    if binary is None:
+        pytest.skip("no nginx binary (apt-get install nginx; .ci/run does)")
+    cluster = unstarted_cluster
+    cluster.start()
+    dsn = cluster.dsn(cluster.create_database())
+    env = {**thaw_env, "THAW_HANDLERS": "handlers.echo"}
+    fleet = Fleet(binary, env, dsn, tmp_path / "fleet", 2)
+    try:
+        with fleet.client() as client:
+            before = [
+                client.post("/handlers/echo/jobs", json={"n": n}).raise_for_status().json()["id"]
+                for n in range(4)
+            ]
+            for job_id in before:
+                assert client.get(f"/jobs/{job_id}?wait=30").json()["status"] == "succeeded"
+            cluster.stop("immediate")  # as abrupt as a crash
+            refused = client.post("/handlers/echo/jobs", json={"n": 9})
+            assert refused.status_code == 503
+            assert refused.json()["type"] == STORAGE_UNAVAILABLE
+            assert int(refused.headers["retry-after"]) > 0
+            for server in fleet.instances:
+                with server.client() as direct:
+                    until(lambda d=direct: d.get("/readyz").status_code == 503, "unready")  # type: ignore[misc]
+                    assert direct.get("/healthz").status_code == 200
+            cluster.start()
+            for server in fleet.instances:
+                with server.client() as direct:
+                    until(lambda d=direct: d.get("/readyz").status_code == 200, "ready again")  # type: ignore[misc]
+            for n, job_id in enumerate(before):
+                body = client.get(f"/jobs/{job_id}").raise_for_status().json()
+                assert (body["status"], body["output"]) == ("succeeded", {"n": n})
+            assert_serves_jobs(client)
+    finally:
+        fleet.stop()
