@@ -196,8 +196,9 @@ class Instance:
                 on_error(exc)
             return
         if self.fleet is not None and self.fleet.start(self.store.open()):
-            self.spawn(self.fleet.judge())
-            self.spawn(self.fleet.take_queued(_FleetWork(self)))
+            work = _FleetWork(self)
+            self.spawn(self.fleet.judge(work))
+            self.spawn(self.fleet.take_queued(work))
         await self._maintain()
 
     async def _maintain(self) -> None:
@@ -421,6 +422,9 @@ class _FleetWork:
     def idle(self) -> bool:
         dispatcher = self.instance.dispatcher
         return not dispatcher.draining and not dispatcher.in_flight and not self.instance.jobs.local
+
+    def draining(self) -> bool:
+        return self.instance.draining
 
     def handlers(self) -> list[str]:
         return self.instance.handler_names()

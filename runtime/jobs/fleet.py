@@ -50,6 +50,10 @@ class Work(Protocol):
         """Whether this instance has nothing in flight and is not draining."""
         ...
 
+    def draining(self) -> bool:
+        """Whether this instance is draining (it takes no one's jobs then)."""
+        ...
+
     def handlers(self) -> Sequence[str]:
         """The handlers this instance serves."""
         ...
@@ -89,8 +93,9 @@ class Fleet:
         self._pinger = Pinger(self.liveness).start()
         return True
 
-    async def judge(self) -> None:
-        """Every `ping_s`: take the running jobs of owners found dead (a background task)."""
+    async def judge(self, work: Work) -> None:
+        """Every `ping_s`: take the running jobs of owners found dead, unless draining
+        (a background task)."""
         liveness = self.liveness
         if liveness is None:
             return
@@ -103,6 +108,8 @@ class Fleet:
                 # back on), not at the next request or maintenance pass.
                 self.jobs.calls.failing(failure)
                 continue
+            if work.draining():
+                continue  # the others take them: this instance is about to exit
             try:
                 dead = await asyncio.to_thread(liveness.dead)
                 for owner in dead:
