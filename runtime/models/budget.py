@@ -175,7 +175,7 @@ class MemoryBudget:
         return self._held[name]
 
     def close(self, name: str) -> None:
-        """Admit no more requests of `name` (it is draining); queued ones go round again."""
+        """Admit no more requests of `name` (it is unloading); queued ones go round again."""
         held = self._held.get(name)
         if held is not None:
             held.closed = True

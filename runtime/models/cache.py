@@ -306,7 +306,7 @@ class ModelCache:
 
     def _unload_now(self, entry: Entry, *, reason: str) -> None:
         """READY and idle -> UNLOADED, synchronously (the caller holds no await)."""
-        entry.lifecycle.advance(State.DRAINING)
+        entry.lifecycle.advance(State.UNLOADING)
         self.budget.close(entry.name)
         self._forget(entry)
         entry.lifecycle.advance(State.UNLOADED)
@@ -338,7 +338,7 @@ class ModelCache:
             return
         entry.unloading = asyncio.get_running_loop().create_future()
         try:
-            entry.lifecycle.advance(State.DRAINING)
+            entry.lifecycle.advance(State.UNLOADING)
             self.budget.close(name)
             await self.budget.idle(name)
             self._forget(entry)

@@ -1,6 +1,6 @@
 """The model lifecycle: one enum, one transition table, one `advance()`.
 
-    STORED -> FETCHED -> LOADED -> INITIALIZED -> WARMED -> READY -> DRAINING -> UNLOADED
+    STORED -> FETCHED -> LOADED -> INITIALIZED -> WARMED -> READY -> UNLOADING -> UNLOADED
        \\________ any failure before READY ________/ -> FAILED -> STORED (after back-off)
     UNLOADED -> STORED (the bundle may be loaded again later)
 
@@ -23,7 +23,7 @@ class State(StrEnum):
     INITIALIZED = "initialized"
     WARMED = "warmed"
     READY = "ready"
-    DRAINING = "draining"
+    UNLOADING = "unloading"
     UNLOADED = "unloaded"
     FAILED = "failed"
 
@@ -36,8 +36,8 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     State.LOADED: frozenset({State.INITIALIZED, State.FAILED}),
     State.INITIALIZED: frozenset({State.WARMED, State.FAILED}),
     State.WARMED: frozenset({State.READY, State.FAILED}),
-    State.READY: frozenset({State.DRAINING}),
-    State.DRAINING: frozenset({State.UNLOADED}),
+    State.READY: frozenset({State.UNLOADING}),
+    State.UNLOADING: frozenset({State.UNLOADED}),
     State.UNLOADED: frozenset({State.STORED}),
     State.FAILED: frozenset({State.STORED}),
 }
@@ -49,7 +49,7 @@ PHASE_OF: dict[State, str] = {
     State.INITIALIZED: "init",
     State.WARMED: "warmup",
     State.READY: "ready",
-    State.UNLOADED: "drain",
+    State.UNLOADED: "unload",
 }
 
 LOAD_PHASES = ("fetch", "load", "init", "warmup")

@@ -120,7 +120,7 @@ class Loader:
     async def ensure_loading(self, entry: Entry) -> None:
         """Start the single-flight load of `entry` unless it is loading or loaded."""
         state = entry.lifecycle.state
-        if entry.task is not None or state in (State.READY, State.DRAINING):
+        if entry.task is not None or state in (State.READY, State.UNLOADING):
             return
         if state is State.FAILED:
             wait_s = entry.retry_at - self.clock.monotonic()

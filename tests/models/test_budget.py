@@ -181,7 +181,7 @@ def test_a_queued_load_fails_when_nothing_could_ever_free_room() -> None:
     run(scenario)
 
 
-def test_a_draining_bundle_turns_its_queued_requests_away() -> None:
+def test_an_unloading_bundle_turns_its_queued_requests_away() -> None:
     async def scenario() -> None:
         budget = MemoryBudget(100)
         FakeEvictor(budget)

@@ -396,7 +396,7 @@ class CacheMachine(RuleBasedStateMachine):
         """Waiting is justified only while something holds memory that will be given
         back: a lease (in flight), or a load under way."""
         entry = self.cache.entries[name]
-        if entry.lifecycle.state is State.DRAINING:
+        if entry.lifecycle.state is State.UNLOADING:
             return self.cache.in_flight(name) > 0  # the drain waits for leases we hold
         if SIZES[name] + PER_REQUEST[name] > BUDGET:
             return False  # bound to fail at once
@@ -491,7 +491,7 @@ class CacheMachine(RuleBasedStateMachine):
         if task.done():
             task.result()
             state = self.entry_state(name)
-            if state is State.DRAINING:  # an earlier unload is draining it: not twice
+            if state is State.UNLOADING:  # an earlier unload is under way: not twice
                 assert any(k == "unload" and n == name for k, n, _ in self.pending)
             else:
                 assert state in (None, State.UNLOADED, State.FAILED, State.STORED), state
@@ -522,7 +522,7 @@ class CacheMachine(RuleBasedStateMachine):
         for lease in self.leases:
             entry = lease.entry
             assert self.cache.in_flight(entry.name) > 0
-            assert entry.lifecycle.state in (State.READY, State.DRAINING)
+            assert entry.lifecycle.state in (State.READY, State.UNLOADING)
             assert entry.model is lease.model
 
     @invariant()

@@ -26,10 +26,10 @@ def test_happy_path_stamps_every_phase() -> None:
     assert lc.phase_ms == pytest.approx(
         {"fetch": 500.0, "load": 250.0, "init": 2000.0, "warmup": 125.0, "ready": 0.0}
     )
-    lc.advance(State.DRAINING)
+    lc.advance(State.UNLOADING)
     clock.advance(3.0)
     lc.advance(State.UNLOADED)
-    assert lc.phase_ms["drain"] == pytest.approx(3000.0)
+    assert lc.phase_ms["unload"] == pytest.approx(3000.0)
     lc.advance(State.STORED)
     clock.advance(10.0)  # idle in STORED: a new load is timed from its start
     lc.restart_clock()
