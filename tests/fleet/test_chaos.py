@@ -8,8 +8,7 @@ and no job runs again once its output is recorded."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +18,7 @@ import pytest
 from tests.fleet.harness import Fleet, nginx_binary
 from tests.handlers.runlog import runs
 from tests.jobs import postgres_fixtures
-
-
-def until(condition: Callable[[], Any], what: str, timeout_s: float = 90.0) -> Any:
-    """Poll `condition` until truthy (a safety limit, not an assertion on time)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+from tests.support import until
 
 
 @pytest.fixture

@@ -13,10 +13,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,20 +23,13 @@ from runtime.jobs.manager import JobManager
 from runtime.jobs.stores.postgres import PostgresJobStore
 from runtime.telemetry.metrics import Metrics
 from tests.fleet.conftest import MakeFleet
+from tests.support import SAFETY_S, until
 
 # Far longer than any test waits: only the fleet's own signals can explain what happens.
 LEASE_S = "600"
-
-
-def until(condition: Callable[[], Any], what: str, timeout_s: float = 60.0) -> Any:
-    """Poll `condition` until truthy (a safety limit, not an assertion on time)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+# A wait's safety limit ends before the first heartbeat (a third of a lease) or a
+# lapsed lease could have told anyone anything.
+assert float(LEASE_S) / 3 > SAFETY_S
 
 
 @pytest.mark.anyio

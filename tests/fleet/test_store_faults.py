@@ -5,31 +5,18 @@ answers, the same process is ready and serves jobs, by itself."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from tests.jobs import postgres_fixtures
-from tests.support import ServerProcess
+from tests.support import ServerProcess, until
 
 postgres_cluster = postgres_fixtures.postgres_cluster
 
 STORAGE_UNAVAILABLE = "https://thaw.dev/problems/storage-unavailable"
-
-
-def until(condition: Callable[[], Any], what: str, timeout_s: float = 60.0) -> Any:
-    """Poll `condition` until truthy (a safety limit, not an assertion on time)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
