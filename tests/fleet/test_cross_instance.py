@@ -131,3 +131,35 @@ def test_a_killed_instances_job_is_taken_over_and_a_living_ones_never(
     assert (alive["status"], alive["attempts"]) == ("succeeded", 1)
     assert alive["output"]["pid"] == survivor.proc.pid  # type: ignore[union-attr]
     assert "silent in the database" in survivor.log() + fleet.instances[2].log()
+
+
+def test_a_follower_on_another_instance_gets_the_streamed_jobs_result(
+    make_fleet: MakeFleet, tmp_path: Path
+) -> None:
+    hold = tmp_path / "hold"
+    hold.touch()
+    fleet = make_fleet(2)
+    owner, other = fleet.instances
+    with owner.client() as here:
+        job_id = (
+            here.post("/handlers/ticks/jobs", json={"n": 4, "hold": str(hold), "hold_at": 2})
+            .raise_for_status()
+            .json()["id"]
+        )
+    events: list[str] = []
+    with (
+        other.client() as there,
+        there.stream(
+            "GET", f"/jobs/{job_id}", headers={"Accept": "text/event-stream", "Last-Event-ID": "0"}
+        ) as response,
+    ):
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith(":") and hold.exists():
+                hold.unlink()  # following: let the job end
+            events.append(line)
+            if line.startswith("data:") and "event: result" in events[-2:-1]:
+                break
+    assert "event: result" in events
+    result = events[events.index("event: result") + 1]
+    assert result == 'data: {"text":"t0 t1 t2 t3 ","ticks":4}'
