@@ -314,13 +314,13 @@ class JobManager:
             # else it finished here while the store was read: read its outcome at once
 
     def _on_event(self, event: Event | None) -> None:
-        """A job changed on some instance: one cancelled that runs here stops now,
-        instead of at its next heartbeat."""
+        """A job changed on some instance: one cancelled (on any instance, this one
+        included) that runs here stops now, instead of at its next heartbeat."""
         if event is None or event.status != JobStatus.CANCELLED:
             return
         local = self.local.get(event.job_id)
         if local is not None and not local.work.done():
-            log.info("job %s was cancelled on another instance: stopping its work", event.job_id)
+            log.info("job %s was cancelled: stopping its work here", event.job_id)
             local.released = True
             local.work.cancel()
 
