@@ -24,6 +24,7 @@ its timers, so a test moves them all with a `ManualClock`.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from functools import partial
 from pathlib import Path
@@ -142,6 +143,7 @@ class JobManager:
         # them (runtime/jobs/wakeups.py; started by runtime/jobs/fleet.py).
         self.wakeups = Wakeups(clock)
         self.wakeups.subscribe(self._on_event)
+        self._recheck: asyncio.Task[None] | None = None
 
     @property
     def runner(self) -> JobRunner | None:
@@ -316,13 +318,40 @@ class JobManager:
     def _on_event(self, event: Event | None) -> None:
         """A job changed on some instance: one cancelled (on any instance, this one
         included) that runs here stops now, instead of at its next heartbeat."""
-        if event is None or event.status != JobStatus.CANCELLED:
+        if event is None:
+            # Notifications may have been lost: read the held jobs again.
+            if self.local and self._recheck is None:
+                self._recheck = asyncio.get_running_loop().create_task(
+                    self._recheck_held(), context=contextvars.Context()
+                )
+            return
+        if event.status != JobStatus.CANCELLED:
             return
         local = self.local.get(event.job_id)
         if local is not None and not local.work.done():
             log.info("job %s was cancelled: stopping its work here", event.job_id)
             local.released = True
             local.work.cancel()
+
+    async def _recheck_held(self) -> None:
+        """After a gap in the notifications: stop the work of held jobs that were
+        cancelled or taken over meanwhile (else their next heartbeat would)."""
+        try:
+            for local in list(self.local.values()):
+                if local.work.done() or local.released:
+                    continue
+                try:
+                    current = await self.calls.read(self.store.get, local.job.id)
+                except StorageUnavailable:
+                    return  # the heartbeats find out once the store serves
+                if current is None:
+                    continue  # vanished: the heartbeat restores it
+                if current.status is JobStatus.CANCELLED or current.owner != self.owner:
+                    log.info("job %s changed while notifications were lost: stopping", current.id)
+                    local.released = True
+                    local.work.cancel()
+        finally:
+            self._recheck = None
 
     async def _lookup(self, job_id: str) -> Job | None:
         """The job as remembered if it is finished, else as the store has it."""
@@ -392,5 +421,7 @@ class JobManager:
         of this instance may still be running in the store (an outcome given up), so
         the next instance on this node takes that job at once."""
         self.calls.close()
+        if self._recheck is not None:
+            self._recheck.cancel()
         if self.owner_lock is not None:
             self.owner_lock.release(delete=self._abandoned == 0 and not self.local)

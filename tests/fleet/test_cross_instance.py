@@ -163,3 +163,46 @@ def test_a_follower_on_another_instance_gets_the_streamed_jobs_result(
     assert "event: result" in events
     result = events[events.index("event: result") + 1]
     assert result == 'data: {"text":"t0 t1 t2 t3 ","ticks":4}'
+
+
+@pytest.mark.anyio
+async def test_a_gap_in_the_notifications_rereads_the_held_jobs(fleet_dsn: str) -> None:
+    """A cancel whose notification was lost (committed while the listening session was
+    away) still stops the work once the session is back: the gap makes the owner read
+    its held jobs again. The clock never moves: no heartbeat could have told it."""
+    import psycopg
+
+    clock = ManualClock()
+    here = PostgresJobStore(fleet_dsn, ttl_s=3600, clock=clock)
+    manager = JobManager(
+        here, owner="here", lease_s=30, max_attempts=3, metrics=Metrics(), clock=clock
+    )
+    work: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+    try:
+        manager.wakeups.start(here)
+        listener = here._listeners[0]
+        assert await asyncio.to_thread(listener.listening.wait, 30)
+        job = await manager.record("echo", {}, phase="running", key_id=None)
+        manager.follow(job, work, lambda: ("running", None))
+        with psycopg.connect(fleet_dsn, autocommit=True) as conn:
+            # Cancelled behind the listeners' backs: no pg_notify.
+            conn.execute(
+                "UPDATE thaw_jobs SET status = 'cancelled', phase = 'cancelled' WHERE id = %s",
+                (job.id,),
+            )
+            listener.listening.clear()
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND query IN ('LISTEN thaw_jobs', 'SELECT 1')"
+            )
+        assert await asyncio.to_thread(listener.listening.wait, 30)  # back: the gap
+        for _ in range(int(SAFETY_S * 100)):  # until the re-read stopped it
+            if work.cancelled():
+                break
+            await asyncio.sleep(0.01)
+        assert work.cancelled()
+    finally:
+        manager.wakeups.close()
+        manager.close()
+        here.close()
