@@ -368,19 +368,27 @@ class Instance:
         await self.cache.unload(name)
         return self.cache.describe(self.cache.entry(name))
 
-    def readiness(self) -> dict[str, Any]:
+    def readiness(self, *, details: bool = True) -> dict[str, Any]:
         """`{"status": "ready"}` when `ready()`; else why not (draining, unhealthy or
-        warming), the prewarm bundles not READY yet and the health conditions."""
+        warming) and the classes of the health conditions; with `details`, also the
+        prewarm bundles not READY yet and each condition's detail and start."""
         if self.ready():
             return {"status": "ready"}
-        waiting = [n for n in self.settings.prewarm if not self.cache.is_ready(n)]
         if self.draining:
             status = "draining"
         elif not self.health.ok:
             status = "unhealthy"
         else:
             status = "warming"
-        return {"status": status, "waiting": waiting, "conditions": self.health.describe()}
+        conditions = self.health.describe()
+        if not details:
+            # A detail may name a path or a job: the log and operators have it.
+            return {
+                "status": status,
+                "conditions": [{"condition": c["condition"]} for c in conditions],
+            }
+        waiting = [n for n in self.settings.prewarm if not self.cache.is_ready(n)]
+        return {"status": status, "waiting": waiting, "conditions": conditions}
 
     def metrics_text(self) -> bytes:
         """Every metric in the Prometheus text format."""

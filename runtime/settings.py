@@ -7,7 +7,7 @@ component receives the settings (or the values it needs) in its constructor.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,17 @@ def _parse_bytes(text: str) -> int:
 
 def _split_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+# Plain keys, read once: handler code in this process must not find them in its environment.
+SECRET_VARIABLES = ("THAW_API_KEYS", "THAW_OPERATOR_KEYS")
+
+
+def forget_secrets(environ: MutableMapping[str, str] | None = None) -> None:
+    """Drop the plain keys from the environment once the settings hold them."""
+    env = os.environ if environ is None else environ
+    for name in SECRET_VARIABLES:
+        env.pop(name, None)
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,15 @@ class Settings:
     # Secrets: kept out of the settings' repr so no log line can carry them.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     api_keys_file: str = ""
+    # Operator keys: they alone reach instance-wide actions (drain, load, unload)
+    # and readiness details; they reach every tenant route too.
+    operator_keys: tuple[str, ...] = field(default=(), repr=False)
+    operator_keys_file: str = ""
+    # Held connections (job long-polls, SSE follows and streams): in total, and per key.
+    max_held: int = 256
+    max_held_per_key: int = 32
+    # The longest wait a caller may ask for, by `?wait=` or `Prefer: wait`.
+    max_wait_s: float = 60.0
     log_level: str = "INFO"
 
     @classmethod
@@ -149,6 +169,10 @@ class Settings:
             raise ConfigError("THAW_SSE_HEARTBEAT_S must be > 0")
         if self.invoke_mode not in ("BUFFERED", "RESPONSE_STREAM"):
             raise ConfigError("THAW_INVOKE_MODE must be BUFFERED or RESPONSE_STREAM")
+        if self.max_held < 1 or self.max_held_per_key < 1:
+            raise ConfigError("THAW_MAX_HELD and THAW_MAX_HELD_PER_KEY must be >= 1")
+        if self.max_wait_s < 0:
+            raise ConfigError("THAW_MAX_WAIT_S must be >= 0")
         if self.body_timeout_s <= 0:
             raise ConfigError("THAW_BODY_TIMEOUT_S must be > 0")
         # Bodies still arriving may not take the cap's last min(64 KiB, cap/4)
@@ -160,6 +184,13 @@ class Settings:
                 "THAW_MAX_BUFFERED_BYTES must leave room for one THAW_MAX_BODY_BYTES body "
                 "beyond its reserve (max body + 64 KiB)"
             )
+
+    @property
+    def auth(self) -> bool:
+        """Whether any key is configured (HTTP mode then refuses callers without one)."""
+        return bool(
+            self.api_keys or self.api_keys_file or self.operator_keys or self.operator_keys_file
+        )
 
     @property
     def cache_path(self) -> Path:
