@@ -156,6 +156,7 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
         host=args.host,
         image=args.image,
         engine=args.engine,
+        insecure=args.insecure,
     )
     return code
 
@@ -230,6 +231,11 @@ def build_parser() -> argparse.ArgumentParser:
     emulate = sub.add_parser("emulate", help="local Lambda invocation emulator")
     emulate.add_argument("--host", default="127.0.0.1")
     emulate.add_argument("--port", type=int, default=9000)
+    emulate.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback bind: the emulator authenticates nobody (no AWS_IAM check)",
+    )
     emulate.add_argument("--template", default="template.yaml")
     emulate.add_argument(
         "--max-sandboxes", type=int, default=None, help="most execution environments at once"
