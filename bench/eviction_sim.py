@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Row, fmt_x, verdict
+from runtime.clock import Clock
 from runtime.models.eviction import Candidate, DensityPolicy, EvictionPolicy, GDSFPolicy, LRUPolicy
 
 # name, GB, reload seconds: fetch and load from the node cache at ~1 GB/s plus
@@ -168,14 +169,12 @@ def cachetools_lru(requests: Trace) -> Outcome:
     return out
 
 
-class SimClock:
+class SimClock(Clock):
     """The cache's clock; the fake source advances it by each fetch's cost."""
 
     def __init__(self) -> None:
         self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+        super().__init__(lambda: self.now)
 
 
 class SimSource:

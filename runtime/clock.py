@@ -20,7 +20,7 @@ import heapq
 import itertools
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Timer(Protocol):
@@ -59,10 +59,10 @@ class Clock:
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
 
-    async def wait_until(self, future: asyncio.Future[object], when: float) -> bool:
+    async def wait_until(self, future: asyncio.Future[Any], when: float) -> bool:
         """Wait for `future` until `when` at the latest (it is not cancelled); True if done."""
-        if future.done():
-            return True
+        if future.done() or when <= self.monotonic():
+            return future.done()
         waker: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def wake(_: object = None) -> None:
@@ -126,6 +126,10 @@ class ManualClock(Clock):
         return timer
 
     async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            # Due now: no advance is needed (nor would one come) to end it.
+            await asyncio.sleep(0)
+            return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def wake() -> None:

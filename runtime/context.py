@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
-import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
+
+from runtime.clock import SYSTEM, Clock
 
 # The ClientContext of the Lambda invocation being served, decoded (None: none).
 # Set by the Lambda loop (runtime/aws/lambda_loop.py) around the in-process
@@ -24,7 +25,7 @@ class Context:
 
     request_id: str
     handler: str
-    # time.monotonic() value by which the caller wants an answer; None = no deadline.
+    # The `clock.monotonic()` value by which the caller wants an answer; None = no deadline.
     deadline_at: float | None = None
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("thaw.handler"))
     warmup: bool = False
@@ -37,9 +38,11 @@ class Context:
     # id, which two requests may share), else `request_id`; what log lines name.
     # `request_id` itself is unique to the request (runtime/http/edge.py).
     correlation_id: str | None = None
+    # The instance's clock, which `deadline_at` is on (the dispatcher passes its own).
+    clock: Clock = SYSTEM
 
     def remaining_s(self) -> float | None:
         """Seconds left before the caller's deadline (None when there is none)."""
         if self.deadline_at is None:
             return None
-        return max(0.0, self.deadline_at - time.monotonic())
+        return max(0.0, self.deadline_at - self.clock.monotonic())

@@ -16,14 +16,13 @@ import contextlib
 import logging
 import secrets
 import socket
-import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.bundles.sources import open_source
-from runtime.clock import SYSTEM
+from runtime.clock import SYSTEM, Clock
 from runtime.dispatch.calls import HandlerCalls
 from runtime.dispatch.dispatcher import Accepted, Completed, Dispatcher
 from runtime.dispatch.streams import Stream, Streaming
@@ -62,6 +61,8 @@ class Instance:
     calls: HandlerCalls
     health: Health
     id: str
+    # The one clock every component reads (runtime/clock.py).
+    clock: Clock = SYSTEM
     # Ends the process once a drain is done: set by the entry point (the server
     # stops uvicorn, the Lambda loop stops taking events); None keeps it running.
     exit_hook: Callable[[], object] | None = None
@@ -74,13 +75,14 @@ class Instance:
         settings: Settings,
         registry: Registry | None = None,
         *,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM,
     ) -> Instance:
-        """`clock` is the model cache's (last use, back-off, reload cost): a seam for
-        tests that step past a back-off instead of sleeping through it."""
+        """`clock` is the instance's one clock, handed to every component that reads
+        time (leases, deadlines, back-offs, timers): tests pass a `ManualClock` and
+        step past a back-off or a lease instead of sleeping through it."""
         registry = registry if registry is not None else discover(settings.handlers)
         metrics = Metrics()
-        health = Health()
+        health = Health(clock)
         calls = HandlerCalls(_THREADS)
         estimator = Estimator(
             settings.state_path,
@@ -88,7 +90,7 @@ class Instance:
             default_init_s=settings.default_init_s,
         )
         cache = ModelCache(
-            source=open_source(settings),
+            source=open_source(settings, clock=clock),
             registry=registry,
             estimator=estimator,
             metrics=metrics,
@@ -102,7 +104,7 @@ class Instance:
             health=health,
             clock=clock,
         )
-        store = DeferredStore(settings.job_store, ttl_s=settings.job_ttl_s)
+        store = DeferredStore(settings.job_store, ttl_s=settings.job_ttl_s, clock=clock)
         instance_id = f"{socket.gethostname()}-{secrets.token_hex(4)}"
 
         def jobs(runner: JobRunner) -> JobManager:
@@ -115,6 +117,7 @@ class Instance:
                 health=health,
                 owners_dir=settings.state_path / "owners",
                 runner=runner,
+                clock=clock,
             )
 
         dispatcher = Dispatcher(
@@ -126,8 +129,7 @@ class Instance:
             metrics=metrics,
             calls=calls,
             health=health,
-            # The instance's one Clock, once it is threaded through `create`.
-            clock=SYSTEM,
+            clock=clock,
         )
         instance = cls(
             settings,
@@ -141,6 +143,7 @@ class Instance:
             calls,
             health,
             instance_id,
+            clock,
         )
         health.on_wedged = lambda condition: instance.begin_drain(condition.detail)
         return instance
@@ -194,7 +197,7 @@ class Instance:
         """
         while True:
             await self.jobs.maintain()
-            await asyncio.sleep(max(1.0, self.settings.job_lease_s))
+            await self.clock.sleep(max(1.0, self.settings.job_lease_s))
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,18 @@ def make_bundle(
         path.unlink()
     src.rmdir()
     return manifest
+
+
+def until(condition: Callable[[], Any], what: str, timeout_s: float = 30.0) -> Any:
+    """Poll `condition` until truthy and return its value (a safety limit, not an
+    assertion on time)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.02)
 
 
 def free_port() -> int:

@@ -13,6 +13,11 @@ from runtime.registry import discover
 from runtime.settings import Settings
 registry = discover(())          # every shipped handler module
 app = create_app(Settings())
+# The home of torch and safetensors imports them only when first used.
+import runtime.models.weights.cpu
+import runtime.models.weights.device
+import runtime.models.weights.format
+import runtime.models.weights.framework
 print(sorted(registry.handlers))
 heavy = [m for m in ("torch", "safetensors", "numpy", "boto3", "tokenizers") if m in sys.modules]
 print("HEAVY", heavy)

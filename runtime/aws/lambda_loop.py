@@ -49,7 +49,6 @@ import asyncio
 import logging
 import math
 import os
-import time
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import replace
@@ -64,6 +63,7 @@ from runtime.aws.events import HttpRequest, HttpResponse, is_http_event, request
 from runtime.aws.events import result_from_response as proxy_result
 from runtime.aws.lambda_api import RuntimeAPI
 from runtime.aws.streaming import Streamer
+from runtime.clock import Clock
 from runtime.context import CLIENT_CONTEXT
 from runtime.errors import InvalidEvent, ThawError
 from runtime.http.edge import INVOCATION_ID
@@ -98,6 +98,15 @@ def budget_s(deadline_ms: int, now_s: float) -> float:
     remaining = deadline_ms / 1000.0 - now_s
     margin = min(max(remaining * MARGIN_FRACTION, MIN_MARGIN_S), MAX_MARGIN_S)
     return max(0.0, remaining - margin)
+
+
+def deadline_on(clock: Clock, deadline_ms: int) -> float:
+    """Lambda's deadline (epoch ms, less the margin) as a time on `clock.monotonic()`.
+
+    The wall clock is read once, here, as the invocation arrives: from then on
+    the deadline is the monotonic clock's, which a wall-clock step cannot move.
+    """
+    return clock.monotonic() + budget_s(deadline_ms, clock.wall())
 
 
 def prefer_with_wait(prefer: str | None, limit_s: float, default_s: float) -> str:
@@ -237,10 +246,12 @@ def _client_context(text: str | None) -> Any:
 async def _worker(api: RuntimeAPI, invoker: Invoker, instance: Instance, concurrency: int) -> None:
     while True:
         invocation = await api.next()
-        started = time.monotonic()
+        clock = instance.clock
+        started = clock.monotonic()
+        deadline_at = deadline_on(clock, invocation.deadline_ms)
         if concurrency == 1 and invocation.trace_id:
             os.environ["_X_AMZN_TRACE_ID"] = invocation.trace_id
-        limit_s = budget_s(invocation.deadline_ms, time.time())
+        limit_s = max(0.0, deadline_at - clock.monotonic())
         payload: bytes | None = b""
         error: LambdaError | None = None
         status = 0
@@ -265,7 +276,7 @@ async def _worker(api: RuntimeAPI, invoker: Invoker, instance: Instance, concurr
             # A bug in the runtime, not the handler: answer it and keep the instance.
             log.exception("invocation %s failed in the runtime", invocation.request_id)
             error = lambda_error(exc)
-        took_ms = (time.monotonic() - started) * 1000.0
+        took_ms = (clock.monotonic() - started) * 1000.0
         outcome = str(status) if error is None else error["errorType"]
         # Logged before the post, so the emulator's log tail of this invocation holds it.
         log.info(

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import stat
-import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -263,7 +262,7 @@ def verify_files(
     With `stamps`, a file unchanged since it was last verified here is not
     hashed again (runtime/bundles/stamps.py). Returns the bytes hashed.
     """
-    started_ns = time.time_ns()
+    started_ns = stamps.now_ns() if stamps is not None else 0
     listed = {f.path for f in manifest.files}
     for rel in _walk_files(bundle_dir):
         if rel != MANIFEST and rel not in listed and not rel.startswith(".thaw-"):

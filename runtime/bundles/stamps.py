@@ -32,6 +32,8 @@ from typing import Any
 
 import orjson
 
+from runtime.clock import SYSTEM, Clock
+
 log = logging.getLogger("thaw.bundles")
 
 RACY_S = 2.0
@@ -48,12 +50,18 @@ def stamp_of(st: os.stat_result) -> Stamp:
 class VerifiedStamps:
     """Stat stamps of verified files, per bundle version and directory, kept in `path`."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, clock: Clock = SYSTEM) -> None:
         self.path = path
+        # Compared with the files' mtime and ctime, which are the kernel's wall clock.
+        self.clock = clock
         self._lock = threading.Lock()
         self._stamps: dict[str, dict[str, Stamp]] | None = None
         # Whether the last write failed (logged when that starts and when it ends).
         self._unwritable = False
+
+    def now_ns(self) -> int:
+        """The wall clock now, in ns: when a verification pass begins."""
+        return int(self.clock.wall() * 1e9)
 
     @staticmethod
     def key(bundle_dir: Path, manifest_id: str) -> str:
@@ -78,7 +86,7 @@ class VerifiedStamps:
             return files is not None and files.get(rel) == stamp_of(st)
 
     def record(self, key: str, stamps: dict[str, os.stat_result], verified_from_ns: int) -> None:
-        """Remember files verified in a pass that began at `verified_from_ns` (time.time_ns())."""
+        """Remember files verified in a pass that began at `verified_from_ns` (`now_ns()`)."""
         settled_before = verified_from_ns - int(RACY_S * 1e9)
         fresh = {
             rel: stamp_of(st)

@@ -60,6 +60,8 @@ HANDLER_LOG = logging.getLogger("thaw.handler")
 # with it. While that import is still ahead, waiting requests keep this much
 # more in hand.
 FRAMEWORK_STALL_S = 0.4
+# After a drain's grace, how long cut-off work gets to reach its next step and end.
+ABORT_WAIT_S = 5.0
 
 
 @dataclass
@@ -176,6 +178,8 @@ class Dispatcher:
         # for the work (its settlement gives it back); anything failing before
         # that gives it back here.
         self.pending[name] += 1
+        books = self.books
+        books.admitting += 1
         started = False
         try:
             wait = self.settings.wait_s if wait_s is None else wait_s
@@ -187,6 +191,7 @@ class Dispatcher:
                 logger=HANDLER_LOG,
                 client_context=CLIENT_CONTEXT.get(),
                 correlation_id=REQUEST_ID.get(),
+                clock=self.clock,
             )
             cold = bool(spec.uses) and not all(map(self.cache.is_ready, spec.uses))
             items = Stream(spec) if spec.streams or stream else None
@@ -216,6 +221,10 @@ class Dispatcher:
         finally:
             if not started:
                 self.pending[name] -= 1
+            books.admitting -= 1
+            if not books.admitting and books.admitted is not None:
+                books.admitted.set_result(None)
+                books.admitted = None
         if stream:
             assert items is not None
             if await self._started_by(items, answer_by):
@@ -393,16 +402,17 @@ class Dispatcher:
     def run_job(self, job: Job) -> asyncio.Future[Any]:
         """Run a recovered job's stored input on this instance (the JobRunner protocol)."""
         spec = self.registry.handler(job.handler)
-        ctx = Context(request_id=job.id, handler=job.handler, logger=HANDLER_LOG)
+        ctx = Context(
+            request_id=job.id, handler=job.handler, logger=HANDLER_LOG, clock=self.clock
+        )
         self.pending[spec.name] += 1
         return self._start(Work(self.books, spec, ctx, self.handler_stats(spec.name)), job.input)
 
     # ---- drain ------------------------------------------------------------------
 
     async def wait_idle(self) -> None:
-        """Returns once no invocation or job of this instance is running."""
-        while self.in_flight:
-            await asyncio.wait(set(self.in_flight))
+        """Returns once no invocation or job of this instance is admitted or running."""
+        await self.books.quiet_by(None)
         await self.jobs.wait_idle()
 
     def abort_in_flight(self) -> None:
@@ -412,14 +422,16 @@ class Dispatcher:
             outcome.cancel()
 
     async def drain(self, grace_s: float) -> None:
-        """Refuse new work, let in-flight work finish for `grace_s`, abort the rest."""
+        """Refuse new work, let admitted and in-flight work finish for `grace_s` (on the
+        clock), abort the rest."""
         self.draining = True
-        if self.in_flight:
-            await asyncio.wait(set(self.in_flight), timeout=grace_s)
+        await self.books.quiet_by(self._now() + grace_s)
         await self.jobs.abort_all()
         self.abort_in_flight()
-        if self.in_flight:
-            await asyncio.wait(set(self.in_flight), timeout=5.0)
+        # What was cut off ends at its next step; a request still on its way to its
+        # start (a store write past the grace) starts, and is cut off in turn.
+        await self.books.quiet_by(self._now() + ABORT_WAIT_S)
+        self.abort_in_flight()
         await self.cache.unload_all()
 
 

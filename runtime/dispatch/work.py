@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from functools import partial
 from typing import Any
 
 from runtime.clock import Clock
@@ -54,6 +55,7 @@ class Books:
         health: Health,
         run_timeout_s: float,
     ) -> None:
+        self.clock = clock
         self.now = clock.monotonic
         self.estimator = estimator
         self.metrics = metrics
@@ -64,6 +66,43 @@ class Books:
         # Outcomes of the work in flight (started and not settled).
         self.in_flight: set[asyncio.Future[Any]] = set()
         self.overruns: Overruns[Work] = Overruns(run_timeout_s, Work.overrun, clock)
+        # Requests between taking their queue slot and starting their work (awaits in
+        # between: a cold estimate, a job record), which a drain waits for as for
+        # work in flight; `admitted` is set, and woken by the last one to start, while
+        # someone waits for that.
+        self.admitting = 0
+        self.admitted: asyncio.Future[None] | None = None
+
+    async def quiet_by(self, until: float | None) -> bool:
+        """Wait until no request is on its way to its start and no work is in flight,
+        or until `until` on the clock at the latest (None: however long); True when quiet."""
+        loop = asyncio.get_running_loop()
+        while self.admitting or self.in_flight:
+            if until is not None and self.now() >= until:
+                return False
+            waiter: asyncio.Future[None] = loop.create_future()
+            wake = partial(_wake, waiter)
+            if self.admitting:
+                self.admitted = waiter
+            watched = list(self.in_flight)
+            for outcome in watched:
+                outcome.add_done_callback(wake)
+            try:
+                if until is None:
+                    await waiter
+                else:
+                    await self.clock.wait_until(waiter, until)
+            finally:
+                if self.admitted is waiter:
+                    self.admitted = None
+                for outcome in watched:
+                    outcome.remove_done_callback(wake)
+        return True
+
+
+def _wake(waiter: asyncio.Future[None], _: object = None) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class Work:

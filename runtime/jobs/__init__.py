@@ -1,6 +1,7 @@
 """Async jobs: the record (job.py), the store contract and its stores (store.py,
 stores/), group commit (batch.py), the node's live and dead owners (owners.py)
-and this instance's jobs (manager.py).
+and this instance's jobs (manager.py, with leases.py: heartbeats; recovery.py:
+claims of lapsed and orphaned jobs; calls.py: store calls and their health).
 
 A job is created when a request cannot be answered before its deadline. The
 instance that runs it holds a *lease* (owner + lease_until) and renews it with
@@ -11,5 +12,6 @@ conditional, so two instances never both own one job. An instance that died on
 this node is known dead at once (its owner lock is free), and its jobs are
 claimed without waiting for their leases.
 
-May import: runtime.errors, runtime.telemetry.health, runtime.telemetry.metrics, runtime.settings.
+May import: runtime.clock, runtime.errors, runtime.telemetry.health, runtime.telemetry.metrics,
+runtime.settings.
 """

@@ -16,11 +16,9 @@ answers for a job the store has expired.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 from cachetools import TLRUCache
 
+from runtime.clock import SYSTEM, Clock
 from runtime.jobs.job import Job
 
 MAX_JOBS = 4096
@@ -34,8 +32,11 @@ def _expires(_job_id: str, job: Job, now: float) -> float:
 class FinishedJobs:
     """Final job records by id, at most `max_jobs`, none past its expiry."""
 
-    def __init__(self, max_jobs: int = MAX_JOBS, clock: Callable[[], float] = time.time) -> None:
-        self._jobs: TLRUCache[str, Job] = TLRUCache(maxsize=max_jobs, ttu=_expires, timer=clock)
+    def __init__(self, max_jobs: int = MAX_JOBS, clock: Clock = SYSTEM) -> None:
+        # Expiry is the record's own `expires_at`: epoch seconds, so the wall clock.
+        self._jobs: TLRUCache[str, Job] = TLRUCache(
+            maxsize=max_jobs, ttu=_expires, timer=clock.wall
+        )
 
     def get(self, job_id: str) -> Job | None:
         found: Job | None = self._jobs.get(job_id)

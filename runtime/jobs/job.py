@@ -8,8 +8,7 @@ not where it is kept (runtime/jobs/store.py).
 from __future__ import annotations
 
 import secrets
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -51,8 +50,10 @@ class Job:
     status: JobStatus = JobStatus.QUEUED
     phase: str = "queued"
     attempts: int = 0
-    created_at: float = field(default_factory=time.time)
-    updated_at: float = field(default_factory=time.time)
+    # Epoch seconds on the instance's `clock.wall()`, set when the job is recorded
+    # (by the manager, and again by the store that writes it).
+    created_at: float = 0.0
+    updated_at: float = 0.0
     expires_at: float = 0.0
     output: Any = None
     error: dict[str, Any] | None = None

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from runtime.clock import SYSTEM, Clock
 from runtime.errors import ConfigError, Conflict
 from runtime.jobs.job import Job, JobStatus
 
@@ -100,20 +101,31 @@ class JobStore(Protocol):
     def close(self) -> None: ...
 
 
+_POSTGRES = ("postgresql://", "postgres://")
+
+
 def _check_scheme(url: str) -> None:
-    if not url.startswith(("sqlite://", "dynamodb://")):
-        raise ConfigError(f"THAW_JOB_STORE={url!r}: expected sqlite:///path or dynamodb://table")
+    if not url.startswith(("sqlite://", "dynamodb://", *_POSTGRES)):
+        raise ConfigError(
+            f"THAW_JOB_STORE={url!r}: expected sqlite:///path, dynamodb://table"
+            " or postgresql://user@host:port/db"
+        )
 
 
-def open_store(url: str, *, ttl_s: float) -> JobStore:
+def open_store(url: str, *, ttl_s: float, clock: Clock = SYSTEM) -> JobStore:
+    """The store `url` names; its records' times (created_at, leases, expiry) are `clock.wall()`."""
     _check_scheme(url)
     if url.startswith("sqlite://"):
         from runtime.jobs.stores.sqlite import SQLiteJobStore
 
-        return SQLiteJobStore.from_url(url, ttl_s=ttl_s)
+        return SQLiteJobStore.from_url(url, ttl_s=ttl_s, clock=clock)
+    if url.startswith(_POSTGRES):
+        from runtime.jobs.stores.postgres import PostgresJobStore
+
+        return PostgresJobStore.from_url(url, ttl_s=ttl_s, clock=clock)
     from runtime.jobs.stores.dynamodb import DynamoDBJobStore
 
-    return DynamoDBJobStore.from_url(url, ttl_s=ttl_s)
+    return DynamoDBJobStore.from_url(url, ttl_s=ttl_s, clock=clock)
 
 
 class DeferredStore:
@@ -125,10 +137,11 @@ class DeferredStore:
     thread: every store call runs in one). The URL's scheme is checked at once.
     """
 
-    def __init__(self, url: str, *, ttl_s: float) -> None:
+    def __init__(self, url: str, *, ttl_s: float, clock: Clock = SYSTEM) -> None:
         _check_scheme(url)
         self.url = url
         self.ttl_s = ttl_s
+        self.clock = clock
         self._store: JobStore | None = None
         self._lock = threading.Lock()
 
@@ -142,7 +155,7 @@ class DeferredStore:
         if store is None:
             with self._lock:
                 if self._store is None:
-                    self._store = open_store(self.url, ttl_s=self.ttl_s)
+                    self._store = open_store(self.url, ttl_s=self.ttl_s, clock=self.clock)
                 store = self._store
         return store
 

@@ -27,19 +27,18 @@ than the whole budget, or than what pinned bundles leave of it. A queued one
 fails too when nothing in flight or loading could ever free
 room for it.
 
-`clock` is a seam: it times waits (for /models and the job's progress), and
-tests drive it by hand.
+Waits (for /models and the job's progress) are timed on the instance's
+`Clock` (runtime/clock.py), which tests drive by hand.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from runtime.clock import SYSTEM, Clock
 from runtime.errors import InsufficientMemory
 
 # A waiter that does not fit lets later, smaller ones pass it, at most this many
@@ -108,7 +107,7 @@ class MemoryBudget:
         self,
         limit: int | None = None,
         *,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.limit = limit
         self.clock = clock
@@ -142,7 +141,7 @@ class MemoryBudget:
         """How long the head of the queue has waited (0 when nobody waits)."""
         for waiter in self._queue:
             if not waiter.future.done():
-                return max(0.0, self.clock() - waiter.since)
+                return max(0.0, self.clock.monotonic() - waiter.since)
         return 0.0
 
     def admitted_concurrency(self, name: str, weights_bytes: int, per_request_bytes: int) -> int:
@@ -176,7 +175,7 @@ class MemoryBudget:
         return self._held[name]
 
     def close(self, name: str) -> None:
-        """Admit no more requests of `name` (it is draining); queued ones go round again."""
+        """Admit no more requests of `name` (it is unloading); queued ones go round again."""
         held = self._held.get(name)
         if held is not None:
             held.closed = True
@@ -245,7 +244,8 @@ class MemoryBudget:
     # ---- granting ---------------------------------------------------------------
 
     async def _wait(self, name: str, load: Reservation | None) -> bool:
-        waiter = _Waiter(name, load, asyncio.get_running_loop().create_future(), self.clock())
+        future = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(name, load, future, self.clock.monotonic())
         self._queue.append(waiter)
         self._grant()
         try:

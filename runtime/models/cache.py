@@ -12,8 +12,9 @@ budget asks it to evict idle, unpinned bundles in the policy's order
 (runtime/models/eviction.py; cost-aware by default), and the policy hears of
 every load, hit and eviction.
 
-Time for last use, reload cost and back-off comes from `clock` (a seam: the
-eviction simulator passes a simulated clock).
+Time for last use, reload cost and back-off comes from `clock`, the
+instance's one `Clock` (runtime/clock.py; the eviction simulator passes a
+simulated one, tests a `ManualClock`).
 
 All entry state is changed on the event loop thread only.
 """
@@ -22,20 +23,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
 from runtime.bundles.manifest import Manifest
 from runtime.bundles.sources.source import BundleSource
+from runtime.clock import SYSTEM, Clock
 from runtime.errors import UnknownBundle
 from runtime.models import weights as weights_mod
 from runtime.models.budget import MemoryBudget
 from runtime.models.entry import Entry
 from runtime.models.estimate import Estimator
 from runtime.models.eviction import DensityPolicy, EvictionPolicy
-from runtime.models.lifecycle import State
+from runtime.models.lifecycle import Lifecycle, State
 from runtime.models.loading import Loader, PhaseLimits, WarmUp
 from runtime.registry import Registry
 from runtime.telemetry.health import Health
@@ -79,7 +80,7 @@ class ModelCache:
         pinned: tuple[str, ...] = (),
         limits: PhaseLimits | None = None,
         health: Health | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.source = source
         self.registry = registry
@@ -87,6 +88,9 @@ class ModelCache:
         self.metrics = metrics
         self.policy: EvictionPolicy = policy if policy is not None else DensityPolicy()
         self.clock = clock
+        # Read on every lease and release: looked up once.
+        self._monotonic = clock.monotonic
+        self._wall = clock.wall
         self.entries: dict[str, Entry] = {}
         self.budget = MemoryBudget(memory_budget or None, clock=clock)
         self.budget.bind(self)
@@ -120,7 +124,8 @@ class ModelCache:
         if entry is None:
             if self.registry.builder(name) is None:
                 raise UnknownBundle(f"no builder for bundle {name!r}")
-            entry = Entry(name=name, pinned=name in self._pinned)
+            lifecycle = Lifecycle(clock=self.clock)
+            entry = Entry(name=name, lifecycle=lifecycle, pinned=name in self._pinned)
             self.entries[name] = entry
         return entry
 
@@ -222,15 +227,15 @@ class ModelCache:
 
     def _lease(self, entry: Entry) -> Lease:
         entry.hits += 1
-        entry.last_used_at = self.clock()
-        entry.last_used_wall = time.time()
+        entry.last_used_at = self._monotonic()
+        entry.last_used_wall = self._wall()
         self._hit_counter(entry.name).inc()
         self.policy.on_hit(entry.candidate(), entry.last_used_at)
         return Lease(self, entry)
 
     def _release(self, entry: Entry) -> None:
-        entry.last_used_at = self.clock()
-        entry.last_used_wall = time.time()
+        entry.last_used_at = self._monotonic()
+        entry.last_used_wall = self._wall()
         self.budget.release(entry.name)
 
     def in_flight(self, name: str) -> int:
@@ -271,7 +276,7 @@ class ModelCache:
             # Evicting every idle bundle would still not make room: evict none
             # (each would only have to be loaded again) and wait for releases.
             return False
-        now = self.clock()
+        now = self._monotonic()
         by_name = {e.name: e for e in idle}
         evicted = False
         for candidate in self.policy.order([e.candidate() for e in idle], now):
@@ -301,7 +306,7 @@ class ModelCache:
 
     def _unload_now(self, entry: Entry, *, reason: str) -> None:
         """READY and idle -> UNLOADED, synchronously (the caller holds no await)."""
-        entry.lifecycle.advance(State.DRAINING)
+        entry.lifecycle.advance(State.UNLOADING)
         self.budget.close(entry.name)
         self._forget(entry)
         entry.lifecycle.advance(State.UNLOADED)
@@ -333,7 +338,7 @@ class ModelCache:
             return
         entry.unloading = asyncio.get_running_loop().create_future()
         try:
-            entry.lifecycle.advance(State.DRAINING)
+            entry.lifecycle.advance(State.UNLOADING)
             self.budget.close(name)
             await self.budget.idle(name)
             self._forget(entry)

@@ -45,13 +45,13 @@ class Entry:
     hits: int = 0
     failures: int = 0
     retry_at: float = 0.0
-    last_used_at: float = 0.0  # monotonic
+    last_used_at: float = 0.0  # the cache's clock.monotonic()
     last_used_wall: float | None = None
     last_load_s: float = 0.0
     # last_load_s minus waits a reload would not repeat: the eviction policy's cost.
     reload_s: float = 0.0
     progress_bytes: int = 0
-    # time.monotonic() of the load's last sign of progress (the no-progress deadline).
+    # clock.monotonic() of the load's last sign of progress (the no-progress deadline).
     progress_at: float = 0.0
     estimated_load_s: float | None = None
 

@@ -198,7 +198,7 @@ class Estimator:
         phases, _basis = self.phase_estimates(manifest)
         ahead = _PHASES_AHEAD.get(state)
         if ahead is None:
-            # FAILED/UNLOADED/DRAINING: a full load lies ahead.
+            # FAILED/UNLOADED/UNLOADING: a full load lies ahead.
             return sum(phases.values())
         remaining = max(_MIN_REMAINING_S, phases[ahead[0]] - in_state_s)
         for phase in ahead[1:]:

@@ -47,7 +47,7 @@ class Candidate:
     # Measured seconds the last load took (fetch through warm-up), excluding the
     # process's one-time framework import, which a reload does not pay again.
     reload_s: float
-    last_used_at: float  # the cache's clock (time.monotonic() unless injected)
+    last_used_at: float  # the cache's clock.monotonic()
     hits: int
 
 

@@ -1,6 +1,6 @@
 """The model lifecycle: one enum, one transition table, one `advance()`.
 
-    STORED -> FETCHED -> LOADED -> INITIALIZED -> WARMED -> READY -> DRAINING -> UNLOADED
+    STORED -> FETCHED -> LOADED -> INITIALIZED -> WARMED -> READY -> UNLOADING -> UNLOADED
        \\________ any failure before READY ________/ -> FAILED -> STORED (after back-off)
     UNLOADED -> STORED (the bundle may be loaded again later)
 
@@ -10,9 +10,10 @@ the phase it completes, so `phase_ms` always holds the last load's timings.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+from runtime.clock import SYSTEM, Clock
 
 
 class State(StrEnum):
@@ -22,7 +23,7 @@ class State(StrEnum):
     INITIALIZED = "initialized"
     WARMED = "warmed"
     READY = "ready"
-    DRAINING = "draining"
+    UNLOADING = "unloading"
     UNLOADED = "unloaded"
     FAILED = "failed"
 
@@ -35,8 +36,8 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     State.LOADED: frozenset({State.INITIALIZED, State.FAILED}),
     State.INITIALIZED: frozenset({State.WARMED, State.FAILED}),
     State.WARMED: frozenset({State.READY, State.FAILED}),
-    State.READY: frozenset({State.DRAINING}),
-    State.DRAINING: frozenset({State.UNLOADED}),
+    State.READY: frozenset({State.UNLOADING}),
+    State.UNLOADING: frozenset({State.UNLOADED}),
     State.UNLOADED: frozenset({State.STORED}),
     State.FAILED: frozenset({State.STORED}),
 }
@@ -48,7 +49,7 @@ PHASE_OF: dict[State, str] = {
     State.INITIALIZED: "init",
     State.WARMED: "warmup",
     State.READY: "ready",
-    State.UNLOADED: "drain",
+    State.UNLOADED: "unload",
 }
 
 LOAD_PHASES = ("fetch", "load", "init", "warmup")
@@ -64,16 +65,22 @@ class Lifecycle:
 
     state: State = State.STORED
     phase_ms: dict[str, float] = field(default_factory=dict)
-    entered_at: float = field(default_factory=time.monotonic)
-    # Wall-clock of the last change, for display.
-    changed_at: float = field(default_factory=time.time)
     error: dict[str, str] | None = None
+    clock: Clock = field(default=SYSTEM, repr=False, compare=False)
+    # `clock.monotonic()` when the current state was entered (phase timings).
+    entered_at: float = field(init=False)
+    # `clock.wall()` of the last change, for display.
+    changed_at: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.entered_at = self.clock.monotonic()
+        self.changed_at = self.clock.wall()
 
     def advance(self, to: State, *, error: dict[str, str] | None = None) -> float:
         """Move to `to`, returning the milliseconds spent in the previous state."""
         if to not in TRANSITIONS[self.state]:
             raise IllegalTransition(f"{self.state} -> {to} is not allowed")
-        now = time.monotonic()
+        now = self.clock.monotonic()
         elapsed_ms = (now - self.entered_at) * 1000.0
         if to is State.FETCHED:
             self.phase_ms = {}
@@ -82,7 +89,7 @@ class Lifecycle:
             self.phase_ms[phase] = elapsed_ms
         self.state = to
         self.entered_at = now
-        self.changed_at = time.time()
+        self.changed_at = self.clock.wall()
         if to is State.FAILED:
             self.error = error
         elif to is State.FETCHED:
@@ -91,7 +98,7 @@ class Lifecycle:
 
     def restart_clock(self) -> None:
         """Start timing a new load from now (the entry may have idled in STORED)."""
-        self.entered_at = time.monotonic()
+        self.entered_at = self.clock.monotonic()
 
     @property
     def loading(self) -> bool:

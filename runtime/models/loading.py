@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from typing import Any, Protocol, TypeVar
 
 from runtime.bundles.sources.source import BundleSource
 from runtime.bundles.stamps import Stamp
+from runtime.clock import Clock
 from runtime.context import Context
 from runtime.errors import HandlerError, LoadFailed, ThawError
 from runtime.models import weights as weights_mod
@@ -102,7 +102,7 @@ class Loader:
         retry_backoff_s: float,
         limits: PhaseLimits,
         health: Health,
-        clock: Callable[[], float],
+        clock: Clock,
     ) -> None:
         self.source = source
         self.registry = registry
@@ -125,10 +125,10 @@ class Loader:
     async def ensure_loading(self, entry: Entry) -> None:
         """Start the single-flight load of `entry` unless it is loading or loaded."""
         state = entry.lifecycle.state
-        if entry.task is not None or state in (State.READY, State.DRAINING):
+        if entry.task is not None or state in (State.READY, State.UNLOADING):
             return
         if state is State.FAILED:
-            wait_s = entry.retry_at - self.clock()
+            wait_s = entry.retry_at - self.clock.monotonic()
             if wait_s > 0:
                 cause = entry.lifecycle.error or {}
                 raise LoadFailed(
@@ -176,7 +176,7 @@ class Loader:
         """Seconds until `entry` is READY (0 when it is)."""
         if entry.lifecycle.state is State.READY:
             return 0.0
-        in_state_s = time.monotonic() - entry.lifecycle.entered_at
+        in_state_s = self.clock.monotonic() - entry.lifecycle.entered_at
         state = entry.lifecycle.state if entry.task is not None else State.STORED
         remaining = self.estimator.remaining_s(manifest, state, in_state_s)
         if self.device is None and state in (State.STORED, State.FETCHED):
@@ -195,11 +195,12 @@ class Loader:
         if self._device_task is None:
             estimator = self.estimator
             requested = self.requested_device
+            monotonic = self.clock.monotonic
 
             def resolve() -> str:
-                started = time.monotonic()
+                started = monotonic()
                 device = weights_mod.resolve_device(requested)
-                estimator.record_framework(time.monotonic() - started)
+                estimator.record_framework(monotonic() - started)
                 return device
 
             self._device_task = asyncio.ensure_future(asyncio.to_thread(resolve))
@@ -220,30 +221,45 @@ class Loader:
         future = asyncio.ensure_future(work)
         abort = entry.abort
         assert abort is not None
-        entry.progress_at = time.monotonic()
+        clock = self.clock
+        entry.progress_at = clock.monotonic()
         stall_s = self.limits.stall_s
-        while True:
-            timeout = (entry.progress_at + stall_s - time.monotonic()) if stall else None
-            if timeout is not None and timeout <= 0:
-                future.cancel()  # a thread goes on; a coroutine (warm-up, memory wait) stops
-                if phase in _USER_CODE_PHASES:
-                    self.health.wedge(
-                        f"{phase} of bundle {entry.name!r} made no progress for {stall_s:g} s"
+        # Settled by whichever of the work and the abandonment ends first.
+        first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def settle(_: object) -> None:
+            if not first.done():
+                first.set_result(None)
+
+        future.add_done_callback(settle)
+        abort.add_done_callback(settle)
+        try:
+            while True:
+                due = entry.progress_at + stall_s
+                if stall and due <= clock.monotonic():
+                    future.cancel()  # a thread goes on; a coroutine (warm-up, memory wait) stops
+                    if phase in _USER_CODE_PHASES:
+                        self.health.wedge(
+                            f"{phase} of bundle {entry.name!r} made no progress for {stall_s:g} s"
+                        )
+                    raise LoadFailed(
+                        f"bundle {entry.name!r}: {phase} made no progress for {stall_s:g} s "
+                        f"(THAW_PHASE_STALL_S)",
+                        phase=phase,
                     )
-                raise LoadFailed(
-                    f"bundle {entry.name!r}: {phase} made no progress for {stall_s:g} s "
-                    f"(THAW_PHASE_STALL_S)",
-                    phase=phase,
-                )
-            watched: set[asyncio.Future[Any]] = {future, abort}
-            done, _ = await asyncio.wait(
-                watched, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-            if future in done:
-                return future.result()
-            if abort in done:
-                future.cancel()
-                abort.result()  # raises the abandonment's LoadFailed
+                if stall:
+                    # Woken at the stall deadline as it stood: progress since moves it.
+                    await clock.wait_until(first, due)
+                else:
+                    await first
+                if future.done():
+                    return future.result()
+                if abort.done():
+                    future.cancel()
+                    abort.result()  # raises the abandonment's LoadFailed
+        finally:
+            # The abandonment future outlives this phase: leave no callback on it.
+            abort.remove_done_callback(settle)
 
     async def _in_thread(self, entry: Entry, phase: str, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -256,7 +272,7 @@ class Loader:
         lc.restart_clock()
         weights: dict[str, Any] | None = None
         available: dict[str, Any] = {}
-        started = self.clock()
+        started = self.clock.monotonic()
         # Waits a reload would not repeat (the framework import) or that are not
         # the bundle's own (memory held by others); left out of its reload cost.
         waited_s = 0.0
@@ -269,12 +285,13 @@ class Loader:
             device_task.add_done_callback(lambda t: t.cancelled() or t.exception())
             self.metrics.cache_events.labels(entry.name, "miss").inc()
             entry.progress_bytes = 0
+            monotonic = self.clock.monotonic
 
             def progress(n: int) -> None:
                 # Called from the fetch's threads; the loop only reads these (for
                 # /models and the stall check), so a lost update costs nothing.
                 entry.progress_bytes += n
-                entry.progress_at = time.monotonic()
+                entry.progress_at = monotonic()
 
             def fetch() -> tuple[Path, dict[str, Stamp]]:
                 directory = self.source.fetch(manifest, progress)
@@ -284,7 +301,7 @@ class Loader:
 
             bundle_dir, verified = await self._in_thread(entry, "fetch", fetch)
             lc.advance(State.FETCHED)
-            waited_from = self.clock()
+            waited_from = self.clock.monotonic()
             # The framework import is the process's, not this bundle's: not its stall.
             device = await self._watch(entry, "load", device_task, stall=False)
             # Waiting for others' memory is not this load stalling: no stall bound.
@@ -294,7 +311,7 @@ class Loader:
                 self.budget.reserve(entry.name, manifest.weights_bytes, manifest.per_request_bytes),
                 stall=False,
             )
-            waited_s = self.clock() - waited_from
+            waited_s = self.clock.monotonic() - waited_from
             weights = await self._in_thread(
                 entry, "load", weights_mod.load_weights, bundle_dir, manifest, device, verified
             )
@@ -353,7 +370,7 @@ class Loader:
             else:
                 entry.failures += 1
                 doublings = min(entry.failures - 1, MAX_BACKOFF_DOUBLINGS)
-                entry.retry_at = self.clock() + self.retry_backoff_s * 2**doublings
+                entry.retry_at = self.clock.monotonic() + self.retry_backoff_s * 2**doublings
                 log.warning("load of %s failed: %s", entry.name, error["message"])
             raise
         finally:
@@ -367,7 +384,7 @@ class Loader:
         lc = entry.lifecycle
         entry.loads += 1
         entry.failures = 0
-        now = self.clock()
+        now = self.clock.monotonic()
         entry.last_load_s = now - started
         entry.reload_s = max(0.0, entry.last_load_s - waited_s)
         entry.last_used_at = now
@@ -405,7 +422,10 @@ class Loader:
             ]
             for index, example in enumerate(examples):
                 ctx = Context(
-                    request_id=f"warmup-{spec.name}-{index}", handler=spec.name, warmup=True
+                    request_id=f"warmup-{spec.name}-{index}",
+                    handler=spec.name,
+                    warmup=True,
+                    clock=self.clock,
                 )
                 try:
                     await self._watch(

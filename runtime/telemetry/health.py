@@ -18,9 +18,10 @@ Changed on the event loop thread only (`report` callers from threads use
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from runtime.clock import SYSTEM, Clock
 
 log = logging.getLogger("thaw.health")
 
@@ -29,11 +30,14 @@ log = logging.getLogger("thaw.health")
 class Condition:
     name: str
     detail: str
-    since: float = field(default_factory=time.time)
+    # When it began: epoch seconds for display, and on the monotonic clock for its duration.
+    since: float
+    began: float
 
 
 class Health:
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM) -> None:
+        self.clock = clock
         self.conditions: dict[str, Condition] = {}
         self.wedged: Condition | None = None
         self.on_wedged: Callable[[Condition], object] | None = None
@@ -45,22 +49,26 @@ class Health:
     def report(self, name: str, detail: str) -> None:
         """Condition `name` holds (logged when it starts, not again while it lasts)."""
         if name not in self.conditions:
-            self.conditions[name] = Condition(name, detail)
+            self.conditions[name] = self._condition(name, detail)
             log.error("unready: %s: %s", name, detail)
 
     def clear(self, name: str) -> None:
         condition = self.conditions.pop(name, None)
         if condition is not None:
-            log.warning("ready again: %s ended after %.1f s", name, time.time() - condition.since)
+            lasted_s = self.clock.monotonic() - condition.began
+            log.warning("ready again: %s ended after %.1f s", name, lasted_s)
 
     def wedge(self, detail: str) -> None:
         """A thread is stuck for good: unready until the process exits."""
         if self.wedged is not None:
             return
-        self.wedged = Condition("wedged", detail)
+        self.wedged = self._condition("wedged", detail)
         log.critical("wedged: %s; draining, then exiting so the platform replaces it", detail)
         if self.on_wedged is not None:
             self.on_wedged(self.wedged)
+
+    def _condition(self, name: str, detail: str) -> Condition:
+        return Condition(name, detail, since=self.clock.wall(), began=self.clock.monotonic())
 
     def describe(self) -> list[dict[str, object]]:
         shown = [self.wedged] if self.wedged is not None else []

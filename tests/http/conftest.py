@@ -1,4 +1,5 @@
-"""Fixtures for tests that run a real `thaw serve` process."""
+"""Fixtures for the HTTP tests: the app in-process (tests/inproc.py), and real
+`thaw serve` processes for the tests where the process is the point."""
 
 from __future__ import annotations
 
@@ -7,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from runtime.settings import Settings
+from tests.inproc import settings_for
 from tests.support import ServerProcess, make_bundle
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    """asyncio, for the module: a module's in-process app lives on one event loop."""
+    return "asyncio"
 
 
 @pytest.fixture
@@ -26,6 +35,16 @@ def server_env(thaw_env: dict[str, str], bundles: Path, tmp_path: Path) -> dict[
         "THAW_TEST_LOAD_LOG": str(tmp_path / "loads.log"),
         "THAW_LOG_LEVEL": "INFO",
     }
+
+
+@pytest.fixture
+def app_settings(bundles: Path, tmp_path: Path) -> Settings:
+    """Settings for an app served in-process: the handlers `server_env` names, state
+    under tmp_path. (Bundles of tests.handlers.loadlog record their loads where
+    their config's `log_file` says.)"""
+    return settings_for(
+        tmp_path, bundle_source=str(bundles), handlers=("tests.handlers.loadlog", "handlers.echo")
+    )
 
 
 @pytest.fixture

@@ -1,16 +1,21 @@
-"""The HTTP contract against a real `thaw serve` process on 127.0.0.1."""
+"""The HTTP contract in-process (tests/inproc.py): cold loads past the deadline,
+single flight, problem+json answers, jobs, cancel, models, metrics."""
 
 from __future__ import annotations
 
-import concurrent.futures
-import threading
-import time
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
-import httpx
+import pytest
 
-from tests.support import ServerProcess, make_bundle
+from runtime.settings import Settings
+from tests.handlers.runlog import runs
+from tests.inproc import serving, until
+from tests.support import make_bundle
+
+pytestmark = pytest.mark.anyio
 
 PROBLEM = "application/problem+json"
 
@@ -23,11 +28,13 @@ def timing_phases(header: str) -> dict[str, float]:
     return phases
 
 
-def test_cold_load_past_deadline_gets_202_then_job_then_warm_200(serve: Any, bundles: Path) -> None:
+async def test_cold_load_past_deadline_gets_202_then_job_then_warm_200(
+    app_settings: Settings, bundles: Path
+) -> None:
     make_bundle(bundles, "alpha", config={"sleep_s": 2.0})
-    server: ServerProcess = serve()
-    with server.client() as client:
-        response = client.post("/invoke/alpha", json={}, headers={"Prefer": "wait=1"})
+    async with serving(app_settings) as served:
+        client = served.client
+        response = await client.post("/invoke/alpha", json={}, headers={"Prefer": "wait=1"})
         assert response.status_code == 202, response.text
         job = response.json()
         assert response.headers["location"] == f"/jobs/{job['id']}"
@@ -36,14 +43,14 @@ def test_cold_load_past_deadline_gets_202_then_job_then_warm_200(serve: Any, bun
         assert "preference-applied" not in response.headers
         assert job["status"] in ("running", "queued") and job["handler"] == "alpha"
         assert len(job["id"]) >= 22  # >= 128 bits, URL-safe
-        polled = client.get(f"/jobs/{job['id']}", params={"wait": 20}).json()
+        polled = (await client.get(f"/jobs/{job['id']}", params={"wait": 20})).json()
         assert polled["status"] == "succeeded", polled
         assert polled["output"]["bundle"] == "alpha"
-        warm = client.post("/invoke/alpha", json={})
+        warm = await client.post("/invoke/alpha", json={})
         assert warm.status_code == 200
         phases = timing_phases(warm.headers["server-timing"])
         assert set(phases) >= {"queue", "run"} and "load" not in phases
-        models = client.get("/models").json()["models"]
+        models = (await client.get("/models")).json()["models"]
         alpha = next(m for m in models if m["name"] == "alpha")
         assert alpha["state"] == "ready" and alpha["loads"] == 1
         assert alpha["id"].startswith("alpha@sha256:")
@@ -51,135 +58,162 @@ def test_cold_load_past_deadline_gets_202_then_job_then_warm_200(serve: Any, bun
         assert set(alpha["phase_ms"]) >= {"fetch", "load", "init", "warmup"}
 
 
-def test_first_request_that_fits_pays_load_in_server_timing(serve: Any, bundles: Path) -> None:
+async def test_first_request_that_fits_pays_load_in_server_timing(
+    app_settings: Settings, bundles: Path
+) -> None:
     make_bundle(bundles, "alpha", config={"sleep_s": 0.3})
-    server: ServerProcess = serve()
-    with server.client() as client:
-        response = client.post("/invoke/alpha", json={}, headers={"Prefer": "wait=30"})
+    async with serving(app_settings) as served:
+        response = await served.client.post("/invoke/alpha", json={}, headers={"Prefer": "wait=30"})
         assert response.status_code == 200
         phases = timing_phases(response.headers["server-timing"])
         assert {"queue", "fetch", "load", "init", "warmup", "run"} <= set(phases)
         assert phases["init"] >= 300
 
 
-def test_64_concurrent_cold_requests_one_load(serve: Any, bundles: Path, tmp_path: Path) -> None:
-    make_bundle(bundles, "alpha", config={"sleep_s": 2.0})
-    server: ServerProcess = serve()
-    # All 64 are sent together, well inside the load: each client is made first
-    # (an httpx client builds an SSL context, tens of ms under the GIL), then a
-    # barrier. A short-deadline request sent after READY would rightly get 200.
-    clients = [httpx.Client(base_url=server.url, timeout=60) for _ in range(64)]
-    together = threading.Barrier(64)
+async def test_64_concurrent_cold_requests_one_load(
+    app_settings: Settings, bundles: Path, tmp_path: Path
+) -> None:
+    loads = tmp_path / "loads.log"
+    make_bundle(bundles, "alpha", config={"sleep_s": 2.0, "log_file": str(loads)})
+    async with serving(app_settings) as served:
+        # All 64 are sent together, in one turn of the loop, well inside the load: a
+        # short-deadline request sent after READY would rightly get 200.
+        async def one(index: int) -> tuple[float, int]:
+            wait = 0.3 if index % 2 else 30.0
+            response = await served.client.post(
+                "/invoke/alpha", json={}, headers={"Prefer": f"wait={wait}"}
+            )
+            return wait, response.status_code
 
-    def one(index: int) -> tuple[float, int]:
-        wait = 0.3 if index % 2 else 30.0
-        together.wait()
-        response = clients[index].post("/invoke/alpha", json={}, headers={"Prefer": f"wait={wait}"})
-        return wait, response.status_code
-
-    try:
-        with concurrent.futures.ThreadPoolExecutor(64) as pool:
-            results = list(pool.map(one, range(64)))
-    finally:
-        for client in clients:
-            client.close()
+        results = await asyncio.gather(*(one(index) for index in range(64)))
     assert {code for wait, code in results if wait == 30.0} == {200}
     assert {code for wait, code in results if wait == 0.3} == {202}
-    assert len((tmp_path / "loads.log").read_text().splitlines()) == 1
+    assert len(loads.read_text().splitlines()) == 1
 
 
-def test_bad_input_gets_problem_json_and_server_stays_healthy(serve: Any, bundles: Path) -> None:
+async def test_bad_input_gets_problem_json_and_server_stays_healthy(
+    app_settings: Settings, bundles: Path
+) -> None:
     make_bundle(bundles, "alpha")
-    server: ServerProcess = serve(THAW_MAX_BODY_BYTES="1000", THAW_MAX_QUEUE="2")
-    with server.client() as client:
+    settings = dataclasses.replace(app_settings, max_body_bytes=1000, max_queue=2)
+    async with serving(settings) as served:
+        client = served.client
         cases = [
-            (client.post("/invoke/echo", content=b"{nope"), 400, "invalid-json"),
-            (client.post("/invoke/nope", json={}), 404, "unknown-handler"),
-            (client.get("/jobs/doesnotexist"), 404, "unknown-job"),
-            (client.delete("/jobs/doesnotexist"), 404, "unknown-job"),
-            (client.post("/invoke/echo", content=b"[" + b"1," * 1000 + b"1]"), 413, "too-large"),
-            (client.post("/invoke/echo", json={}, headers={"Prefer": "wait=soon"}), 400, "prefer"),
-            (client.get("/jobs/x", params={"wait": "x"}), 400, "bad-request"),
-            (client.post("/models/nope/load"), 404, "unknown-bundle"),
-            (client.get("/no/such/route"), 404, "not-found"),
+            (await client.post("/invoke/echo", content=b"{nope"), 400, "invalid-json"),
+            (await client.post("/invoke/nope", json={}), 404, "unknown-handler"),
+            (await client.get("/jobs/doesnotexist"), 404, "unknown-job"),
+            (await client.delete("/jobs/doesnotexist"), 404, "unknown-job"),
+            (
+                await client.post("/invoke/echo", content=b"[" + b"1," * 1000 + b"1]"),
+                413,
+                "too-large",
+            ),
+            (
+                await client.post("/invoke/echo", json={}, headers={"Prefer": "wait=soon"}),
+                400,
+                "prefer",
+            ),
+            (await client.get("/jobs/x", params={"wait": "x"}), 400, "bad-request"),
+            (await client.post("/models/nope/load"), 404, "unknown-bundle"),
+            (await client.get("/no/such/route"), 404, "not-found"),
         ]
         for response, status, slug in cases:
             assert response.status_code == status, (slug, response.text)
             assert response.headers["content-type"] == PROBLEM
             body = response.json()
             assert body["status"] == status and slug in body["type"] and body["detail"]
+
         # A body above the limit without Content-Length (chunked) is cut off while streaming.
-        chunked = client.post("/invoke/echo", content=iter([b"[" + b"0," * 600, b"0]"]))
+        async def pieces() -> AsyncIterator[bytes]:
+            yield b"[" + b"0," * 600
+            yield b"0]"
+
+        chunked = await client.post("/invoke/echo", content=pieces())
         assert chunked.status_code == 413
         # Queue full: two long runs fill the queue of 2; the third is throttled.
-        with (
-            httpx.Client(base_url=server.url, timeout=30) as other,
-            concurrent.futures.ThreadPoolExecutor(2) as pool,
-        ):
-            futures = [
-                pool.submit(other.post, "/invoke/alpha", json={"sleep_s": 1.5}) for _ in range(2)
+        async with served.new_client() as other:
+            long_runs = [
+                asyncio.ensure_future(other.post("/invoke/alpha", json={"sleep_s": 1.5}))
+                for _ in range(2)
             ]
-            time.sleep(0.7)
-            throttled = client.post("/invoke/alpha", json={})
+            await until(
+                lambda: served.instance.dispatcher.pending["alpha"] == 2, "both runs queued"
+            )
+            throttled = await client.post("/invoke/alpha", json={})
             assert throttled.status_code == 429
             assert throttled.headers["content-type"] == PROBLEM
             assert int(throttled.headers["retry-after"]) >= 1
-            assert [f.result().status_code for f in futures] == [200, 200]
-        assert client.get("/healthz").status_code == 200
-        assert client.post("/invoke/alpha", json={}).status_code == 200
+            assert [(await run).status_code for run in long_runs] == [200, 200]
+        assert (await client.get("/healthz")).status_code == 200
+        assert (await client.post("/invoke/alpha", json={})).status_code == 200
 
 
-def test_handler_error_is_500_problem_and_job_error(serve: Any, bundles: Path) -> None:
+async def test_handler_error_is_500_problem_and_job_error(
+    app_settings: Settings, bundles: Path
+) -> None:
     make_bundle(bundles, "alpha")
-    server: ServerProcess = serve()
-    with server.client() as client:
-        response = client.post("/invoke/alpha", json={"sleep_s": "not a number"})
+    async with serving(app_settings) as served:
+        client = served.client
+        response = await client.post("/invoke/alpha", json={"sleep_s": "not a number"})
         assert response.status_code == 500
         problem = response.json()
         assert problem["type"].endswith("/handler-error") and "ValueError" in problem["detail"]
-        job = client.post("/handlers/alpha/jobs", json={"sleep_s": "x"}).json()
-        final = client.get(f"/jobs/{job['id']}", params={"wait": 10}).json()
+        job = (await client.post("/handlers/alpha/jobs", json={"sleep_s": "x"})).json()
+        final = (await client.get(f"/jobs/{job['id']}", params={"wait": 10})).json()
         assert final["status"] == "failed"
         assert final["error"]["type"] == "handler-error"
-        assert client.post("/invoke/alpha", json={}).status_code == 200
+        assert (await client.post("/invoke/alpha", json={})).status_code == 200
 
 
-def test_respond_async_and_cancel(serve: Any, bundles: Path) -> None:
+async def test_respond_async_and_cancel(
+    app_settings: Settings, bundles: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     make_bundle(bundles, "alpha")
-    server: ServerProcess = serve()
-    with server.client() as client:
-        accepted = client.post("/invoke/alpha", json={}, headers={"Prefer": "respond-async"})
+    run_log, hold = tmp_path / "runs.log", tmp_path / "hold"
+    monkeypatch.setenv("THAW_TEST_RUN_LOG", str(run_log))  # the fixture handler's log
+    settings = dataclasses.replace(
+        app_settings, handlers=(*app_settings.handlers, "tests.handlers.runlog")
+    )
+    async with serving(settings) as served:
+        client = served.client
+        accepted = await client.post("/invoke/alpha", json={}, headers={"Prefer": "respond-async"})
         assert accepted.status_code == 202
         assert accepted.headers["preference-applied"] == "respond-async"
-        done = client.get(accepted.headers["location"], params={"wait": 20}).json()
+        done = (await client.get(accepted.headers["location"], params={"wait": 20})).json()
         assert done["status"] == "succeeded"
-        slow = client.post("/handlers/alpha/jobs", json={"sleep_s": 2}).json()
-        cancelled = client.delete(f"/jobs/{slow['id']}").json()
+        # Held running until the test lets it go, so the cancel comes mid-run.
+        hold.touch()
+        event = {"tag": "slow", "hold": str(hold)}
+        slow = (await client.post("/handlers/logged/jobs", json=event)).json()
+        await until(lambda: runs(run_log, "slow"), "the slow job started")
+        cancelled = (await client.delete(f"/jobs/{slow['id']}")).json()
         assert cancelled["status"] == "cancelled"
-        time.sleep(2.5)
-        after = client.get(f"/jobs/{slow['id']}").json()
+        hold.unlink()  # the handler's thread now returns its output: nobody takes it
+        await until(lambda: "slow end" in run_log.read_text(), "the slow job's run ended")
+        await served.instance.wait_idle()
+        after = (await client.get(f"/jobs/{slow['id']}")).json()
         assert after["status"] == "cancelled" and "output" not in after
         # Cancelling a finished job changes nothing.
-        assert client.delete(f"/jobs/{done['id']}").json()["status"] == "succeeded"
+        assert (await client.delete(f"/jobs/{done['id']}")).json()["status"] == "succeeded"
 
 
-def test_models_load_unload_and_metrics(serve: Any, bundles: Path) -> None:
+async def test_models_load_unload_and_metrics(app_settings: Settings, bundles: Path) -> None:
     make_bundle(bundles, "alpha")
-    server: ServerProcess = serve()
-    with server.client() as client:
-        assert client.post("/models/alpha/load").status_code == 202
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            models = {m["name"]: m for m in client.get("/models").json()["models"]}
-            if models["alpha"]["state"] == "ready":
-                break
-            time.sleep(0.05)
-        assert models["alpha"]["state"] == "ready"
-        assert client.post("/invoke/alpha", json={}).status_code == 200
-        unloaded = client.delete("/models/alpha").json()
+    async with serving(app_settings) as served:
+        client = served.client
+        assert (await client.post("/models/alpha/load")).status_code == 202
+
+        async def alpha_state_is(state: str) -> bool:
+            models = (await client.get("/models")).json()["models"]
+            return bool(next(m for m in models if m["name"] == "alpha")["state"] == state)
+
+        await until(lambda: alpha_state_is("ready"), "alpha became ready")
+        assert (await client.post("/invoke/alpha", json={})).status_code == 200
+        unloaded = (await client.delete("/models/alpha")).json()
         assert unloaded["state"] == "unloaded"
-        assert client.post("/invoke/alpha", json={}, headers={"Prefer": "wait=30"}).json()
-        text = client.get("/metrics").text
+        reloaded = await client.post("/invoke/alpha", json={}, headers={"Prefer": "wait=30"})
+        assert reloaded.json()
+        text = (await client.get("/metrics")).text
         for metric in (
             "thaw_load_phase_seconds_bucket",
             'thaw_invocations_total{handler="alpha",outcome="sync"}',

@@ -1,12 +1,21 @@
-"""Jobs survive restarts; a job whose instance died is retried, never stuck running."""
+"""Jobs survive restarts; a job whose instance died is retried, never stuck running.
+
+A process killed mid-job is the point of the first two tests (real `thaw serve`
+processes, SIGKILLed); expiry is the job store's and runs in-process.
+"""
 
 from __future__ import annotations
 
-import time
+import dataclasses
 from pathlib import Path
 from typing import Any
 
-from tests.support import ServerProcess, make_bundle
+import pytest
+
+from runtime.settings import Settings
+from tests.inproc import serving
+from tests.inproc import until as until_async
+from tests.support import ServerProcess, make_bundle, until
 
 
 def test_finished_jobs_survive_restart_and_killed_job_is_retried(serve: Any, bundles: Path) -> None:
@@ -18,8 +27,11 @@ def test_finished_jobs_survive_restart_and_killed_job_is_retried(serve: Any, bun
             "succeeded"
         )
         running = client.post("/handlers/alpha/jobs", json={"sleep_s": 2.0}).json()
-        time.sleep(0.5)
-        assert client.get(f"/jobs/{running['id']}").json()["status"] == "running"
+        status = until(
+            lambda: (s := client.get(f"/jobs/{running['id']}").json()["status"]) != "queued" and s,
+            "the job left the queue",
+        )
+        assert status == "running"
     first.kill()  # SIGKILL mid-job: no chance to clean up
 
     second: ServerProcess = serve(THAW_JOB_LEASE_S="1")
@@ -38,22 +50,32 @@ def test_job_out_of_attempts_fails_with_clear_error(serve: Any, bundles: Path) -
     first: ServerProcess = serve(**env)
     with first.client() as client:
         job = client.post("/handlers/alpha/jobs", json={"sleep_s": 5}).json()
-        time.sleep(0.5)
+        until(
+            lambda: client.get(f"/jobs/{job['id']}").json()["status"] == "running",
+            "the job started",
+        )
     first.kill()
     second: ServerProcess = serve(**env)
     with second.client() as client:
-        time.sleep(0.6)
-        final = client.get(f"/jobs/{job['id']}").json()
+        # Its lease lapses (0.5 s after the kill at most); a poll then finds it out of attempts.
+        final = until(
+            lambda: (j := client.get(f"/jobs/{job['id']}").json())["status"] != "running" and j,
+            "the dead job was settled",
+        )
         assert final["status"] == "failed"
         assert final["error"]["type"] == "worker-lost"
         assert "1 attempts" in final["error"]["message"]
 
 
-def test_jobs_expire_after_ttl(serve: Any, bundles: Path) -> None:
+@pytest.mark.anyio
+async def test_jobs_expire_after_ttl(app_settings: Settings, bundles: Path) -> None:
     make_bundle(bundles, "alpha")
-    server: ServerProcess = serve(THAW_JOB_TTL_S="1")
-    with server.client() as client:
-        job = client.post("/handlers/alpha/jobs", json={}).json()
-        assert client.get(f"/jobs/{job['id']}", params={"wait": 10}).status_code == 200
-        time.sleep(1.2)
-        assert client.get(f"/jobs/{job['id']}").status_code == 404
+    async with serving(dataclasses.replace(app_settings, job_ttl_s=1.0)) as served:
+        client = served.client
+        job = (await client.post("/handlers/alpha/jobs", json={})).json()
+        assert (await client.get(f"/jobs/{job['id']}", params={"wait": 10})).status_code == 200
+
+        async def gone() -> bool:
+            return (await client.get(f"/jobs/{job['id']}")).status_code == 404
+
+        await until_async(gone, "the job expired")

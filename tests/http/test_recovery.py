@@ -13,27 +13,15 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from bench import chaos
 from runtime.jobs.stores.sqlite import SQLiteJobStore
 from tests.handlers.runlog import runs
-from tests.support import ServerProcess
+from tests.support import ServerProcess, until
 
 LEASE_S = "600"
-
-
-def until(condition: Callable[[], Any], what: str, timeout_s: float = 30.0) -> Any:
-    """Poll `condition` until truthy (a safety limit, not an assertion on time)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.05)
 
 
 def epoch(rfc3339: str) -> float:

@@ -1,6 +1,6 @@
 """Storage faults against a real `thaw serve`: a full disk (a small tmpfs holding the
 job store and the state dir), the SQLite file deleted or overwritten while the
-server runs, and a state dir that cannot be created.
+server runs, and a state dir that cannot be created (in-process: one app, its log captured).
 
 The rules: a store that cannot write answers 503 storage-unavailable with
 Retry-After, never 500 and never a 202 for a job it did not record; /readyz is
@@ -11,20 +11,22 @@ and stamps, never a model load.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from runtime.bundles.stamps import RACY_S
+from runtime.settings import Settings
 from tests.handlers.runlog import runs
+from tests.inproc import answer_once, answers_once, captured_logs, serving
 from tests.jobs import tmpfs
-from tests.support import ServerProcess, make_bundle
+from tests.support import ServerProcess, make_bundle, until
 
 PROBLEM_TYPE = "https://thaw.dev/problems/storage-unavailable"
 Serve = Callable[..., ServerProcess]
@@ -56,15 +58,11 @@ def disk(tmp_path: Path) -> Iterator[Path]:
         yield mounted
 
 
-def until(condition: Callable[[], Any], what: str, timeout_s: float = 30.0) -> Any:
-    """Poll `condition` until truthy (a safety limit, not an assertion on time)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.05)
+def restart_settings(server: ServerProcess) -> Settings:
+    """The settings of a server started again on `server`'s state, with the
+    default lease (the short ones here make a lease lapse during an outage)."""
+    env = {k: v for k, v in server.env.items() if k != "THAW_JOB_LEASE_S"}
+    return Settings.from_env(env)
 
 
 def assert_storage_unavailable(response: httpx.Response) -> None:
@@ -153,13 +151,12 @@ def test_a_full_disk_refuses_jobs_with_503_and_keeps_a_finished_output(
     assert count(log, "Traceback") == 0, log
 
     server.terminate()
-    again = serve_at(
-        THAW_JOB_STORE=f"sqlite:///{disk / 'jobs.sqlite3'}", THAW_STATE_DIR=str(disk / "state")
+    # Restarted on the same state (in-process: what the store kept is the point).
+    kept, after = answers_once(
+        restart_settings(server), [("GET", f"/jobs/{held_id}"), ("GET", f"/jobs/{after_id}")]
     )
-    with again.client() as client:
-        kept = client.get(f"/jobs/{held_id}").json()
-        assert kept["status"] == "succeeded" and kept["output"] == done["output"]
-        assert client.get(f"/jobs/{after_id}").json()["status"] == "succeeded"
+    assert kept.json()["status"] == "succeeded" and kept.json()["output"] == done["output"]
+    assert after.json()["status"] == "succeeded"
 
 
 @pytest.mark.parametrize("side_files_too", [False, True], ids=["rm-db", "rm-db-wal-shm"])
@@ -200,11 +197,11 @@ def test_a_job_database_deleted_while_serving_loses_no_accepted_job(
     assert count(log, "unready: job-store") == count(log, "ready again: job-store") <= 1, log
 
     server.kill()  # no clean shutdown: what was acknowledged must be on disk
-    again = serve_at(THAW_JOB_STORE=f"sqlite:///{database}")
-    with again.client() as client:
-        for job_id in [held_id, *accepted]:
-            kept = client.get(f"/jobs/{job_id}").json()
-            assert kept["status"] == "succeeded", kept
+    kept = answers_once(
+        restart_settings(server), [("GET", f"/jobs/{job_id}") for job_id in [held_id, *accepted]]
+    )
+    for answer in kept:
+        assert answer.json()["status"] == "succeeded", answer.json()
     assert sqlite3.connect(database).execute("PRAGMA integrity_check").fetchone() == ("ok",)
 
 
@@ -249,32 +246,36 @@ def test_a_job_database_overwritten_while_serving_is_refused_until_removed(
     assert count(log, "ready again: job-store") == 1, log
 
     server.kill()
-    again = serve_at(THAW_JOB_STORE=f"sqlite:///{database}")
-    with again.client() as client:
-        assert client.get(f"/jobs/{accepted}").json()["status"] == "succeeded"
+    kept_job = answer_once(restart_settings(server), "GET", f"/jobs/{accepted}").json()
+    assert kept_job["status"] == "succeeded"
 
 
-def test_a_state_dir_that_cannot_be_created_costs_estimates_never_loads(
-    serve_at: Serve, tmp_path: Path, bundles: Path
+@pytest.mark.anyio
+async def test_a_state_dir_that_cannot_be_created_costs_estimates_never_loads(
+    app_settings: Settings, tmp_path: Path, bundles: Path
 ) -> None:
     make_bundle(bundles, "alpha")
     make_bundle(bundles, "beta")
-    # Stamps are saved only for files that had settled before verification began.
+    # Stamps are saved only for files that had settled before verification began
+    # (their ctime cannot be set back: this waits for the filesystem's clock).
     time.sleep(RACY_S + 0.2)
     blocker = tmp_path / "blocker"
     blocker.write_text("a file where the state dir's parent should be")
-    server = serve_at(THAW_STATE_DIR=str(blocker / "state"))
-    with server.client() as client:
-        for name in ("alpha", "beta", "alpha"):
-            response = client.post(f"/invoke/{name}", json={}, headers={"Prefer": "wait=120"})
-            assert response.status_code == 200, response.text
-        job = client.post("/handlers/beta/jobs", json={}).json()
-        assert client.get(f"/jobs/{job['id']}", params={"wait": 30}).json()["status"] == (
-            "succeeded"
-        )
-        assert readiness(client) == (200, [])
-    # The whole log: the tail `log()` keeps is mostly access lines by now.
-    log = server.log_path.read_text()
+    settings = dataclasses.replace(app_settings, state_dir=str(blocker / "state"))
+    with captured_logs() as logs:
+        async with serving(settings) as served:
+            client = served.client
+            for name in ("alpha", "beta", "alpha"):
+                response = await client.post(
+                    f"/invoke/{name}", json={}, headers={"Prefer": "wait=120"}
+                )
+                assert response.status_code == 200, response.text
+            job = (await client.post("/handlers/beta/jobs", json={})).json()
+            final = await client.get(f"/jobs/{job['id']}", params={"wait": 30})
+            assert final.json()["status"] == "succeeded"
+            ready = await client.get("/readyz")
+            assert (ready.status_code, ready.json().get("conditions", [])) == (200, [])
+    log = logs.text
     assert count(log, "load estimates cannot be saved") == 1, log
     assert count(log, "verified-file stamps cannot be saved") == 1, log
     assert count(log, "dead-owner recovery is off") == 1, log

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from runtime.clock import ManualClock
 from runtime.errors import UnknownJob
 from runtime.jobs.finished import FinishedJobs
 from runtime.jobs.job import Job, JobStatus
@@ -82,24 +83,31 @@ async def test_a_finished_job_stays_readable_while_the_store_is_gone(tmp_path: P
 
 
 def test_a_record_is_forgotten_at_its_expiry_and_only_final_ones_are_kept() -> None:
-    now = [1000.0]
-    finished = FinishedJobs(max_jobs=2, clock=lambda: now[0])
-    done = Job(id="a", handler="echo", input={}, status=JobStatus.SUCCEEDED, expires_at=1060.0)
-    running = Job(id="b", handler="echo", input={}, status=JobStatus.RUNNING, expires_at=1060.0)
+    clock = ManualClock()
+    expires_at = clock.wall() + 60.0
+    finished = FinishedJobs(max_jobs=2, clock=clock)
+    done = Job(id="a", handler="echo", input={}, status=JobStatus.SUCCEEDED, expires_at=expires_at)
+    running = Job(id="b", handler="echo", input={}, status=JobStatus.RUNNING, expires_at=expires_at)
     finished.remember(done)
     finished.remember(running)
     assert finished.get("a") is done
     assert finished.get("b") is None
 
-    now[0] = 1059.0
+    clock.advance(59.0)
     assert finished.get("a") is done
-    now[0] = 1060.0
+    clock.advance(1.0)
     assert finished.get("a") is None
 
     # Bounded: the least recently used goes first.
     for name in ("c", "d", "e"):
         finished.remember(
-            Job(id=name, handler="echo", input={}, status=JobStatus.FAILED, expires_at=2000.0)
+            Job(
+                id=name,
+                handler="echo",
+                input={},
+                status=JobStatus.FAILED,
+                expires_at=clock.wall() + 1000.0,
+            )
         )
     assert len(finished) == 2
     assert finished.get("c") is None and finished.get("e") is not None

@@ -3,6 +3,9 @@ database deleted under it, and an instance of this node that died.
 
 Outcomes are never lost nor computed twice, readiness follows the store (one log
 line when it fails, one when it is back), and a dead owner's jobs are taken at once.
+
+The manager and its store share a `ManualClock`: leases lapse, and heartbeats,
+retries and the store probe come due, as a test moves it; the faults are real.
 """
 
 from __future__ import annotations
@@ -10,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from runtime.clock import ManualClock
 from runtime.errors import StorageUnavailable
 from runtime.jobs.job import Job, JobStatus, new_job_id
 from runtime.jobs.manager import STORE_CONDITION, JobManager
@@ -28,7 +31,17 @@ from tests.jobs import tmpfs
 
 pytestmark = pytest.mark.anyio
 
-LEASE_S = 0.3  # heartbeats every 0.1 s, a sweep would take a job 0.3 s after its last one
+LEASE_S = 30.0  # heartbeats every 10 s, a sweep would take a job 30 s after its last one
+# How far a test moves the clock between looks at what it waits for: past the
+# longest back-off of outcome writes and probes (RETRY_MAX_S).
+STEP_S = 2.0
+# A safety limit on waiting for real threads (store calls), never a bound under test.
+SAFETY_S = 30.0
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 @pytest.fixture
@@ -66,21 +79,28 @@ def manager(
         health=health,
         owners_dir=owners,
         runner=runner,
+        clock=store.clock,
     )
 
 
-async def until(condition: Any, what: str, timeout_s: float = 20.0) -> None:
-    """Wait for `condition()` (a safety limit only: the tests assert order, not time)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        await asyncio.sleep(0.02)
+async def until(condition: Any, what: str, clock: ManualClock | None = None) -> None:
+    """Wait for `condition()` while real threads (store calls) work towards it; with
+    `clock`, moving it on by STEP_S between looks, so the timers due by then fire
+    (heartbeats, retried writes, the probe). The number of looks is a safety limit,
+    not a bound under test."""
+    for _ in range(4000):
+        if condition():
+            return
+        if clock is not None:
+            clock.advance(STEP_S)
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"never happened: {what}")
 
 
 async def test_an_outcome_refused_by_a_full_disk_is_kept_and_recorded_once_freed(
-    small_disk: Path, caplog: pytest.LogCaptureFixture
+    small_disk: Path, caplog: pytest.LogCaptureFixture, clock: ManualClock
 ) -> None:
-    store = SQLiteJobStore(small_disk / "jobs.sqlite3", ttl_s=600.0)
+    store = SQLiteJobStore(small_disk / "jobs.sqlite3", ttl_s=600.0, clock=clock)
     health = Health()
     runs: list[int] = []
     release = asyncio.Event()
@@ -100,7 +120,8 @@ async def test_an_outcome_refused_by_a_full_disk_is_kept_and_recorded_once_freed
         await until(lambda: STORE_CONDITION in health.conditions, "readiness off")
         stored = store.get(job.id)
         assert stored is not None and stored.lease_until is not None
-        await until(lambda: time.time() > stored.lease_until + LEASE_S, "the lease lapsed")  # type: ignore[operator]
+        lease_until = stored.lease_until
+        await until(lambda: clock.wall() > lease_until + LEASE_S, "the lease lapsed", clock)
         # Lapsed in the store, but held here: the sweep leaves it alone.
         assert job.id in store.lapsed()
         assert await jobs.sweep() == 0
@@ -109,7 +130,8 @@ async def test_an_outcome_refused_by_a_full_disk_is_kept_and_recorded_once_freed
         assert not health.ok
 
         tmpfs.free(filler)
-        await asyncio.wait_for(jobs.wait_idle(), 20)
+        await until(lambda: not jobs.local, "the outcome recorded", clock)
+        await asyncio.wait_for(jobs.wait_idle(), SAFETY_S)
 
     final = store.get(job.id)
     assert final is not None and final.status is JobStatus.SUCCEEDED
@@ -124,8 +146,8 @@ async def test_an_outcome_refused_by_a_full_disk_is_kept_and_recorded_once_freed
     store.close()
 
 
-async def test_readiness_comes_back_with_no_traffic(small_disk: Path) -> None:
-    store = SQLiteJobStore(small_disk / "jobs.sqlite3", ttl_s=600.0)
+async def test_readiness_comes_back_with_no_traffic(small_disk: Path, clock: ManualClock) -> None:
+    store = SQLiteJobStore(small_disk / "jobs.sqlite3", ttl_s=600.0, clock=clock)
     health = Health()
     jobs = manager(store, health)
     filler = tmpfs.fill(small_disk)
@@ -134,7 +156,7 @@ async def test_readiness_comes_back_with_no_traffic(small_disk: Path) -> None:
     assert caught.value.retry_after_s is not None
     assert not health.ok
     tmpfs.free(filler)
-    await until(lambda: health.ok, "the probe found the store writable")
+    await until(lambda: health.ok, "the probe found the store writable", clock)
     job = await jobs.record("echo", {}, phase="running", key_id=None)
     assert store.get(job.id) is not None
     jobs.close()
@@ -142,17 +164,22 @@ async def test_readiness_comes_back_with_no_traffic(small_disk: Path) -> None:
 
 
 async def test_a_drain_gives_up_outcomes_the_store_never_takes_and_keeps_the_lock_file(
-    small_disk: Path, tmp_path: Path
+    small_disk: Path, tmp_path: Path, clock: ManualClock
 ) -> None:
-    store = SQLiteJobStore(small_disk / "jobs.sqlite3", ttl_s=600.0)
+    store = SQLiteJobStore(small_disk / "jobs.sqlite3", ttl_s=600.0, clock=clock)
     owners = tmp_path / "owners"
     jobs = manager(store, Health(), owners=owners)
     jobs.hold_owner_lock()
-    jobs.final_write_grace_s = 0.2
     job = await jobs.record("echo", {}, phase="running", key_id=None)
-    jobs.follow(job, asyncio.ensure_future(asyncio.sleep(60)), lambda: ("running", None))
+    jobs.follow(job, asyncio.ensure_future(clock.sleep(600.0)), lambda: ("running", None))
     filler = tmpfs.fill(small_disk)
-    await asyncio.wait_for(jobs.abort_all(), 20)
+    began = clock.monotonic()
+    aborting = asyncio.ensure_future(jobs.abort_all())
+    await asyncio.sleep(0)
+    assert not aborting.done(), "gave up before the grace"
+    await until(aborting.done, "the drain gave up on the outcome", clock)
+    assert clock.monotonic() - began >= jobs.final_write_grace_s
+    await asyncio.wait_for(aborting, SAFETY_S)
     tmpfs.free(filler)
     stored = store.get(job.id)
     assert stored is not None and stored.status is JobStatus.RUNNING and stored.owner == "here"
@@ -162,9 +189,11 @@ async def test_a_drain_gives_up_outcomes_the_store_never_takes_and_keeps_the_loc
     store.close()
 
 
-async def test_a_record_gone_with_a_deleted_database_is_written_again(tmp_path: Path) -> None:
+async def test_a_record_gone_with_a_deleted_database_is_written_again(
+    tmp_path: Path, clock: ManualClock
+) -> None:
     path = tmp_path / "jobs.sqlite3"
-    store = SQLiteJobStore(path, ttl_s=600.0)
+    store = SQLiteJobStore(path, ttl_s=600.0, clock=clock)
     jobs = manager(store, Health())
     release = asyncio.Event()
 
@@ -176,11 +205,11 @@ async def test_a_record_gone_with_a_deleted_database_is_written_again(tmp_path: 
     jobs.follow(job, asyncio.ensure_future(work()), lambda: ("running", None))
     os.unlink(path)
     # The next heartbeat finds it gone from the (new) file and writes it again.
-    await until(lambda: store.get(job.id) is not None, "the record written again")
+    await until(lambda: store.get(job.id) is not None, "the record written again", clock)
     release.set()
-    done = await jobs.get(job.id, key_id="k", wait_s=20)
+    done = await asyncio.wait_for(jobs.get(job.id, key_id="k", wait_s=20), SAFETY_S)
     assert done.status is JobStatus.SUCCEEDED and done.output == "done"
-    fresh = SQLiteJobStore(path, ttl_s=600.0)
+    fresh = SQLiteJobStore(path, ttl_s=600.0, clock=clock)
     got = fresh.get(job.id)
     assert got is not None and got.output == "done" and got.input == {"x": 1}
     fresh.close()
@@ -196,14 +225,16 @@ def running_job(store: SQLiteJobStore, owner: str, lease_s: float = 600.0) -> Jo
         status=JobStatus.RUNNING,
         attempts=1,
         owner=owner,
-        lease_until=time.time() + lease_s,
+        lease_until=store.clock.wall() + lease_s,
     )
     store.create(job)
     return job
 
 
-async def test_the_jobs_of_a_dead_owner_of_this_node_are_taken_at_once(tmp_path: Path) -> None:
-    store = SQLiteJobStore(tmp_path / "jobs.sqlite3", ttl_s=600.0)
+async def test_the_jobs_of_a_dead_owner_of_this_node_are_taken_at_once(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    store = SQLiteJobStore(tmp_path / "jobs.sqlite3", ttl_s=600.0, clock=clock)
     owners = tmp_path / "owners"
     dead = OwnerLock(owners, "dead")
     assert dead.hold()
@@ -225,7 +256,7 @@ async def test_the_jobs_of_a_dead_owner_of_this_node_are_taken_at_once(tmp_path:
     jobs = manager(store, Health(), owner="heir", owners=owners, runner=Rerun(rerun))
     jobs.hold_owner_lock()
     assert await jobs.reclaim_dead_owners() == 1
-    await asyncio.wait_for(jobs.wait_idle(), 20)
+    await asyncio.wait_for(jobs.wait_idle(), SAFETY_S)
 
     assert ran == [orphan.id]
     got = store.get(orphan.id)

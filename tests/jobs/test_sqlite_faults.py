@@ -229,12 +229,11 @@ def test_a_deletion_between_the_check_and_the_write_is_refused(tmp_path: Path) -
     try:
         job = new_job()
         store.create(job)
-        conn = store._local.conn  # this thread's connection, opened on the old file
-        assert conn is not None
+        conn = store.db.connection()  # this thread's connection, opened on the old file
         os.unlink(path)
         # Write through the open connection, as a write racing the deletion does.
         conn.execute("UPDATE jobs SET phase = 'x' WHERE id = ?", (job.id,))
         with pytest.raises(StorageUnavailable, match="deleted or replaced"):
-            store._check_durable()
+            store.db.check_durable()
     finally:
         store.close()

@@ -1,21 +1,24 @@
-"""One contract, every job store: SQLite (a temp file) and DynamoDB + S3 (a moto server).
+"""One contract, every job store: SQLite (a temp file), DynamoDB + S3 (a moto server),
+and PostgreSQL (a throwaway cluster), directly and through PgBouncer in transaction mode.
 
-Each test states one rule of `runtime.jobs.store.JobStore` and runs against both
-stores. A store is opened through a factory so a test can open a second
-instance on the same data (another Lambda instance, or a restart).
+Each test states one rule of `runtime.jobs.store.JobStore` and runs against every
+store. A store is opened through a factory so a test can open a second
+instance on the same data (another Lambda instance, or a restart). Every store
+of a test shares one `ManualClock`: leases lapse and records expire when the
+test advances it, never by waiting.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from runtime.clock import ManualClock
 from runtime.errors import Conflict, WorkerLost
 from runtime.jobs.job import Job, JobStatus, new_job_id
 from runtime.jobs.store import JobStore
@@ -23,22 +26,42 @@ from runtime.jobs.stores.dynamodb import DynamoDBJobStore
 from runtime.jobs.stores.sqlite import SQLiteJobStore
 from tests import aws_fixtures
 from tests.aws_fixtures import client, make_bucket, make_jobs_table
+from tests.jobs import postgres_fixtures
 
 moto_endpoint = aws_fixtures.moto_endpoint  # fixture: the session's moto server (DynamoDB runs)
 
 OpenStore = Callable[..., JobStore]
-LEASE_S = 0.3
+LEASE_S = 30.0
+# Past a lease of LEASE_S: on the test's clock, so it costs no time at all.
+LAPSE_S = LEASE_S + 1.0
 
 
-@pytest.fixture(params=["sqlite", "dynamodb"])
-def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenStore]:
+@pytest.fixture
+def clock() -> ManualClock:
+    """The time of every store a test opens (they share it, as instances share the wall)."""
+    return ManualClock()
+
+
+@pytest.fixture(params=["sqlite", "dynamodb", "postgres", "pgbouncer"])
+def open_store(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
+) -> Iterator[OpenStore]:
     """Opens a store on this test's data; every call is a new instance."""
     opened: list[JobStore] = []
     if request.param == "sqlite":
         path = tmp_path / "jobs.sqlite3"
 
         def make(ttl_s: float) -> JobStore:
-            return SQLiteJobStore(path, ttl_s=ttl_s)
+            return SQLiteJobStore(path, ttl_s=ttl_s, clock=clock)
+
+    elif request.param in ("postgres", "pgbouncer"):
+        pytest.importorskip("psycopg", reason="the postgres extra: pip install -e '.[postgres]'")
+        from runtime.jobs.stores.postgres import PostgresJobStore
+
+        dsn = postgres_fixtures.store_dsn(request, request.param == "pgbouncer")
+
+        def make(ttl_s: float) -> JobStore:
+            return PostgresJobStore(dsn, ttl_s=ttl_s, clock=clock)
 
     else:
         endpoint = request.getfixturevalue("moto_endpoint")
@@ -48,6 +71,7 @@ def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenS
             return DynamoDBJobStore(
                 table,
                 ttl_s=ttl_s,
+                clock=clock,
                 bucket=bucket,
                 client=client(endpoint, "dynamodb"),
                 s3_client=client(endpoint, "s3"),
@@ -84,7 +108,7 @@ def running(store: JobStore, owner: str = "a", lease_s: float = 30.0) -> Job:
 # -- create / get ---------------------------------------------------------------
 
 
-def test_create_then_get_round_trips_every_field(store: JobStore) -> None:
+def test_create_then_get_round_trips_every_field(store: JobStore, clock: ManualClock) -> None:
     payload = {"floats": [0.1, 1e-300, 1.7976931348623157e308, -0.0], "text": "é ✓", "n": None}
     job = queued(store, payload, key_id="key-1")
     got = store.get(job.id)
@@ -92,7 +116,8 @@ def test_create_then_get_round_trips_every_field(store: JobStore) -> None:
     assert got == job
     assert got.input == payload
     assert got.status is JobStatus.QUEUED and got.attempts == 0
-    assert got.created_at == job.created_at and got.expires_at > time.time()
+    assert got.created_at == job.created_at == clock.wall()
+    assert got.expires_at > clock.wall()
 
 
 def test_get_unknown_is_none(store: JobStore) -> None:
@@ -123,9 +148,9 @@ def test_create_many_stores_all_and_refuses_only_a_used_id(store: JobStore) -> N
 # -- claim ------------------------------------------------------------------------
 
 
-def test_claim_takes_a_queued_job(store: JobStore) -> None:
+def test_claim_takes_a_queued_job(store: JobStore, clock: ManualClock) -> None:
     job = queued(store)
-    before = time.time()
+    before = clock.wall()
     claimed = store.claim(job.id, "a", 30.0, 3)
     assert claimed is not None
     assert claimed.status is JobStatus.RUNNING and claimed.phase == "claimed"
@@ -175,12 +200,14 @@ def test_racing_claimers_exactly_one_wins(open_store: OpenStore) -> None:
 # -- heartbeat / set_phase ---------------------------------------------------------
 
 
-def test_heartbeat_renews_only_the_owners_lease(store: JobStore) -> None:
+def test_heartbeat_renews_only_the_owners_lease(store: JobStore, clock: ManualClock) -> None:
     job = running(store, "a", lease_s=5.0)
+    clock.advance(4.0)
     assert store.heartbeat(job.id, "a", 60.0)
     got = store.get(job.id)
-    assert got is not None and got.lease_until is not None
-    assert got.lease_until > time.time() + 50
+    assert got is not None and got.lease_until == clock.wall() + 60.0
+    clock.advance(50.0)  # past the first lease, within the renewed one
+    assert store.claim(job.id, "b", 60.0, 3) is None
     assert not store.heartbeat(job.id, "b", 60.0)
     assert not store.heartbeat(new_job_id(), "a", 60.0)
 
@@ -277,10 +304,15 @@ def test_cancel_unknown_is_none(store: JobStore) -> None:
 # -- leases ---------------------------------------------------------------------
 
 
-def test_a_lapsed_lease_is_claimed_again_with_one_more_attempt(open_store: OpenStore) -> None:
+def test_a_lapsed_lease_is_claimed_again_with_one_more_attempt(
+    open_store: OpenStore, clock: ManualClock
+) -> None:
     first, second = open_store(), open_store()
     job = running(first, "a", lease_s=LEASE_S)
-    time.sleep(LEASE_S + 0.1)
+    clock.advance(LEASE_S - 1.0)
+    assert job.id not in second.lapsed()
+    assert second.claim(job.id, "b", 30.0, 3) is None
+    clock.advance(LAPSE_S - (LEASE_S - 1.0))
     assert job.id in second.lapsed()
     again = second.claim(job.id, "b", 30.0, 3)
     assert again is not None and again.owner == "b" and again.attempts == 2
@@ -292,12 +324,14 @@ def test_a_lapsed_lease_is_claimed_again_with_one_more_attempt(open_store: OpenS
     assert got is not None and got.output == {"fresh": True}
 
 
-def test_attempts_exhausted_fails_the_job_as_worker_lost(store: JobStore) -> None:
+def test_attempts_exhausted_fails_the_job_as_worker_lost(
+    store: JobStore, clock: ManualClock
+) -> None:
     job = queued(store)
     for attempt, owner in enumerate(("a", "b"), start=1):
         claimed = store.claim(job.id, owner, LEASE_S, 2)
         assert claimed is not None and claimed.attempts == attempt
-        time.sleep(LEASE_S + 0.1)
+        clock.advance(LAPSE_S)
     assert store.claim(job.id, "c", 30.0, 2) is None
     got = store.get(job.id)
     assert got is not None and got.status is JobStatus.FAILED and got.phase == "failed"
@@ -310,14 +344,23 @@ def test_attempts_exhausted_fails_the_job_as_worker_lost(store: JobStore) -> Non
 # -- lapsed() -----------------------------------------------------------------------
 
 
-def test_lapsed_lists_queued_and_lease_lapsed_jobs_oldest_first(store: JobStore) -> None:
-    first = queued(store)
-    live = running(store, "a", lease_s=60.0)
-    lapsing = running(store, "b", lease_s=LEASE_S)
-    done = running(store, "c")
+def test_lapsed_lists_queued_and_lease_lapsed_jobs_oldest_first(
+    store: JobStore, clock: ManualClock
+) -> None:
+    made: list[Job] = []
+    for make in (
+        lambda: queued(store),
+        lambda: running(store, "a", lease_s=600.0),
+        lambda: running(store, "b", lease_s=LEASE_S),
+        lambda: running(store, "c"),
+        lambda: queued(store),
+    ):
+        made.append(make())
+        clock.advance(0.001)  # each created a moment after the last
+    first, live, lapsing, done, last = made
     store.finish(done.id, "c", JobStatus.SUCCEEDED, {})
-    last = queued(store)
-    time.sleep(LEASE_S + 0.1)
+    assert store.lapsed() == [first.id, last.id]
+    clock.advance(LAPSE_S)
     listed = store.lapsed()
     assert listed == [first.id, lapsing.id, last.id]
     assert live.id not in listed
@@ -327,11 +370,13 @@ def test_lapsed_lists_queued_and_lease_lapsed_jobs_oldest_first(store: JobStore)
 # -- expiry -------------------------------------------------------------------------
 
 
-def test_expired_jobs_are_absent_then_purged(open_store: OpenStore) -> None:
-    store = open_store(ttl_s=1.0)
+def test_expired_jobs_are_absent_then_purged(open_store: OpenStore, clock: ManualClock) -> None:
+    store = open_store(ttl_s=60.0)
     job = queued(store)
+    clock.advance(59.0)
     assert store.get(job.id) is not None
-    time.sleep(max(0.0, job.expires_at - time.time()) + 0.1)
+    assert store.purge_expired() == 0
+    clock.advance(job.expires_at - clock.wall() + 0.1)
     assert store.get(job.id) is None
     assert store.claim(job.id, "a", 30.0, 3) is None
     assert job.id not in store.lapsed()
@@ -341,18 +386,20 @@ def test_expired_jobs_are_absent_then_purged(open_store: OpenStore) -> None:
 
 
 def test_ttl_counts_from_the_end_and_heartbeats_keep_running_jobs(
-    open_store: OpenStore,
+    open_store: OpenStore, clock: ManualClock
 ) -> None:
-    store = open_store(ttl_s=1.0)
-    job = running(store)
-    time.sleep(0.6)
-    assert store.heartbeat(job.id, "a", 30.0)
-    time.sleep(0.8)
+    store = open_store(ttl_s=60.0)
+    job = running(store, lease_s=600.0)
+    clock.advance(36.0)
+    assert store.heartbeat(job.id, "a", 600.0)
+    clock.advance(48.0)  # past the TTL counted from creation, not from the heartbeat
     assert store.get(job.id) is not None, "a heartbeated job expired under its worker"
     assert store.finish(job.id, "a", JobStatus.SUCCEEDED, output={"ok": True})
     finished = store.get(job.id)
-    assert finished is not None and finished.expires_at >= time.time() + 0.5
-    time.sleep(max(0.0, finished.expires_at - time.time()) + 0.1)
+    assert finished is not None and finished.expires_at >= clock.wall() + 60.0
+    clock.advance(59.0)
+    assert store.get(job.id) is not None
+    clock.advance(finished.expires_at - clock.wall() + 0.1)
     assert store.get(job.id) is None
 
 
@@ -393,14 +440,22 @@ def test_jobs_survive_reopening_the_store(open_store: OpenStore) -> None:
 # -- dead owners: claim_orphan() and owned() ------------------------------------------
 
 
-def test_owned_lists_the_running_jobs_of_one_owner_whatever_their_lease(store: JobStore) -> None:
-    first = running(store, "dead", lease_s=600.0)
-    lapsed = running(store, "dead", lease_s=LEASE_S)
-    other = running(store, "alive", lease_s=600.0)
-    done = running(store, "dead")
+def test_owned_lists_the_running_jobs_of_one_owner_whatever_their_lease(
+    store: JobStore, clock: ManualClock
+) -> None:
+    made: list[Job] = []
+    for make in (
+        lambda: running(store, "dead", lease_s=600.0),
+        lambda: running(store, "dead", lease_s=LEASE_S),
+        lambda: running(store, "alive", lease_s=600.0),
+        lambda: running(store, "dead"),
+        lambda: queued(store),
+    ):
+        made.append(make())
+        clock.advance(0.001)  # each created a moment after the last
+    first, lapsed, other, done, waiting = made
     store.finish(done.id, "dead", JobStatus.SUCCEEDED, {})
-    waiting = queued(store)
-    time.sleep(LEASE_S + 0.1)
+    clock.advance(LAPSE_S)
     assert store.owned("dead") == [first.id, lapsed.id]
     assert store.owned("dead", limit=1) == [first.id]
     assert store.owned("alive") == [other.id]
@@ -408,9 +463,11 @@ def test_owned_lists_the_running_jobs_of_one_owner_whatever_their_lease(store: J
     assert waiting.id not in store.owned("dead")
 
 
-def test_claim_orphan_takes_a_dead_owners_job_before_its_lease_lapses(store: JobStore) -> None:
+def test_claim_orphan_takes_a_dead_owners_job_before_its_lease_lapses(
+    store: JobStore, clock: ManualClock
+) -> None:
     job = running(store, "dead", lease_s=600.0)
-    before = time.time()
+    before = clock.wall()
     claimed = store.claim_orphan(job.id, "dead", "heir", 30.0, 3)
     assert claimed is not None
     assert claimed.owner == "heir" and claimed.attempts == 2

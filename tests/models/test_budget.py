@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from runtime.clock import ManualClock
 from runtime.errors import InsufficientMemory
 from runtime.models.budget import MAX_BYPASS, MemoryBudget
 
@@ -180,7 +181,7 @@ def test_a_queued_load_fails_when_nothing_could_ever_free_room() -> None:
     run(scenario)
 
 
-def test_a_draining_bundle_turns_its_queued_requests_away() -> None:
+def test_an_unloading_bundle_turns_its_queued_requests_away() -> None:
     async def scenario() -> None:
         budget = MemoryBudget(100)
         FakeEvictor(budget)
@@ -237,5 +238,30 @@ def test_no_limit_admits_everything_until_one_is_set() -> None:
         assert all(budget.try_admit("a") for _ in range(100))
         budget.set_limit(10**12 + 10**9)
         assert not budget.try_admit("a")
+
+    run(scenario)
+
+
+def test_the_oldest_wait_is_timed_on_the_budgets_clock() -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        budget = MemoryBudget(100, clock=clock)
+        FakeEvictor(budget)
+        await budget.reserve("a", 60, 30)
+        assert budget.try_admit("a")
+        assert budget.oldest_wait_s() == 0.0
+        first = asyncio.ensure_future(budget.admit("a"))
+        await settle()
+        clock.advance(3.0)
+        second = asyncio.ensure_future(budget.admit("a"))
+        await settle()
+        clock.advance(4.0)
+        assert budget.oldest_wait_s() == pytest.approx(7.0)  # the head of the queue's
+        budget.release("a")
+        await settle()
+        assert first.done() and budget.oldest_wait_s() == pytest.approx(4.0)
+        budget.release("a")
+        await settle()
+        assert second.done() and budget.oldest_wait_s() == 0.0
 
     run(scenario)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import threading
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from runtime.bundles.manifest import MANIFEST, Manifest
+from runtime.clock import SYSTEM, Clock, ManualClock
 from runtime.dispatch.dispatcher import Completed
 from runtime.errors import BundleError, InsufficientMemory, IntegrityError, LoadFailed
 from runtime.instance import Instance
@@ -46,21 +47,8 @@ async def call(instance: Instance, handler: str, event: Any = None) -> Any:
     return outcome.output
 
 
-class SkipClock:
-    """time.monotonic(), which a test moves past a back-off at once instead of sleeping."""
-
-    def __init__(self) -> None:
-        self.skipped = 0.0
-
-    def __call__(self) -> float:
-        return time.monotonic() + self.skipped
-
-    def skip(self, seconds: float) -> None:
-        self.skipped += seconds
-
-
-async def started(settings: Settings, clock: SkipClock | None = None) -> Instance:
-    instance = Instance.create(settings, discover(settings.handlers), clock=clock or time.monotonic)
+async def started(settings: Settings, clock: Clock = SYSTEM) -> Instance:
+    instance = Instance.create(settings, discover(settings.handlers), clock=clock)
     await instance.start()
     return instance
 
@@ -79,19 +67,31 @@ async def test_32_concurrent_first_invocations_load_once(tmp_path: Path) -> None
 
 
 class CountingSource:
-    """An instance's own bundle source, counting its manifest reads (each made slow)."""
+    """An instance's own bundle source, counting its manifest reads; each read is
+    held until the test opens `gate`, so every concurrent caller overlaps it."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.reads = 0
         self._lock = threading.Lock()
+        self.gate = threading.Event()
 
     def manifest(self, name: str) -> Manifest:
         with self._lock:
             self.reads += 1
-        time.sleep(0.05)  # a read every concurrent caller overlaps
+        self.gate.wait(30)
         manifest: Manifest = self.inner.manifest(name)
         return manifest
+
+
+async def while_the_read_is_held(source: CountingSource, calls: list[Any]) -> list[Any]:
+    """Run `calls` at once while the first manifest read is held, then let it end."""
+    running = asyncio.gather(*calls, return_exceptions=True)
+    while source.reads == 0:  # the read runs in a worker thread
+        await asyncio.sleep(0.005)
+    # Every caller started in the loop turn the read began in: all wait on it now.
+    source.gate.set()
+    return await running
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.inner, attr)
@@ -102,11 +102,10 @@ async def test_a_burst_of_cold_estimates_reads_the_manifest_once(tmp_path: Path)
     instance = await started(settings_for(tmp_path))
     source = instance.cache.source = CountingSource(instance.cache.source)
     try:
-        estimates = await asyncio.gather(
-            *(instance.cache.estimate_ready_s("alpha") for _ in range(64))
-        )
+        calls = [instance.cache.estimate_ready_s("alpha") for _ in range(64)]
+        estimates = await while_the_read_is_held(source, calls)
         assert source.reads == 1
-        assert min(estimates) > 0
+        assert all(isinstance(e, float) and e > 0 for e in estimates), estimates
         await instance.cache.estimate_ready_s("alpha")
         assert source.reads == 1, "a known manifest was read again"
     finally:
@@ -121,9 +120,8 @@ async def test_a_failed_manifest_read_fails_every_waiter_and_is_retried(tmp_path
     instance = await started(settings_for(tmp_path))
     source = instance.cache.source = CountingSource(instance.cache.source)
     try:
-        results = await asyncio.gather(
-            *(instance.cache.manifest_of("alpha") for _ in range(8)), return_exceptions=True
-        )
+        calls = [instance.cache.manifest_of("alpha") for _ in range(8)]
+        results = await while_the_read_is_held(source, calls)
         assert source.reads == 1
         assert all(isinstance(r, BundleError) for r in results), results
         manifest_file.write_bytes(good)
@@ -153,7 +151,7 @@ async def test_flipped_byte_fails_integrity_then_recovers(tmp_path: Path) -> Non
     corrupt = bytearray(original)
     corrupt[len(corrupt) // 2] ^= 0x01
     shard.write_bytes(bytes(corrupt))
-    clock = SkipClock()
+    clock = ManualClock()
     # A back-off no test run outlasts: only the clock's skip gets past it.
     instance = await started(settings_for(tmp_path, retry_backoff_s=600.0), clock)
     try:
@@ -168,7 +166,7 @@ async def test_flipped_byte_fails_integrity_then_recovers(tmp_path: Path) -> Non
         shard.write_bytes(original)
         with pytest.raises(LoadFailed, match="integrity"):
             await call(instance, "alpha")  # within the back-off: not tried again
-        clock.skip(600.0)
+        clock.advance(600.0)
         output = await call(instance, "alpha")
         assert output["tensors"] == 3
         assert entry.lifecycle.state is State.READY
@@ -180,7 +178,7 @@ async def test_builder_fault_fails_then_succeeds_after_backoff(tmp_path: Path) -
     fault = tmp_path / "fault"
     fault.touch()
     make_bundle(tmp_path / "bundles", "alpha", config={"fault_file": str(fault)})
-    clock = SkipClock()
+    clock = ManualClock()
     instance = await started(settings_for(tmp_path, retry_backoff_s=600.0), clock)
     try:
         with pytest.raises(Exception, match="injected builder fault"):
@@ -194,7 +192,7 @@ async def test_builder_fault_fails_then_succeeds_after_backoff(tmp_path: Path) -
         with pytest.raises(LoadFailed, match="injected builder fault") as info:
             await call(instance, "alpha")
         assert info.value.retry_after_s is not None and info.value.retry_after_s > 0
-        clock.skip(600.0)
+        clock.advance(600.0)
         assert (await call(instance, "alpha"))["bundle"] == "alpha"
     finally:
         await instance.stop()
@@ -252,4 +250,37 @@ async def test_budget_evicts_lru_idle_never_in_use_and_refuses_too_large(tmp_pat
             await call(instance, "huge")
         assert cache.entries["gamma"].lifecycle.state is State.READY, "refusal evicted nothing"
     finally:
+        await instance.stop()
+
+
+async def test_a_phase_with_no_progress_fails_when_the_clock_passes_its_stall_limit(
+    tmp_path: Path,
+) -> None:
+    """The no-progress deadline is armed on the instance's clock: the builder hangs
+    (tests/handlers/stuck.py) and the load fails only once the clock passes it."""
+    release = tmp_path / "release"
+    make_bundle(tmp_path / "bundles", "stuck", config={"release": str(release)})
+    clock = ManualClock()
+    settings = dataclasses.replace(
+        settings_for(tmp_path, phase_stall_s=300.0, drain_grace_s=0.5),
+        handlers=("tests.handlers.stuck",),
+    )
+    instance = await started(settings, clock)
+    try:
+        loading = asyncio.ensure_future(instance.cache.acquire("stuck"))
+        entry = instance.cache.entry("stuck")
+        # LOADED is set in the step that arms the init phase's stall timer.
+        while entry.lifecycle.state is not State.LOADED:  # the builder has started
+            await asyncio.sleep(0.005)
+        clock.advance(299.0)
+        for _ in range(20):  # the loop turns a failure due now would take to surface
+            await asyncio.sleep(0)
+        assert not loading.done() and entry.lifecycle.state is State.LOADED
+        clock.advance(2.0)
+        with pytest.raises(LoadFailed, match="init made no progress for 300 s"):
+            await asyncio.wait_for(loading, 30)
+        assert entry.lifecycle.state is State.FAILED
+        assert instance.health.wedged is not None and "init" in instance.health.wedged.detail
+    finally:
+        release.touch()
         await instance.stop()

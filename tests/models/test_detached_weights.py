@@ -35,11 +35,14 @@ import pytest
 
 from runtime.bundles.manifest import MANIFEST, Manifest, build_bundle
 from runtime.bundles.sources.local import LocalSource
+from runtime.clock import ManualClock
 from runtime.dispatch.dispatcher import Completed
-from runtime.errors import BundleError, IntegrityError
+from runtime.errors import BundleError, IntegrityError, LoadFailed
 from runtime.instance import Instance
 from runtime.models import weights as weights_mod
 from runtime.models.lifecycle import State
+from runtime.models.weights import device as weights_device
+from runtime.models.weights import format as weights_format
 from runtime.registry import discover
 from runtime.settings import Settings
 from tests.handlers.weights_sum import describe
@@ -182,7 +185,9 @@ async def test_a_ready_model_ignores_its_files_until_reloaded_in_process(
     expected = expected_answer(bundle_dir, manifest)
     victim = shard_paths(bundle_dir, manifest)[-1]
     original = victim.read_bytes()
-    instance = Instance.create(settings_for(tmp_path), discover(("tests.handlers.weights_sum",)))
+    clock = ManualClock()
+    handlers = discover(("tests.handlers.weights_sum",))
+    instance = Instance.create(settings_for(tmp_path), handlers, clock=clock)
     await instance.start()
     try:
         first = await call(instance, "wsum_a")
@@ -200,7 +205,9 @@ async def test_a_ready_model_ignores_its_files_until_reloaded_in_process(
         assert instance.cache.entries["wsum_a"].lifecycle.state is State.FAILED
 
         victim.write_bytes(original)
-        await asyncio.sleep(BACKOFF_S * 2)
+        with pytest.raises(LoadFailed):  # within the back-off: not tried again
+            await call(instance, "wsum_a")
+        clock.advance(BACKOFF_S * 2)
         again = await call(instance, "wsum_a")
         assert answer_fields(again) == expected
         assert instance.cache.entries["wsum_a"].loads == 2
@@ -288,7 +295,7 @@ def test_a_shard_changed_after_verification_is_refused_at_load(
         # The device path's own checks, driven with the CPU (the one device here).
         rel, size = manifest.files[1].path, manifest.files[1].size
         with pytest.raises(IntegrityError, match=fragment) as caught:
-            weights_mod._load_mapped(victim, rel, size, "cpu", None, verified[rel])
+            weights_device.load_mapped(victim, rel, size, "cpu", None, verified[rel])
     else:
         with pytest.raises(IntegrityError, match=fragment) as caught:
             weights_mod.load_weights(bundle_dir, manifest, "cpu", verified)
@@ -344,7 +351,8 @@ async def test_a_load_refuses_a_shard_rewritten_between_its_fetch_and_its_read(
     )
     held.BUILD_GATE.clear()
     held.BUILDING.clear()
-    instance = Instance.create(settings, discover(settings.handlers))
+    clock = ManualClock()
+    instance = Instance.create(settings, discover(settings.handlers), clock=clock)
     await instance.start()
     try:
         holding = asyncio.ensure_future(instance.prewarm("held"))
@@ -362,12 +370,12 @@ async def test_a_load_refuses_a_shard_rewritten_between_its_fetch_and_its_read(
         assert instance.cache.entries["wsum_a"].lifecycle.state is State.FAILED
         await holding
 
-        await asyncio.sleep(BACKOFF_S * 2)
+        clock.advance(BACKOFF_S * 2)
         with pytest.raises(IntegrityError, match="sha256 mismatch"):
             await call(instance, "wsum_a")
 
         victim.write_bytes(original)
-        await asyncio.sleep(BACKOFF_S * 4)
+        clock.advance(BACKOFF_S * 4)
         answer = await call(instance, "wsum_a")
         assert answer_fields(answer) == expected_answer(root / "wsum_a", manifest)
     finally:
@@ -392,7 +400,6 @@ def test_a_shard_changed_while_being_read_is_refused(
     bundle_dir, manifest = fetched(tmp_path, "wsum_a")
     victim = shard_paths(bundle_dir, manifest)[0]
     # Small reads, so the file changes after its first read and before its last.
-    monkeypatch.setattr(weights_mod, "_CHUNK_BYTES", 1024)
     real_preadv = os.preadv
     reads = 0
 
@@ -405,7 +412,7 @@ def test_a_shard_changed_while_being_read_is_refused(
 
     monkeypatch.setattr(os, "preadv", preadv)
     with pytest.raises(IntegrityError, match="changed while it was being read"):
-        weights_mod.load_weights(bundle_dir, manifest, "cpu")
+        weights_mod.load_weights(bundle_dir, manifest, "cpu", chunk_bytes=1024)
     assert reads >= 2, "the shard was not changed during the read"
 
 
@@ -421,7 +428,7 @@ def test_the_device_path_refuses_a_shard_changed_while_safetensors_reads_it(
     bundle_dir, manifest = fetched(tmp_path, "wsum_a")
     victim = shard_paths(bundle_dir, manifest)[0]
     rel, size = manifest.files[0].path, manifest.files[0].size
-    intact = weights_mod._load_mapped(victim, rel, size, "cpu", None)
+    intact = weights_device.load_mapped(victim, rel, size, "cpu", None)
     assert describe(intact) == expected_answer(bundle_dir, manifest)
     real = safetensors.torch.load_file
 
@@ -433,7 +440,7 @@ def test_the_device_path_refuses_a_shard_changed_while_safetensors_reads_it(
 
     monkeypatch.setattr(safetensors.torch, "load_file", load_file)
     with pytest.raises(IntegrityError, match="changed while it was being read"):
-        weights_mod._load_mapped(victim, rel, size, "cpu", None)
+        weights_device.load_mapped(victim, rel, size, "cpu", None)
 
 
 # ---- the reader against safetensors' own ------------------------------------------------------
@@ -446,7 +453,7 @@ def write_safetensors(path: Path, tensors: list[tuple[str, Any]]) -> None:
 
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     data = bytearray()
-    codes = {v: k for k, v in weights_mod._SAFETENSORS_DTYPES.items()}
+    codes = {v: k for k, v in weights_format.SAFETENSORS_DTYPES.items()}
     for name, tensor in tensors:
         raw = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
         code = codes[str(tensor.dtype).removeprefix("torch.")]
@@ -490,12 +497,11 @@ def every_dtype() -> list[tuple[str, Any]]:
 @pytest.mark.parametrize("chunk", [16 * 1024 * 1024, 8], ids=["one-read", "8-byte-reads"])
 @pytest.mark.parametrize("dtype", [None, "float16", "bfloat16"])
 def test_the_reader_matches_safetensors_for_every_dtype(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: str | None, chunk: int
+    tmp_path: Path, dtype: str | None, chunk: int
 ) -> None:
     import torch
     from safetensors.torch import load
 
-    monkeypatch.setattr(weights_mod, "_CHUNK_BYTES", chunk)
     src = tmp_path / "src"
     src.mkdir()
     tensors = every_dtype()
@@ -504,7 +510,7 @@ def test_the_reader_matches_safetensors_for_every_dtype(
     manifest = build_bundle(
         src, "mixed", out=tmp_path / "mixed", config={"dtype": dtype} if dtype else {}
     )
-    loaded = weights_mod.load_weights(tmp_path / "mixed", manifest, "cpu")
+    loaded = weights_mod.load_weights(tmp_path / "mixed", manifest, "cpu", chunk_bytes=chunk)
 
     reference: dict[str, torch.Tensor] = {}
     for name in ("a.safetensors", "b.safetensors"):
@@ -591,7 +597,8 @@ def server_env(thaw_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
         **thaw_env,
         "THAW_BUNDLE_SOURCE": str(tmp_path / "bundles"),
         "THAW_HANDLERS": "tests.handlers.weights_sum",
-        "THAW_RETRY_BACKOFF_S": str(BACKOFF_S),
+        # A real process on the system clock: no back-off to wait out between tries.
+        "THAW_RETRY_BACKOFF_S": "0",
         "THAW_LOG_LEVEL": "INFO",
     }
 
@@ -658,7 +665,6 @@ def test_a_server_answers_the_same_whatever_happens_to_its_bundle_files(
                 assert fragment in problem["detail"], (mutation, problem)
             for name, path in victims.items():
                 path.write_bytes(originals[name])
-            time.sleep(BACKOFF_S * 4)
             for name, answer in answers.items():
                 response = invoke(client, name)
                 assert response.status_code == 200, (mutation, response.text)

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from runtime.bundles.manifest import BundleFile, Manifest
+from runtime.clock import Clock
 from runtime.errors import InsufficientMemory, LoadFailed, UnknownBundle
 from runtime.models.cache import Lease, ModelCache
 from runtime.models.estimate import Estimator
@@ -175,12 +176,12 @@ class FakeSource:
         return "fake"
 
 
-class FakeClock:
+class FakeClock(Clock):
+    """Simulated monotonic time: set by the test, moved by each fetch's cost."""
+
     def __init__(self) -> None:
         self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+        super().__init__(lambda: self.now)
 
 
 class Model:
@@ -239,6 +240,15 @@ async def use(cache: ModelCache, clock: FakeClock | None, name: str, at: float) 
     lease.release()
 
 
+async def waits_for_room(cache: ModelCache, name: str) -> None:
+    """Returns once `name`'s load (its fetch runs in a thread) queues for memory."""
+    for _ in range(2000):
+        if cache.budget.waiting(name):
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"{name} never queued for memory")
+
+
 def states(cache: ModelCache) -> dict[str, State]:
     return {n: e.lifecycle.state for n, e in cache.entries.items()}
 
@@ -291,7 +301,7 @@ def test_pinned_bundle_is_never_evicted(
         assert states(cache) == {"pin": State.READY, "a": State.UNLOADED, "b": State.READY}
         held = await cache.acquire("a")  # b goes
         waiting = asyncio.ensure_future(cache.acquire("b"))  # pin pinned, a busy: waits
-        await asyncio.sleep(0.2)
+        await waits_for_room(cache, "b")
         assert not waiting.done()
         assert states(cache)["pin"] is State.READY and states(cache)["a"] is State.READY
         held.release()
@@ -313,7 +323,7 @@ def test_a_load_waiting_for_room_never_evicts_a_bundle_under_its_waiters(
     async def scenario() -> None:
         held = [await cache.acquire("pin"), await cache.acquire("a")]
         c = [asyncio.ensure_future(cache.acquire("c")) for _ in range(3)]
-        await asyncio.sleep(0.2)
+        await waits_for_room(cache, "c")
         b = await asyncio.wait_for(asyncio.gather(*(cache.acquire("b") for _ in range(2))), 5)
         assert builds["b"] == 1 and not any(t.done() for t in c)
         for lease in [*held, *b]:
@@ -332,7 +342,7 @@ def test_nothing_is_evicted_when_eviction_cannot_make_room(tmp_path: Path) -> No
         busy = await cache.acquire("busy")
         await use(cache, None, "idle", 0)
         big = asyncio.ensure_future(cache.acquire("big"))  # 60 + 50 > 100 even without idle
-        await asyncio.sleep(0.2)
+        await waits_for_room(cache, "big")
         assert states(cache)["idle"] is State.READY, "evicted for nothing"
         busy.release()
         (await asyncio.wait_for(big, 5)).release()
@@ -386,7 +396,7 @@ class CacheMachine(RuleBasedStateMachine):
         """Waiting is justified only while something holds memory that will be given
         back: a lease (in flight), or a load under way."""
         entry = self.cache.entries[name]
-        if entry.lifecycle.state is State.DRAINING:
+        if entry.lifecycle.state is State.UNLOADING:
             return self.cache.in_flight(name) > 0  # the drain waits for leases we hold
         if SIZES[name] + PER_REQUEST[name] > BUDGET:
             return False  # bound to fail at once
@@ -481,7 +491,7 @@ class CacheMachine(RuleBasedStateMachine):
         if task.done():
             task.result()
             state = self.entry_state(name)
-            if state is State.DRAINING:  # an earlier unload is draining it: not twice
+            if state is State.UNLOADING:  # an earlier unload is under way: not twice
                 assert any(k == "unload" and n == name for k, n, _ in self.pending)
             else:
                 assert state in (None, State.UNLOADED, State.FAILED, State.STORED), state
@@ -512,7 +522,7 @@ class CacheMachine(RuleBasedStateMachine):
         for lease in self.leases:
             entry = lease.entry
             assert self.cache.in_flight(entry.name) > 0
-            assert entry.lifecycle.state in (State.READY, State.DRAINING)
+            assert entry.lifecycle.state in (State.READY, State.UNLOADING)
             assert entry.model is lease.model
 
     @invariant()

@@ -2,24 +2,40 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
+from runtime.clock import ManualClock
 from runtime.models.lifecycle import TRANSITIONS, IllegalTransition, Lifecycle, State
 
 
 def test_happy_path_stamps_every_phase() -> None:
-    lc = Lifecycle()
-    for state in (State.FETCHED, State.LOADED, State.INITIALIZED, State.WARMED, State.READY):
-        time.sleep(0.002)
-        lc.advance(state)
-    assert set(lc.phase_ms) == {"fetch", "load", "init", "warmup", "ready"}
-    assert all(ms >= 1.0 for name, ms in lc.phase_ms.items() if name != "ready")
-    lc.advance(State.DRAINING)
+    clock = ManualClock()
+    lc = Lifecycle(clock=clock)
+    steps = {
+        State.FETCHED: 0.5,
+        State.LOADED: 0.25,
+        State.INITIALIZED: 2.0,
+        State.WARMED: 0.125,
+        State.READY: 0.0,
+    }
+    for state, seconds in steps.items():
+        clock.advance(seconds)
+        changed = clock.wall()
+        assert lc.advance(state) == pytest.approx(seconds * 1000.0)
+        assert lc.changed_at == changed
+    assert lc.phase_ms == pytest.approx(
+        {"fetch": 500.0, "load": 250.0, "init": 2000.0, "warmup": 125.0, "ready": 0.0}
+    )
+    lc.advance(State.UNLOADING)
+    clock.advance(3.0)
     lc.advance(State.UNLOADED)
-    assert "drain" in lc.phase_ms
+    assert lc.phase_ms["unload"] == pytest.approx(3000.0)
     lc.advance(State.STORED)
+    clock.advance(10.0)  # idle in STORED: a new load is timed from its start
+    lc.restart_clock()
+    clock.advance(1.0)
+    lc.advance(State.FETCHED)
+    assert lc.phase_ms == {"fetch": pytest.approx(1000.0)}
 
 
 @pytest.mark.parametrize("state", list(State))

@@ -1,7 +1,9 @@
-"""Fixtures for the security tests: real `thaw serve` processes on 127.0.0.1.
+"""Fixtures for the security tests: the app in-process (tests/inproc.py), and real
+`thaw serve` processes on 127.0.0.1 where uvicorn's own handling of connections or
+the process is what a test is about.
 
-Servers here are module scoped (one process serves every test of a module
-that only reads from it), and each is killed when its module ends.
+Servers here are module scoped (one serves every test of a module that only
+reads from it), and each is stopped when its module ends.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from runtime.settings import Settings
+from tests.inproc import settings_for
 from tests.support import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,6 +25,21 @@ PROBLEM = "application/problem+json"
 LIGHT_HANDLERS = "handlers.echo,tests.handlers.raises"
 
 Launch = Callable[..., ServerProcess]
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    """asyncio, for the module: a module's in-process app lives on one event loop."""
+    return "asyncio"
+
+
+def light_settings(root: Path, **overrides: object) -> Settings:
+    """In-process settings as `clean_env` gives a server: state under `root`,
+    model-less handlers."""
+    (root / "bundles").mkdir(exist_ok=True)
+    values: dict[str, object] = {"handlers": tuple(LIGHT_HANDLERS.split(","))}
+    values.update(overrides)
+    return settings_for(root, **values)
 
 
 def clean_env(root: Path) -> dict[str, str]:

@@ -1,5 +1,6 @@
-"""API keys in HTTP mode: a real server refuses every request without a valid key,
-except the health probes, and never learns more than a key's hash."""
+"""API keys in HTTP mode: the app (in-process) refuses every request without a valid
+key, except the health probes, and never learns more than a key's hash; a real
+`thaw serve` refuses to start on a plain key in its key file."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import hashlib
 import io
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -22,18 +24,26 @@ from runtime.http.auth import (
     print_hash_line,
 )
 from runtime.settings import Settings
-from tests.security.conftest import PROBLEM, Launch, bearer, clean_env
-from tests.support import ServerProcess, free_port
+from tests.inproc import serving
+from tests.security.conftest import PROBLEM, bearer, clean_env, light_settings
+from tests.support import free_port
 
 PLAIN_KEY = "plain-key-7c1f0d9e"
 FILE_KEY = "file-key-b3a41e55"
 
 
 @pytest.fixture(scope="module")
-def server(launch_module: Launch, tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
+async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
     keys_file = tmp_path_factory.mktemp("keys") / "keys"
     keys_file.write_text(f"# team keys\n\n{hash_line(FILE_KEY)} ci-runner\n")
-    return launch_module(THAW_API_KEYS=f"{PLAIN_KEY}, other-key", THAW_API_KEYS_FILE=str(keys_file))
+    settings = Settings.from_env(
+        {"THAW_API_KEYS": f"{PLAIN_KEY}, other-key", "THAW_API_KEYS_FILE": str(keys_file)}
+    )
+    root = tmp_path_factory.mktemp("server")
+    async with serving(
+        light_settings(root, api_keys=settings.api_keys, api_keys_file=settings.api_keys_file)
+    ) as served:
+        yield served.client
 
 
 def assert_unauthorized(response: httpx.Response) -> None:
@@ -45,8 +55,9 @@ def assert_unauthorized(response: httpx.Response) -> None:
 
 
 @pytest.mark.parametrize("path", ["/healthz", "/readyz"])
-def test_probes_need_no_key(server: ServerProcess, path: str) -> None:
-    assert httpx.get(server.url + path).status_code == 200
+@pytest.mark.anyio
+async def test_probes_need_no_key(server: httpx.AsyncClient, path: str) -> None:
+    assert (await server.get(path)).status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -66,8 +77,11 @@ def test_probes_need_no_key(server: ServerProcess, path: str) -> None:
         ("GET", "/no-such-route"),  # routes cannot be probed without a key
     ],
 )
-def test_every_other_endpoint_needs_a_key(server: ServerProcess, method: str, path: str) -> None:
-    assert_unauthorized(httpx.request(method, server.url + path, json={}))
+@pytest.mark.anyio
+async def test_every_other_endpoint_needs_a_key(
+    server: httpx.AsyncClient, method: str, path: str
+) -> None:
+    assert_unauthorized(await server.request(method, path, json={}))
 
 
 @pytest.mark.parametrize(
@@ -82,36 +96,40 @@ def test_every_other_endpoint_needs_a_key(server: ServerProcess, method: str, pa
         f"Bearer {hashlib.sha256(FILE_KEY.encode()).hexdigest()}",
     ],
 )
-def test_wrong_credentials_are_refused_without_echo(
-    server: ServerProcess, authorization: str
+@pytest.mark.anyio
+async def test_wrong_credentials_are_refused_without_echo(
+    server: httpx.AsyncClient, authorization: str
 ) -> None:
-    response = httpx.post(
-        server.url + "/invoke/echo", json={"x": 1}, headers={"Authorization": authorization}
+    response = await server.post(
+        "/invoke/echo", json={"x": 1}, headers={"Authorization": authorization}
     )
     assert_unauthorized(response)
     token = authorization.partition(" ")[2]
     assert not token or token not in response.text
 
 
-def test_two_authorization_headers_are_refused(server: ServerProcess) -> None:
+@pytest.mark.anyio
+async def test_two_authorization_headers_are_refused(server: httpx.AsyncClient) -> None:
     headers = [("Authorization", f"Bearer {PLAIN_KEY}"), ("Authorization", "Bearer other-key")]
-    assert_unauthorized(httpx.post(server.url + "/invoke/echo", json={}, headers=headers))
+    assert_unauthorized(await server.post("/invoke/echo", json={}, headers=headers))
 
 
 @pytest.mark.parametrize(
     "authorization",
     [f"Bearer {PLAIN_KEY}", "Bearer other-key", f"bearer {FILE_KEY}", f"BEARER   {FILE_KEY}"],
 )
-def test_configured_keys_are_accepted(server: ServerProcess, authorization: str) -> None:
-    response = httpx.post(
-        server.url + "/invoke/echo", json={"x": 1}, headers={"Authorization": authorization}
+@pytest.mark.anyio
+async def test_configured_keys_are_accepted(server: httpx.AsyncClient, authorization: str) -> None:
+    response = await server.post(
+        "/invoke/echo", json={"x": 1}, headers={"Authorization": authorization}
     )
     assert response.status_code == 200, response.text
     assert response.json() == {"x": 1}
 
 
-def test_openapi_declares_the_bearer_scheme(server: ServerProcess) -> None:
-    document = httpx.get(server.url + "/openapi.json", headers=bearer(PLAIN_KEY)).json()
+@pytest.mark.anyio
+async def test_openapi_declares_the_bearer_scheme(server: httpx.AsyncClient) -> None:
+    document = (await server.get("/openapi.json", headers=bearer(PLAIN_KEY))).json()
     assert document["security"] == [{"apiKey": []}]
     assert document["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
     assert document["paths"]["/healthz"]["get"]["security"] == []

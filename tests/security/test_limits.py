@@ -1,6 +1,8 @@
-"""Input limits against a real server: every violation is a 4xx problem+json naming
-the limit, except where uvicorn answers before the app (documented in
-docs/security.md), and the server stays up."""
+"""Input limits: every violation is a 4xx problem+json naming the limit, except where
+uvicorn answers before the app (documented in docs/security.md), and the server
+stays up. The app's own limits are checked in-process; what depends on uvicorn's
+handling of the connection (a header block in one read or in pieces, idle
+connections) against a real `thaw serve`."""
 
 from __future__ import annotations
 
@@ -8,15 +10,23 @@ import concurrent.futures
 import math
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
-from tests.security.conftest import PROBLEM, ROOT, Launch
+from tests.inproc import serving
+from tests.security.conftest import PROBLEM, ROOT, Launch, light_settings
 from tests.support import ServerProcess
 
 MAX_BODY = 64 * 1024
+
+
+@pytest.fixture(scope="module")
+async def app(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
+    settings = light_settings(tmp_path_factory.mktemp("server"), max_body_bytes=MAX_BODY)
+    async with serving(settings) as served:
+        yield served.client
 
 
 @pytest.fixture(scope="module")
@@ -36,57 +46,65 @@ def nested(depth: int) -> bytes:
     return b"[" * depth + b"]" * depth
 
 
-def test_body_over_the_limit_is_413_before_it_is_read(server: ServerProcess) -> None:
-    body = problem(httpx.post(f"{server.url}/invoke/echo", content=b" " * (MAX_BODY + 1)), 413)
+@pytest.mark.anyio
+async def test_body_over_the_limit_is_413_before_it_is_read(app: httpx.AsyncClient) -> None:
+    body = problem(await app.post("/invoke/echo", content=b" " * (MAX_BODY + 1)), 413)
     assert f"THAW_MAX_BODY_BYTES={MAX_BODY}" in str(body["detail"])
     assert body["limit_bytes"] == MAX_BODY
 
 
-def test_chunked_body_over_the_limit_is_413(server: ServerProcess) -> None:
-    def chunks() -> Iterator[bytes]:
+@pytest.mark.anyio
+async def test_chunked_body_over_the_limit_is_413(app: httpx.AsyncClient) -> None:
+    async def chunks() -> AsyncIterator[bytes]:
         for _ in range(MAX_BODY // 4096 + 2):
             yield b" " * 4096
 
-    response = httpx.post(f"{server.url}/invoke/echo", content=chunks())
+    response = await app.post("/invoke/echo", content=chunks())
     assert "THAW_MAX_BODY_BYTES" in str(problem(response, 413)["detail"])
 
 
-def test_nesting_at_the_limit_is_served_one_deeper_is_400_naming_it(
-    server: ServerProcess,
+@pytest.mark.anyio
+async def test_nesting_at_the_limit_is_served_one_deeper_is_400_naming_it(
+    app: httpx.AsyncClient,
 ) -> None:
-    ok = httpx.post(f"{server.url}/invoke/echo", content=nested(64))
+    ok = await app.post("/invoke/echo", content=nested(64))
     assert ok.status_code == 200 and ok.content == nested(64)
-    body = problem(httpx.post(f"{server.url}/invoke/echo", content=nested(65)), 400)
+    body = problem(await app.post("/invoke/echo", content=nested(65)), 400)
     assert "THAW_MAX_JSON_DEPTH=64" in str(body["detail"]) and body["max_json_depth"] == 64
     deep_object = b'{"a":' * 65 + b"1" + b"}" * 65
-    problem(httpx.post(f"{server.url}/invoke/echo", content=deep_object), 400)
+    problem(await app.post("/invoke/echo", content=deep_object), 400)
 
 
-def test_brackets_inside_strings_are_not_nesting(server: ServerProcess) -> None:
+@pytest.mark.anyio
+async def test_brackets_inside_strings_are_not_nesting(app: httpx.AsyncClient) -> None:
     event = {"text": "[" * 500 + "{" * 500, "list": [[1], [2]]}
-    response = httpx.post(f"{server.url}/invoke/echo", json=event)
+    response = await app.post("/invoke/echo", json=event)
     assert response.status_code == 200 and response.json() == event
 
 
-def test_nesting_past_orjsons_own_limit_is_invalid_json(server: ServerProcess) -> None:
-    body = problem(httpx.post(f"{server.url}/invoke/echo", content=nested(5000)), 400)
+@pytest.mark.anyio
+async def test_nesting_past_orjsons_own_limit_is_invalid_json(app: httpx.AsyncClient) -> None:
+    body = problem(await app.post("/invoke/echo", content=nested(5000)), 400)
     assert str(body["type"]).endswith("/invalid-json")
 
 
 @pytest.mark.parametrize("content", [b"{", b"\xff\xfe", b'{"a": NaN}', b"[1,]", b"1e99999"])
-def test_bad_json_is_400(server: ServerProcess, content: bytes) -> None:
-    body = problem(httpx.post(f"{server.url}/invoke/echo", content=content), 400)
+@pytest.mark.anyio
+async def test_bad_json_is_400(app: httpx.AsyncClient, content: bytes) -> None:
+    body = problem(await app.post("/invoke/echo", content=content), 400)
     assert str(body["type"]).endswith("/invalid-json")
 
 
 @pytest.mark.parametrize("prefer", ["wait=abc", "wait=-1", "wait=inf"])
-def test_bad_prefer_is_400(server: ServerProcess, prefer: str) -> None:
-    response = httpx.post(f"{server.url}/invoke/echo", json={}, headers={"Prefer": prefer})
+@pytest.mark.anyio
+async def test_bad_prefer_is_400(app: httpx.AsyncClient, prefer: str) -> None:
+    response = await app.post("/invoke/echo", json={}, headers={"Prefer": prefer})
     assert str(problem(response, 400)["type"]).endswith("/invalid-prefer")
 
 
-def test_unknown_handler_is_404(server: ServerProcess) -> None:
-    response = httpx.post(f"{server.url}/invoke/no-such-handler", json={})
+@pytest.mark.anyio
+async def test_unknown_handler_is_404(app: httpx.AsyncClient) -> None:
+    response = await app.post("/invoke/no-such-handler", json={})
     assert str(problem(response, 404)["type"]).endswith("/unknown-handler")
 
 
@@ -172,12 +190,17 @@ def test_a_connection_that_never_sends_a_request_is_closed(
 
 
 @pytest.fixture(scope="module")
-def model_server(launch_module: Launch) -> ServerProcess:
-    return launch_module(
-        THAW_BUNDLE_SOURCE=str(ROOT / "bundles"),
-        THAW_HANDLERS="handlers.tempconv",
-        THAW_PREWARM="tempconv",
+async def model_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[httpx.AsyncClient]:
+    settings = light_settings(
+        tmp_path_factory.mktemp("server"),
+        bundle_source=str(ROOT / "bundles"),
+        handlers=("handlers.tempconv",),
+        prewarm=("tempconv",),
     )
+    async with serving(settings, timeout_s=90) as served:
+        yield served.client
 
 
 @pytest.mark.parametrize(
@@ -188,11 +211,13 @@ def model_server(launch_module: Launch) -> ServerProcess:
         ({"celsius": [0.0] * 4097}, "at most"),
     ],
 )
-def test_handler_input_validation_is_400_naming_the_field(
-    model_server: ServerProcess, event: dict[str, object], message: str
+@pytest.mark.anyio
+async def test_handler_input_validation_is_400_naming_the_field(
+    model_server: httpx.AsyncClient, event: dict[str, object], message: str
 ) -> None:
-    url = f"{model_server.url}/invoke/fahrenheit"
-    response = httpx.post(url, json=event, headers={"Prefer": "wait=60"}, timeout=90)
+    response = await model_server.post(
+        "/invoke/fahrenheit", json=event, headers={"Prefer": "wait=60"}
+    )
     body = problem(response, 400)
     assert str(body["type"]).endswith("/invalid-input") and body["field"] == "celsius"
     assert message in str(body["detail"])

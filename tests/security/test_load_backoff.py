@@ -5,12 +5,12 @@ operator's) is no failure and leaves no back-off behind."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from runtime.clock import ManualClock
 from runtime.dispatch.dispatcher import Completed
 from runtime.errors import LoadFailed
 from runtime.instance import Instance
@@ -28,16 +28,6 @@ BACKOFF_S = 10.0
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-class SkipClock:
-    """time.monotonic(), which the test moves past a back-off at once."""
-
-    def __init__(self) -> None:
-        self.skipped = 0.0
-
-    def __call__(self) -> float:
-        return time.monotonic() + self.skipped
 
 
 def settings_for(tmp_path: Path, handlers: tuple[str, ...]) -> Settings:
@@ -62,7 +52,7 @@ async def test_the_backoff_after_failed_loads_stops_growing(tmp_path: Path) -> N
     fault.touch()
     make_bundle(tmp_path / "bundles", "alpha", config={"fault_file": str(fault)})
     settings = settings_for(tmp_path, ("tests.handlers.loadlog",))
-    clock = SkipClock()
+    clock = ManualClock()
     instance = Instance.create(settings, discover(settings.handlers), clock=clock)
     await instance.start()
     cap_s = BACKOFF_S * 2**MAX_BACKOFF_DOUBLINGS
@@ -75,7 +65,7 @@ async def test_the_backoff_after_failed_loads_stops_growing(tmp_path: Path) -> N
                 await call(instance, "alpha")  # within its back-off: not tried
             assert info.value.retry_after_s is not None
             waits.append(info.value.retry_after_s)
-            clock.skipped += info.value.retry_after_s + 0.01
+            clock.advance(info.value.retry_after_s + 0.01)
         entry = instance.cache.entries["alpha"]
         assert entry.failures == MAX_BACKOFF_DOUBLINGS + 6
         # Doubled per failure, then held at the cap however many failures follow.
@@ -83,7 +73,7 @@ async def test_the_backoff_after_failed_loads_stops_growing(tmp_path: Path) -> N
         assert all(w <= cap_s for w in waits)
         assert waits[-1] > cap_s * 0.99 and waits[-2] > cap_s * 0.99
         fault.unlink()
-        clock.skipped += cap_s
+        clock.advance(cap_s)
         assert (await call(instance, "alpha"))["bundle"] == "alpha"
         assert entry.failures == 0
     finally:

@@ -1,18 +1,19 @@
-"""No secrets or payloads in logs: a real server, JSON logging, requests that carry
+"""No secrets or payloads in logs: the app in-process, JSON logging, requests that carry
 distinctive strings in credentials, bodies and outputs (including failing ones),
 and a log that must hold none of them."""
 
 from __future__ import annotations
 
-import time
+import asyncio
+from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 
-from tests.security.conftest import Launch, bearer
-from tests.support import ServerProcess
+from tests.inproc import captured_logs, serving
+from tests.security.conftest import bearer, light_settings
 
 KEY = "KEY-8f3d2a9c4b7e6f10"
 WRONG_KEY = "WRONG-KEY-1d9e7c5a3b"
@@ -20,48 +21,63 @@ BODY_MARK = "PAYLOAD-MARK-63b1e0d4"
 ERROR_MARK = "ERROR-MARK-a4f29c7e"
 SECRETS = (KEY, WRONG_KEY, BODY_MARK, ERROR_MARK)
 BASE_FIELDS = {"ts", "level", "logger", "msg"}
+HANDLERS = ("handlers.echo", "tests.handlers.raises", "tests.handlers.sleepy")
+
+# Where the app kept its state, its log as JSON objects, and as text.
+ServerLog = tuple[Path, list[dict[str, Any]], str]
+
+
+async def requests_with_marks(client: httpx.AsyncClient) -> None:
+    auth = bearer(KEY)
+    # Successful, with the mark in the body and so in the output.
+    assert (await client.post("/invoke/echo", json={"text": BODY_MARK}, headers=auth)).is_success
+    # Wrong and malformed credentials.
+    wrong = await client.post("/invoke/echo", json={}, headers=bearer(WRONG_KEY))
+    assert wrong.status_code == 401
+    headers = {"Authorization": f"Basic {WRONG_KEY}"}
+    assert (await client.get("/models", headers=headers)).status_code == 401
+    # Handler errors whose message is the caller's input, sync and as a job.
+    event = {"message": ERROR_MARK}
+    assert (await client.post("/invoke/raises", json=event, headers=auth)).status_code == 500
+    job = (await client.post("/handlers/raises/jobs", json=event, headers=auth)).json()
+    polled = await client.get(f"/jobs/{job['id']}", params={"wait": 10}, headers=auth)
+    assert polled.json()["status"] == "failed"
+    # Invalid JSON, an over-deep body, a bad Prefer, an unknown handler, all marked.
+    bad_json = f'{{"x": "{BODY_MARK}"'.encode()
+    assert (await client.post("/invoke/echo", content=bad_json, headers=auth)).status_code == 400
+    deep = ("[" * 70 + f'"{BODY_MARK}"' + "]" * 70).encode()
+    assert (await client.post("/invoke/echo", content=deep, headers=auth)).status_code == 400
+    prefer = {**auth, "Prefer": f"wait={BODY_MARK}"}
+    assert (await client.post("/invoke/echo", json={}, headers=prefer)).status_code == 400
+    assert (await client.post(f"/invoke/{BODY_MARK}", json={}, headers=auth)).status_code == 404
+    # A job cancelled while it runs.
+    sleeper = await client.post(
+        "/handlers/sleepy/jobs", json={"s": 30, "m": BODY_MARK}, headers=auth
+    )
+    cancelled = await client.delete(f"/jobs/{sleeper.json()['id']}", headers=auth)
+    assert cancelled.status_code == 200
+
+
+async def serve_and_log(root: Path) -> str:
+    """The log of an app (its lifespan included) that served `requests_with_marks`."""
+    with captured_logs() as logs:
+        async with serving(light_settings(root, api_keys=(KEY,), handlers=HANDLERS)) as served:
+            await requests_with_marks(served.client)
+            # The job followers write their lines as their jobs end.
+            await served.instance.wait_idle()
+    return logs.text
 
 
 @pytest.fixture(scope="module")
-def server_log(launch_module: Launch) -> tuple[ServerProcess, list[dict[str, Any]], str]:
-    server = launch_module(
-        THAW_API_KEYS=KEY, THAW_HANDLERS="handlers.echo,tests.handlers.raises,tests.handlers.sleepy"
-    )
-    auth = bearer(KEY)
-    with httpx.Client(base_url=server.url, timeout=30) as client:
-        # Successful, with the mark in the body and so in the output.
-        assert client.post("/invoke/echo", json={"text": BODY_MARK}, headers=auth).is_success
-        # Wrong and malformed credentials.
-        assert client.post("/invoke/echo", json={}, headers=bearer(WRONG_KEY)).status_code == 401
-        headers = {"Authorization": f"Basic {WRONG_KEY}"}
-        assert client.get("/models", headers=headers).status_code == 401
-        # Handler errors whose message is the caller's input, sync and as a job.
-        event = {"message": ERROR_MARK}
-        assert client.post("/invoke/raises", json=event, headers=auth).status_code == 500
-        job = client.post("/handlers/raises/jobs", json=event, headers=auth).json()
-        polled = client.get(f"/jobs/{job['id']}", params={"wait": 10}, headers=auth).json()
-        assert polled["status"] == "failed"
-        # Invalid JSON, an over-deep body, a bad Prefer, an unknown handler, all marked.
-        bad_json = f'{{"x": "{BODY_MARK}"'.encode()
-        assert client.post("/invoke/echo", content=bad_json, headers=auth).status_code == 400
-        deep = ("[" * 70 + f'"{BODY_MARK}"' + "]" * 70).encode()
-        assert client.post("/invoke/echo", content=deep, headers=auth).status_code == 400
-        prefer = {**auth, "Prefer": f"wait={BODY_MARK}"}
-        assert client.post("/invoke/echo", json={}, headers=prefer).status_code == 400
-        assert client.post(f"/invoke/{BODY_MARK}", json={}, headers=auth).status_code == 404
-        # A job cancelled while it runs.
-        sleeper = client.post(
-            "/handlers/sleepy/jobs", json={"s": 30, "m": BODY_MARK}, headers=auth
-        ).json()
-        assert client.delete(f"/jobs/{sleeper['id']}", headers=auth).status_code == 200
-    time.sleep(0.5)  # let the job followers write their lines
-    text = server.log_path.read_text()
+def server_log(tmp_path_factory: pytest.TempPathFactory) -> ServerLog:
+    root = tmp_path_factory.mktemp("server")
+    text = asyncio.run(serve_and_log(root))
     lines = [orjson.loads(line) for line in text.splitlines() if line.strip()]
-    return server, lines, text
+    return root, lines, text
 
 
 def test_no_secret_or_payload_reaches_the_log(
-    server_log: tuple[ServerProcess, list[dict[str, Any]], str],
+    server_log: ServerLog,
 ) -> None:
     _, _, text = server_log
     for mark in SECRETS:
@@ -69,7 +85,7 @@ def test_no_secret_or_payload_reaches_the_log(
 
 
 def test_every_line_is_one_json_object_with_the_base_fields(
-    server_log: tuple[ServerProcess, list[dict[str, Any]], str],
+    server_log: ServerLog,
 ) -> None:
     _, lines, text = server_log
     assert len(lines) == len([line for line in text.splitlines() if line.strip()])
@@ -79,7 +95,7 @@ def test_every_line_is_one_json_object_with_the_base_fields(
 
 
 def test_failures_are_logged_by_type_and_place_not_message(
-    server_log: tuple[ServerProcess, list[dict[str, Any]], str],
+    server_log: ServerLog,
 ) -> None:
     _, lines, _ = server_log
     raised = [e for e in lines if e["logger"] == "thaw.dispatch" and "raised" in e["msg"]]
@@ -92,7 +108,7 @@ def test_failures_are_logged_by_type_and_place_not_message(
 
 
 def test_request_and_job_lines_carry_their_ids_as_fields(
-    server_log: tuple[ServerProcess, list[dict[str, Any]], str],
+    server_log: ServerLog,
 ) -> None:
     _, lines, _ = server_log
     raised = [e for e in lines if e["logger"] == "thaw.dispatch" and "raised" in e["msg"]]

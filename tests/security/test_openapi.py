@@ -5,7 +5,9 @@ and cancel, and every answer declares X-Request-Id."""
 
 from __future__ import annotations
 
+import asyncio
 import re
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,14 +16,18 @@ from starlette.routing import Route
 
 from runtime.http.app import ROUTES
 from runtime.http.openapi import OPERATIONS, PROBLEM, build_openapi, http_routes
-from tests.security.conftest import Launch
-from tests.support import ServerProcess
+from tests.inproc import serving
+from tests.security.conftest import light_settings
+
+
+async def fetch_document(root: Path) -> httpx.Response:
+    async with serving(light_settings(root)) as served:
+        return await served.client.get("/openapi.json")
 
 
 @pytest.fixture(scope="module")
-def document(launch_module: Launch) -> dict[str, Any]:
-    server: ServerProcess = launch_module()
-    response = httpx.get(f"{server.url}/openapi.json")
+def document(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    response = asyncio.run(fetch_document(tmp_path_factory.mktemp("server")))
     assert response.status_code == 200
     assert response.headers["content-type"] == "application/json"
     served: dict[str, Any] = response.json()

@@ -11,10 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from runtime.bundles.sources.source import BundleSource
+from runtime.clock import SYSTEM, Clock
 from runtime.settings import Settings
 
 
-def open_source(settings: Settings) -> BundleSource:
+def open_source(settings: Settings, *, clock: Clock = SYSTEM) -> BundleSource:
+    """The source `THAW_BUNDLE_SOURCE` names; `clock` dates a local bundle's verifications."""
     url = settings.bundle_source
     if url.startswith("s3://"):
         from runtime.bundles.sources.s3 import S3Source
@@ -23,4 +25,5 @@ def open_source(settings: Settings) -> BundleSource:
     from runtime.bundles.sources.local import LocalSource
     from runtime.bundles.stamps import VerifiedStamps
 
-    return LocalSource(Path(url), VerifiedStamps(settings.state_path / "verified.json"))
+    stamps = VerifiedStamps(settings.state_path / "verified.json", clock=clock)
+    return LocalSource(Path(url), stamps)

@@ -30,97 +30,39 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from collections.abc import Sequence
-from decimal import Decimal
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import orjson
 from botocore.exceptions import ClientError
 
+from runtime.clock import SYSTEM, Clock
 from runtime.errors import ConfigError, Conflict
 from runtime.jobs.job import Job, JobStatus, cancelled_error, lost_error
+from runtime.jobs.stores.dynamodb_table import (
+    ACTIVE_INDEX,
+    CLAIMABLE,
+    LOST,
+    ORPHAN_LOST,
+    ORPHANED,
+    OWNED,
+    PENDING,
+    PING_KEY,
+    STATES,
+    TTL_ATTRIBUTE,
+    attribute,
+    boto_client,
+    condition_failed,
+    create_table,
+    expression_names,
+    expression_values,
+    job_of,
+    table_spec,
+)
 from runtime.jobs.stores.payloads import FIELDS, Payloads, translated
 
-ACTIVE_INDEX = "active-created_at"
-TTL_ATTRIBUTE = "expires_at"
-_STATES = {":queued": "queued", ":running": "running"}
-_OWNED = "#owner = :owner AND #status = :running"
-# Queued, or running with a lapsed lease (the SQLite store's WHERE clauses).
-_PENDING = (
-    "#expires_at > :now AND (#status = :queued OR (#status = :running AND #lease_until < :now))"
-)
-_CLAIMABLE = f"#attempts < :max AND {_PENDING}"
-_LOST = "#status = :running AND #lease_until < :now AND #attempts >= :max"
-# A running job of an owner known to be dead, whatever its lease.
-_ORPHANED = "#owner = :dead AND #status = :running AND #attempts < :max AND #expires_at > :now"
-_ORPHAN_LOST = "#owner = :dead AND #status = :running AND #attempts >= :max"
-_PING_KEY = "thaw:ping"
-
-
-def table_spec(table_name: str) -> dict[str, Any]:
-    """`CreateTable` arguments; template.yaml declares the same schema."""
-    return {
-        "TableName": table_name,
-        "AttributeDefinitions": [
-            {"AttributeName": "id", "AttributeType": "S"},
-            {"AttributeName": "active", "AttributeType": "S"},
-            {"AttributeName": "created_at", "AttributeType": "N"},
-        ],
-        "KeySchema": [{"AttributeName": "id", "KeyType": "HASH"}],
-        "GlobalSecondaryIndexes": [
-            {
-                "IndexName": ACTIVE_INDEX,
-                "KeySchema": [
-                    {"AttributeName": "active", "KeyType": "HASH"},
-                    {"AttributeName": "created_at", "KeyType": "RANGE"},
-                ],
-                "Projection": {
-                    "ProjectionType": "INCLUDE",
-                    "NonKeyAttributes": ["status", "lease_until", "expires_at"],
-                },
-            }
-        ],
-        "BillingMode": "PAY_PER_REQUEST",
-    }
-
-
-def _attr(value: Any) -> dict[str, Any]:
-    """A Python value as a DynamoDB attribute value (numbers exact, via repr)."""
-    if isinstance(value, dict):
-        return value  # already an attribute value (a payload)
-    if isinstance(value, str):
-        return {"S": value}
-    if isinstance(value, bytes):
-        return {"B": value}
-    if isinstance(value, int) and not isinstance(value, bool):
-        return {"N": str(value)}
-    return {"N": format(Decimal(repr(float(value))), "f")}
-
-
-def _names(*expressions: str) -> dict[str, str]:
-    return {f"#{w}": w for w in re.findall(r"#(\w+)", " ".join(expressions))}
-
-
-def _values(values: dict[str, Any], *expressions: str) -> dict[str, Any]:
-    """The placeholders the expressions use (DynamoDB refuses unused ones), as attributes."""
-    used = set(re.findall(r":\w+", " ".join(expressions)))
-    return {k: _attr(v) for k, v in values.items() if k in used}
-
-
-def _client(service: str) -> Any:
-    import boto3
-    from botocore.config import Config
-
-    config = Config(retries={"mode": "standard", "max_attempts": 5}, read_timeout=20)
-    session: Any = boto3.session.Session()  # untyped boundary: the service name is a variable
-    return session.client(service, config=config)
-
-
-def _condition_failed(exc: ClientError) -> bool:
-    code: object = exc.response.get("Error", {}).get("Code")
-    return code == "ConditionalCheckFailedException"
+__all__ = ["ACTIVE_INDEX", "TTL_ATTRIBUTE", "DynamoDBJobStore", "table_spec"]
 
 
 class DynamoDBJobStore:
@@ -131,6 +73,7 @@ class DynamoDBJobStore:
         table: str,
         *,
         ttl_s: float,
+        clock: Clock = SYSTEM,
         bucket: str | None = None,
         prefix: str = "jobs/",
         client: Any = None,
@@ -138,18 +81,20 @@ class DynamoDBJobStore:
     ) -> None:
         self.table = table
         self.ttl_s = ttl_s
+        # Items hold epoch seconds (TTL, leases other instances compare): the wall clock.
+        self.clock = clock
         self._owned: list[Any] = []
         if client is None:
-            client = _client("dynamodb")
+            client = boto_client("dynamodb")
             self._owned.append(client)
         if s3_client is None and bucket is not None:
-            s3_client = _client("s3")
+            s3_client = boto_client("s3")
             self._owned.append(s3_client)
         self.client = client
         self.payloads = Payloads(s3_client, bucket, prefix)
 
     @classmethod
-    def from_url(cls, url: str, *, ttl_s: float) -> DynamoDBJobStore:
+    def from_url(cls, url: str, *, ttl_s: float, clock: Clock = SYSTEM) -> DynamoDBJobStore:
         """`dynamodb://table?bucket=name&prefix=jobs/`; the endpoint is AWS_ENDPOINT_URL's."""
         parts = urlsplit(url)
         query = parse_qs(parts.query)
@@ -162,6 +107,7 @@ class DynamoDBJobStore:
         return cls(
             parts.netloc,
             ttl_s=ttl_s,
+            clock=clock,
             bucket=query.get("bucket", [None])[0],
             prefix=f"{prefix}/" if prefix else "",
         )
@@ -169,39 +115,10 @@ class DynamoDBJobStore:
     @classmethod
     def create_table(cls, client: Any, table_name: str, *, wait: bool = True) -> None:
         """Create the jobs table with TTL on (emulator, tests; template.yaml on AWS)."""
-        client.create_table(**table_spec(table_name))
-        if wait:
-            client.get_waiter("table_exists").wait(
-                TableName=table_name, WaiterConfig={"Delay": 1, "MaxAttempts": 60}
-            )
-        client.update_time_to_live(
-            TableName=table_name,
-            TimeToLiveSpecification={"Enabled": True, "AttributeName": TTL_ATTRIBUTE},
-        )
+        create_table(client, table_name, wait=wait)
 
     def _to_job(self, item: dict[str, Any]) -> Job:
-        def opt(name: str, kind: str) -> Any:
-            return item[name][kind] if name in item else None
-
-        lease = opt("lease_until", "N")
-        load = self.payloads.load
-        return Job(
-            id=item["id"]["S"],
-            handler=item["handler"]["S"],
-            status=JobStatus(item["status"]["S"]),
-            phase=item["phase"]["S"],
-            attempts=int(Decimal(item["attempts"]["N"])),
-            created_at=float(item["created_at"]["N"]),
-            updated_at=float(item["updated_at"]["N"]),
-            expires_at=float(item[TTL_ATTRIBUTE]["N"]),
-            input=load(item, "input"),
-            output=load(item, "output"),
-            error=load(item, "error"),
-            owner=opt("owner", "S"),
-            lease_until=None if lease is None else float(lease),
-            key_id=opt("key_id", "S"),
-            progress=load(item, "progress"),
-        )
+        return job_of(item, self.payloads.load)
 
     def _update(
         self,
@@ -228,15 +145,15 @@ class DynamoDBJobStore:
             "Key": {"id": {"S": job_id}},
             "UpdateExpression": expression,
             "ConditionExpression": condition,
-            "ExpressionAttributeNames": _names(expression, condition),
-            "ExpressionAttributeValues": _values(attribute_values, expression, condition),
+            "ExpressionAttributeNames": expression_names(expression, condition),
+            "ExpressionAttributeValues": expression_values(attribute_values, expression, condition),
             "ReturnValues": "ALL_NEW" if return_new else "NONE",
         }
         with translated(f"updating job {job_id}"):
             try:
                 attributes: dict[str, Any] = self.client.update_item(**args).get("Attributes", {})
             except ClientError as exc:
-                if _condition_failed(exc):
+                if condition_failed(exc):
                     return None
                 raise
         return attributes
@@ -245,9 +162,9 @@ class DynamoDBJobStore:
         self, job_id: str, owner: str, sets: dict[str, Any], removes: list[str]
     ) -> bool:
         """An update only the running job's owner may make; drops its S3 objects if refused."""
-        values = {":owner": owner} | _STATES
+        values = {":owner": owner} | STATES
         try:
-            done = self._update(job_id, sets, removes, _OWNED, values) is not None
+            done = self._update(job_id, sets, removes, OWNED, values) is not None
         except BaseException:
             self.payloads.drop(sets)
             raise
@@ -276,7 +193,7 @@ class DynamoDBJobStore:
         return outcomes
 
     def create(self, job: Job) -> None:
-        now = time.time()
+        now = self.clock.wall()
         job.created_at = job.updated_at = now
         job.expires_at = float(math.ceil(now + self.ttl_s))
         fields: dict[str, Any] = {
@@ -293,7 +210,7 @@ class DynamoDBJobStore:
             "key_id": job.key_id,
             "lease_until": job.lease_until,
         }
-        item = {k: _attr(v) for k, v in fields.items() if v is not None}
+        item = {k: attribute(v) for k, v in fields.items() if v is not None}
         blobs: dict[str, Any] = {}
         try:
             for field in FIELDS:
@@ -309,7 +226,7 @@ class DynamoDBJobStore:
                         ExpressionAttributeNames={"#id": "id"},
                     )
                 except ClientError as exc:
-                    if _condition_failed(exc):
+                    if condition_failed(exc):
                         raise Conflict(f"job id {job.id!r} already exists") from exc
                     raise
         except BaseException:
@@ -322,19 +239,19 @@ class DynamoDBJobStore:
                 TableName=self.table, Key={"id": {"S": job_id}}, ConsistentRead=True
             )
         item = response.get("Item")
-        if item is None or float(item[TTL_ATTRIBUTE]["N"]) <= time.time():
+        if item is None or float(item[TTL_ATTRIBUTE]["N"]) <= self.clock.wall():
             return None
         return self._to_job(item)
 
     def claim(self, job_id: str, owner: str, lease_s: float, max_attempts: int) -> Job | None:
-        values = {":max": max_attempts, ":now": time.time()} | _STATES
-        return self._take(job_id, owner, lease_s, max_attempts, _CLAIMABLE, _LOST, values)
+        values = {":max": max_attempts, ":now": self.clock.wall()} | STATES
+        return self._take(job_id, owner, lease_s, max_attempts, CLAIMABLE, LOST, values)
 
     def claim_orphan(
         self, job_id: str, dead_owner: str, owner: str, lease_s: float, max_attempts: int
     ) -> Job | None:
-        values = {":max": max_attempts, ":now": time.time(), ":dead": dead_owner} | _STATES
-        return self._take(job_id, owner, lease_s, max_attempts, _ORPHANED, _ORPHAN_LOST, values)
+        values = {":max": max_attempts, ":now": self.clock.wall(), ":dead": dead_owner} | STATES
+        return self._take(job_id, owner, lease_s, max_attempts, ORPHANED, ORPHAN_LOST, values)
 
     def _take(
         self,
@@ -402,7 +319,7 @@ class DynamoDBJobStore:
                             "Keys": keys,
                             "ConsistentRead": True,
                             "ProjectionExpression": "#id, #owner, #status",
-                            "ExpressionAttributeNames": _names("#id #owner #status"),
+                            "ExpressionAttributeNames": expression_names("#id #owner #status"),
                         }
                     }
                 )
@@ -413,18 +330,18 @@ class DynamoDBJobStore:
         return owners
 
     def ping(self, owner: str) -> None:
-        self._update(_PING_KEY, {"owner": owner}, [], "attribute_exists(#id)", {})
+        self._update(PING_KEY, {"owner": owner}, [], "attribute_exists(#id)", {})
 
     def heartbeat(self, job_id: str, owner: str, lease_s: float) -> bool:
         # A job that is still being worked on must not expire under its worker.
-        now = time.time()
+        now = self.clock.wall()
         sets = {"lease_until": now + lease_s, TTL_ATTRIBUTE: float(math.ceil(now + self.ttl_s))}
         return self._owned_update(job_id, owner, sets, [])
 
     def set_phase(
         self, job_id: str, owner: str, phase: str, progress: dict[str, Any] | None = None
     ) -> bool:
-        sets: dict[str, Any] = {"phase": phase, "updated_at": time.time()}
+        sets: dict[str, Any] = {"phase": phase, "updated_at": self.clock.wall()}
         removes: list[str] = []
         self._set_payload(job_id, sets, removes, "progress", progress)
         return self._owned_update(job_id, owner, sets, removes)
@@ -439,7 +356,7 @@ class DynamoDBJobStore:
     ) -> bool:
         if not status.final:
             raise ValueError(f"finish() needs a final status, got {status}")
-        now = time.time()
+        now = self.clock.wall()
         sets: dict[str, Any] = {
             "status": str(status),
             "phase": str(status),
@@ -463,16 +380,16 @@ class DynamoDBJobStore:
                 "status": "cancelled",
                 "phase": "cancelled",
                 "error": orjson.dumps(cancelled_error()),
-                "updated_at": time.time(),
+                "updated_at": self.clock.wall(),
             },
             ["output", "output_ref", "error_ref", "active"],
             "#status IN (:queued, :running)",
-            _STATES,
+            STATES,
         )
         return self.get(job_id)
 
     def lapsed(self, limit: int = 100) -> list[str]:
-        return self._active(_PENDING, {":now": time.time()} | _STATES, limit)
+        return self._active(PENDING, {":now": self.clock.wall()} | STATES, limit)
 
     def _active(self, only: str, values: dict[str, Any], limit: int | None = None) -> list[str]:
         """Ids of active (queued or running) jobs matching `only`, oldest first."""
@@ -485,8 +402,8 @@ class DynamoDBJobStore:
                 IndexName=ACTIVE_INDEX,
                 KeyConditionExpression=keys,
                 FilterExpression=only,
-                ExpressionAttributeNames=_names(keys, only),
-                ExpressionAttributeValues=_values(values, keys, only),
+                ExpressionAttributeNames=expression_names(keys, only),
+                ExpressionAttributeValues=expression_values(values, keys, only),
                 ScanIndexForward=True,
             )
             for page in pages:
@@ -498,7 +415,7 @@ class DynamoDBJobStore:
     def purge_expired(self) -> int:
         """Delete expired items now (TTL does, much later) and their S3 payloads. A Scan."""
         expired = "#expires_at <= :now"
-        names, values = _names(expired, "#id"), {":now": _attr(time.time())}
+        names, values = expression_names(expired, "#id"), {":now": attribute(self.clock.wall())}
         purged = 0
         with translated("purging expired jobs"):
             pages = self.client.get_paginator("scan").paginate(
@@ -514,11 +431,11 @@ class DynamoDBJobStore:
                         TableName=self.table,
                         Key={"id": item["id"]},
                         ConditionExpression=expired,
-                        ExpressionAttributeNames=_names(expired),
+                        ExpressionAttributeNames=expression_names(expired),
                         ExpressionAttributeValues=values,
                     )
                 except ClientError as exc:
-                    if not _condition_failed(exc):
+                    if not condition_failed(exc):
                         raise
                     continue
                 purged += 1

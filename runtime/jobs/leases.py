@@ -1,0 +1,159 @@
+"""The jobs this instance holds, and their leases: heartbeats and restored records.
+
+A job held here (`LocalJob`) keeps its lease while its work runs and while its
+outcome waits for the store. One heartbeat loop serves every held job: every
+third of a lease it renews each lease and writes each job's phase, so a burst
+of 202s costs one task, not one per job. A heartbeat the store refuses means
+the job is no longer this instance's (a client cancelled it, another instance
+claimed it): its work is stopped and its output discarded. A held job whose
+record vanished (a database deleted or replaced under the instance) is written
+again by `restore`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.clock import Clock
+from runtime.errors import Conflict, StorageUnavailable
+from runtime.jobs.calls import StoreCalls
+from runtime.jobs.job import Job, JobStatus
+from runtime.telemetry.logs import REQUEST_ID
+
+log = logging.getLogger("thaw.jobs")
+
+# What the job is doing right now: (phase, progress or None).
+Probe = Callable[[], tuple[str, dict[str, Any] | None]]
+# A job's final (status, output, error).
+Outcome = tuple[JobStatus, Any, dict[str, Any] | None]
+
+
+@dataclass(slots=True)
+class LocalJob:
+    job: Job
+    work: asyncio.Future[Any]
+    probe: Probe
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set when the store says this instance no longer holds the job (a client
+    # cancelled it, or another instance claimed it): its outcome is discarded.
+    released: bool = False
+    # The task recording the outcome: held here, as the loop keeps only weak references.
+    finisher: asyncio.Task[None] | None = None
+    # The outcome once the work ended: kept here until the store has it.
+    outcome: Outcome | None = None
+    # The id of the request that made the job (the job's own id for a recovered
+    # one): the log context of every line about it (runtime.telemetry.logs.REQUEST_ID).
+    request_id: str | None = None
+
+
+class Leases:
+    """The held jobs by id (`local`), their heartbeat loop, and restoring their records."""
+
+    def __init__(self, calls: StoreCalls, *, owner: str, lease_s: float, clock: Clock) -> None:
+        self.calls = calls
+        self.store = calls.store
+        self.owner = owner
+        self.lease_s = lease_s
+        self.clock = clock
+        self.local: dict[str, LocalJob] = {}
+        self._heartbeats: asyncio.Task[None] | None = None
+
+    def hold(self, local: LocalJob) -> None:
+        """Renew `local`'s lease from now on (until `drop`)."""
+        self.local[local.job.id] = local
+        if self._heartbeats is None:
+            # Every job's: in a context of its own, each beat setting its job's id.
+            self._heartbeats = asyncio.get_running_loop().create_task(
+                self._beat_while_running(), context=contextvars.Context()
+            )
+
+    def drop(self, local: LocalJob) -> None:
+        """`local` is no longer held here; the loop stops with the last one."""
+        self.local.pop(local.job.id, None)
+        if not self.local:
+            self.stop()
+
+    def stop(self) -> None:
+        if self._heartbeats is not None:
+            self._heartbeats.cancel()
+            self._heartbeats = None
+
+    async def restore(self, local: LocalJob, *, final: bool = False) -> bool:
+        """Write a held job's record again if it vanished (its database was deleted
+        or replaced): running and leased here, or with its outcome if `final`.
+        True when written; False when a record exists (or appeared meanwhile)."""
+        calls = self.calls
+        if await calls.read(self.store.get, local.job.id) is not None:
+            return False
+        now = self.clock.wall()
+        job = dataclasses.replace(
+            local.job,
+            status=JobStatus.RUNNING,
+            owner=self.owner,
+            lease_until=now + self.lease_s,
+            progress=None,
+        )
+        if final and local.outcome is not None:
+            status, output, error = local.outcome
+            job = dataclasses.replace(
+                job, status=status, phase=str(status), output=output, error=error, lease_until=None
+            )
+        try:
+            await calls.read(self.store.create, job)
+        except Conflict:
+            return False
+        calls.serving()
+        log.warning(
+            "job %s: its record had vanished from the job store (a deleted or replaced"
+            " database); written again",
+            job.id,
+        )
+        return True
+
+    async def _beat_while_running(self) -> None:
+        """Every third of a lease, renew the lease and the phase of each held job
+        (including one whose outcome waits for the store)."""
+        interval = max(0.05, self.lease_s / 3)
+        try:
+            while self.local:
+                await self.clock.sleep(interval)
+                held = [lj for lj in self.local.values() if not lj.released]
+                if held:
+                    await asyncio.gather(*map(self._beat, held))
+        finally:
+            if self._heartbeats is asyncio.current_task():
+                self._heartbeats = None
+
+    async def _beat(self, local: LocalJob) -> None:
+        # Each beat is a task of its own (gather): the id is set for this job only.
+        REQUEST_ID.set(local.request_id)
+        job, calls, store = local.job, self.calls, self.store
+        try:
+            if await calls.write(store.heartbeat, job.id, self.owner, self.lease_s):
+                if not local.work.done():
+                    phase, progress = local.probe()
+                    await calls.write(store.set_phase, job.id, self.owner, phase, progress)
+                return
+            current = await calls.read(store.get, job.id)
+            if current is None:
+                await self.restore(local)
+                return
+            if current.owner == self.owner and current.status is JobStatus.RUNNING:
+                return  # restored meanwhile by the finisher or a poll
+        except StorageUnavailable:
+            # The store cannot serve (the health condition says so, once): keep
+            # running; the next beat tries again, and the sweep never takes a
+            # job this instance holds.
+            return
+        except Exception:
+            log.exception("job %s: heartbeat failed", job.id)
+            return
+        # Cancelled by a client (or claimed elsewhere): stop the work, discard its output.
+        local.released = True
+        local.work.cancel()

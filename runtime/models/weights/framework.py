@@ -1,0 +1,167 @@
+"""The framework: importing torch (off the GIL where it can), the device, memory.
+
+`import torch` is the slowest step of a cold start that no bundle owns: it is
+done once per instance, overlapping the first fetch, with its native
+libraries loaded through a foreign call that releases the GIL and the objects
+it makes frozen out of the collector's way. Everything here imports torch
+lazily, so importing `runtime` (and serving /healthz) never pays for it.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+from runtime.errors import LoadFailed
+
+_RTLD_NOW = 0x2
+_RTLD_GLOBAL = 0x100
+
+
+def preload_framework() -> None:
+    """dlopen torch's native libraries through a ctypes call, which releases the GIL.
+
+    `import torch` spends most of its time in the static initialisers of
+    libtorch_cpu (and libtorch_cuda), run by dlopen while the importing thread
+    holds the GIL: the event loop, and every deadline timer on it, freezes for
+    that long (0.3-0.8 s measured here). Loading those libraries first through
+    a foreign call lets the loop run meanwhile; the import then finds them
+    loaded. Best effort: any failure just leaves the work to `import torch`.
+    """
+    if sys.platform != "linux" or "torch" in sys.modules:
+        return
+    try:
+        import ctypes  # here, not at module level: the control interface never needs it
+
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.origin is None:
+            return
+        lib_dir = Path(spec.origin).parent / "lib"
+        libc = ctypes.CDLL(None)
+        libc.dlopen.restype = ctypes.c_void_p
+        libc.dlopen.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        for name in ("libtorch_cpu.so", "libtorch_cuda.so"):
+            path = lib_dir / name
+            if path.exists():
+                libc.dlopen(str(path).encode(), _RTLD_NOW | _RTLD_GLOBAL)
+    except (OSError, AttributeError, ValueError, ImportError):
+        return
+
+
+def _import_framework() -> None:
+    """Import torch and safetensors' torch support, or fail the load saying which is missing.
+
+    torch is an extra (`thaw[torch]`): the control plane and model-less
+    handlers run without it, and the first load is where its absence shows,
+    as one `load-failed` that names the package (every later load of the
+    instance fails the same way, as the device is resolved once).
+    """
+    try:
+        import safetensors.torch  # noqa: F401  (its first import is part of the same cost)
+        import torch  # noqa: F401
+    except ImportError as exc:
+        missing = exc.name or "torch"
+        raise LoadFailed(
+            f"loading a model needs the Python package {missing!r}, which is not installed: "
+            "pip install 'thaw[torch]' (or a torch build for this machine first)",
+            missing=missing,
+        ) from exc
+
+
+def resolve_device(requested: str) -> str:
+    """`THAW_DEVICE` if set, else `cuda` when available, else `cpu`.
+
+    Imports the framework either way (the cache runs this alongside the first
+    fetch, so the import overlaps it instead of following it); see
+    `import_frozen` for how.
+    """
+    import_frozen()
+    import torch
+
+    if requested:
+        return requested
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+_frozen = False
+
+
+def import_frozen() -> None:
+    """Import the framework with the cyclic GC paused, then freeze what it made.
+
+    `import torch` creates some 2.5 * 10^5 GC-tracked objects, and with the
+    collector running, every 700 net allocations trigger a collection (353
+    during one import) that walks the young ones again: 0.2-0.3 s of a
+    1.4-1.9 s import here, and a full collection after it another 0.08 s.
+    Those objects live as long as the process, so the collector gains nothing
+    by walking them, then or ever: they go to the permanent generation
+    (gc.freeze, the pattern CPython documents for long-lived start-up state),
+    and `release()`'s collection at each unload and eviction stays short. The
+    import leaves almost no garbage to freeze with them (a full collection
+    right after it found 26 objects); cyclic garbage other threads make in
+    that second is frozen too, once per process, where collecting first would
+    cost every cold start 0.08 s. A failed import is not tried this way
+    again: the next load reports the same missing package.
+    """
+    global _frozen
+    if _frozen:
+        _import_framework()
+        return
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        preload_framework()
+        _import_framework()
+    finally:
+        gc.freeze()
+        _frozen = True
+        if enabled:
+            gc.enable()
+
+
+def release(device: str) -> None:
+    """Return freed memory: collect cycles and empty the CUDA caching allocator."""
+    gc.collect()
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def device_memory_free(device: str) -> int | None:
+    """Free bytes on a CUDA device, or None for host memory."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    return int(free)
+
+
+def host_memory_limit() -> int:
+    """The container's memory limit (cgroup v2/v1), else the host's total memory."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:
+            return int(text)
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * 1024**3
+
+
+def inference_mode() -> Any:
+    """A context manager that disables autograd for handler runs."""
+    import torch
+
+    return torch.inference_mode()
