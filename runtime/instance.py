@@ -29,6 +29,7 @@ from runtime.dispatch.streams import Stream, Streaming
 from runtime.errors import Draining, ThawError, UnknownBundle
 from runtime.jobs.job import Job
 from runtime.jobs.manager import JobManager, JobRunner
+from runtime.jobs.quota import JobQuota, Limits
 from runtime.jobs.store import DeferredStore
 from runtime.models.cache import ModelCache
 from runtime.models.estimate import Estimator
@@ -118,6 +119,16 @@ class Instance:
                 owners_dir=settings.state_path / "owners",
                 runner=runner,
                 clock=clock,
+                quota=JobQuota(
+                    Limits(
+                        jobs_per_key=settings.max_jobs_per_key,
+                        bytes_per_key=settings.max_job_bytes_per_key,
+                        jobs=settings.max_jobs,
+                        bytes=settings.max_job_bytes,
+                    ),
+                    ttl_s=settings.job_ttl_s,
+                    clock=clock,
+                ),
             )
 
         dispatcher = Dispatcher(

@@ -68,7 +68,14 @@ class Settings:
     state_dir: str = ".thaw/state"
     # sqlite:///path or dynamodb://table?bucket=name
     job_store: str = "sqlite:///.thaw/jobs.sqlite3"
+    # Retention: a job is kept this long after it is recorded, then purged.
     job_ttl_s: float = 24 * 3600.0
+    # Stored jobs (runtime/jobs/quota.py): per key, and in all, as counts and
+    # bytes of input and output JSON; past them a new job is 429 quota-exceeded.
+    max_jobs_per_key: int = 1000
+    max_job_bytes_per_key: int = 1024**3
+    max_jobs: int = 10000
+    max_job_bytes: int = 8 * 1024**3
     job_lease_s: float = 30.0
     job_max_attempts: int = 3
     # 0 means "derive from the machine" (free GPU memory or the cgroup/host limit).
@@ -131,7 +138,12 @@ class Settings:
             try:
                 if f.name == "memory_budget":
                     values[f.name] = _parse_bytes(raw) if raw.strip() else 0
-                elif f.name in ("max_body_bytes", "max_buffered_bytes"):
+                elif f.name in (
+                    "max_body_bytes",
+                    "max_buffered_bytes",
+                    "max_job_bytes_per_key",
+                    "max_job_bytes",
+                ):
                     values[f.name] = _parse_bytes(raw)
                 elif isinstance(default, tuple):
                     values[f.name] = _split_list(raw)
@@ -169,6 +181,10 @@ class Settings:
             raise ConfigError("THAW_SSE_HEARTBEAT_S must be > 0")
         if self.invoke_mode not in ("BUFFERED", "RESPONSE_STREAM"):
             raise ConfigError("THAW_INVOKE_MODE must be BUFFERED or RESPONSE_STREAM")
+        if min(self.max_jobs_per_key, self.max_job_bytes_per_key) < 1:
+            raise ConfigError("THAW_MAX_JOBS_PER_KEY and THAW_MAX_JOB_BYTES_PER_KEY must be >= 1")
+        if min(self.max_jobs, self.max_job_bytes) < 1:
+            raise ConfigError("THAW_MAX_JOBS and THAW_MAX_JOB_BYTES must be >= 1")
         if self.max_held < 1 or self.max_held_per_key < 1:
             raise ConfigError("THAW_MAX_HELD and THAW_MAX_HELD_PER_KEY must be >= 1")
         if self.max_wait_s < 0:
