@@ -85,15 +85,17 @@ async def test_waits_are_bounded_per_key_then_in_total(tmp_path: Path) -> None:
         assert again.status_code == 200 and again.json()["status"] == "running"
 
 
-async def follower(app: Starlette, path: str, key: str, gone: asyncio.Event) -> list[Message]:
-    """A follow of `path` driven over ASGI itself (httpx's ASGI transport answers only
-    once a response ends); the client goes away when `gone` is set."""
+async def follower(
+    app: Starlette, path: str, key: str, gone: asyncio.Event, method: str = "GET", body: bytes = b""
+) -> list[Message]:
+    """An event stream of `path` driven over ASGI itself (httpx's ASGI transport
+    answers only once a response ends); the client goes away when `gone` is set."""
     sent: list[Message] = []
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
-        "method": "GET",
+        "method": method,
         "scheme": "http",
         "path": path,
         "raw_path": path.encode(),
@@ -103,6 +105,7 @@ async def follower(app: Starlette, path: str, key: str, gone: asyncio.Event) -> 
             (b"host", b"thaw"),
             (b"authorization", f"Bearer {key}".encode()),
             (b"accept", b"text/event-stream"),
+            (b"content-type", b"application/json"),
         ],
         "client": ("127.0.0.1", 1),
         "server": ("thaw", 80),
@@ -114,7 +117,7 @@ async def follower(app: Starlette, path: str, key: str, gone: asyncio.Event) -> 
         nonlocal requested
         if not requested:
             requested = True
-            return {"type": "http.request", "body": b"", "more_body": False}
+            return {"type": "http.request", "body": body, "more_body": False}
         await gone.wait()
         return {"type": "http.disconnect"}
 
@@ -157,3 +160,30 @@ async def test_prefer_wait_is_bounded_like_the_wait_query(tmp_path: Path) -> Non
         job_id = answer.json()["id"]
         polled = await client.get(f"/jobs/{job_id}", params={"wait": 3600}, headers=auth(TENANT_A))
         assert polled.status_code == 200 and polled.json()["status"] in ("queued", "running")
+
+
+async def test_an_invocation_stream_holds_its_connection(tmp_path: Path) -> None:
+    settings = settings_under(
+        tmp_path, handlers=("tests.handlers.ticks",), max_held=8, max_held_per_key=1
+    )
+    async with serving(settings) as (app, client):
+        gone = asyncio.Event()
+        slow = b'{"n": 1000, "gap_s": 0.02}'
+        streaming = asyncio.create_task(
+            follower(app, "/invoke/aticks", TENANT_A, gone, method="POST", body=slow)
+        )
+        await until_held(app, 1)
+        refused = await client.post(
+            "/invoke/aticks",
+            json={"n": 2},
+            headers={**auth(TENANT_A), "Accept": "text/event-stream"},
+        )
+        assert refused.status_code == 429 and refused.json()["type"].endswith("/quota-exceeded")
+        # The same key's plain invocation holds nothing: it is served.
+        plain = await client.post("/invoke/aticks", json={"n": 2}, headers=auth(TENANT_A))
+        assert plain.status_code == 200 and plain.json()["ticks"] == 2
+        gone.set()
+        sent = await streaming
+        assert sent[0]["status"] == 200
+        holds: Holds = app.state.holds
+        assert holds.held == 0
