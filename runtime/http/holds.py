@@ -9,7 +9,8 @@ Retry-After, so one tenant holding hundreds of waits cannot take the process's
 file handles (or its other tenants' turns) and `/healthz`, which never holds,
 answers beside them. An invocation that merely waits for its answer is
 bounded by its handler's queue (THAW_MAX_QUEUE) instead, and every wait, by
-`?wait=` or `Prefer: wait`, by THAW_MAX_WAIT_S.
+`?wait=` or `Prefer: wait`, by THAW_MAX_WAIT_S. Without keys (auth off:
+loopback, Lambda) there are no tenants to tell apart: only THAW_MAX_HELD holds.
 """
 
 from __future__ import annotations
@@ -21,17 +22,17 @@ _RETRY_AFTER_S = 1.0
 
 
 class Holds:
-    """The holds taken and not yet given back, by key id (None: auth off)."""
+    """The holds taken and not yet given back, in all and by key id."""
 
     def __init__(self, total: int, per_key: int) -> None:
         self.total = total
         self.per_key = per_key
         self.held = 0
-        self.by_key: dict[str | None, int] = {}
+        self.by_key: dict[str, int] = {}
 
     def take(self, key_id: str | None) -> None:
         """One more hold for `key_id`, or the refusal of one past its limits."""
-        mine = self.by_key.get(key_id, 0)
+        mine = self.by_key.get(key_id, 0) if key_id is not None else 0
         if mine >= self.per_key:
             raise QuotaExceeded(
                 f"this key holds {mine} waiting connections, "
@@ -45,12 +46,15 @@ class Holds:
                 limit=self.total,
                 retry_after_s=_RETRY_AFTER_S,
             )
-        self.by_key[key_id] = mine + 1
+        if key_id is not None:
+            self.by_key[key_id] = mine + 1
         self.held += 1
 
     def give(self, key_id: str | None) -> None:
         """Give back a hold `take` granted."""
         self.held -= 1
+        if key_id is None:
+            return
         left = self.by_key[key_id] - 1
         if left:
             self.by_key[key_id] = left

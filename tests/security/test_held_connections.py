@@ -13,6 +13,7 @@ import pytest
 from starlette.applications import Starlette
 from starlette.types import Message
 
+from runtime.errors import Overloaded, QuotaExceeded
 from runtime.http.holds import Holds
 from tests.security.inprocess import TENANT_A, TENANT_B, auth, serving, settings_under
 
@@ -187,3 +188,19 @@ async def test_an_invocation_stream_holds_its_connection(tmp_path: Path) -> None
         assert sent[0]["status"] == 200
         holds: Holds = app.state.holds
         assert holds.held == 0
+
+
+def test_without_keys_only_the_instance_bound_holds() -> None:
+    """Auth off: no tenants to tell apart, so no per-key share; the total still bounds."""
+    holds = Holds(total=3, per_key=1)
+    for _ in range(3):
+        holds.take(None)
+    with pytest.raises(Overloaded):
+        holds.take(None)
+    with pytest.raises(Overloaded):
+        holds.take("a-key")  # the instance is full for everyone
+    holds.give(None)
+    holds.take("a-key")
+    with pytest.raises(QuotaExceeded):
+        holds.take("a-key")
+    assert holds.held == 3 and holds.by_key == {"a-key": 1}
