@@ -58,7 +58,13 @@ def make_bundle(
     return manifest
 
 
-def until(condition: Callable[[], Any], what: str, timeout_s: float = 30.0) -> Any:
+# How long a test waits for a real thread, process or server to do what it
+# must before calling it hung: a safety limit against hangs, far past anything
+# a loaded 2-core machine needs, never an assertion on how fast it happens.
+SAFETY_S = 120.0
+
+
+def until(condition: Callable[[], Any], what: str, timeout_s: float = SAFETY_S) -> Any:
     """Poll `condition` until truthy and return its value (a safety limit, not an
     assertion on time)."""
     deadline = time.monotonic() + timeout_s

@@ -28,7 +28,7 @@ from runtime.jobs.job import JobStatus
 from runtime.models.lifecycle import State
 from runtime.settings import Settings
 from tests.handlers import gated
-from tests.support import make_bundle, running_instance
+from tests.support import SAFETY_S, make_bundle, running_instance
 
 pytestmark = pytest.mark.anyio
 
@@ -69,10 +69,11 @@ async def instance(tmp_path: Path) -> AsyncIterator[Instance]:
         yield inst
 
 
-async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+async def until(condition: Callable[[], bool], timeout_s: float = SAFETY_S) -> None:
+    """Wait for `condition` (a safety limit against a hang, not a bound on time)."""
     deadline = time.monotonic() + timeout_s
     while not condition():
-        assert time.monotonic() < deadline, "timed out"
+        assert time.monotonic() < deadline, "never happened"
         await asyncio.sleep(0.005)
 
 

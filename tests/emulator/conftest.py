@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import make_bundle
+from tests.support import SAFETY_S, make_bundle
 
 HANDLERS = ",".join(
     f"tests.handlers.{m}"
@@ -214,7 +214,7 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
     emu.stop()
 
 
-def wait_for(predicate: object, timeout_s: float = 20.0, interval_s: float = 0.05) -> None:
+def wait_for(predicate: object, timeout_s: float = SAFETY_S, interval_s: float = 0.05) -> None:
     assert callable(predicate)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

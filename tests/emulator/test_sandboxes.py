@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import time
 from pathlib import Path
 
 import httpx
 import orjson
 
 from tests.emulator.conftest import Emulator, emulator_env, wait_for
+from tests.support import SAFETY_S
 
 
 def alive(pid: int) -> bool:
@@ -89,7 +89,7 @@ def test_idle_instances_are_stopped(emulator: Emulator) -> None:
     pid = first.json()["output"]["pid"]
     warm = emulator.invoke("Capped", payload)
     assert warm.json()["output"]["pid"] == pid  # reused while warm
-    wait_for(lambda: not alive(pid), timeout_s=10)
+    wait_for(lambda: not alive(pid), timeout_s=SAFETY_S)
     cold = emulator.invoke("Capped", payload)
     assert cold.json()["output"]["pid"] != pid
     assert emulator.report(cold.headers["x-amzn-RequestId"]).cold
@@ -116,9 +116,7 @@ def test_shutdown_stops_every_instance(tmp_path: Path) -> None:
                 for r in pool.map(lambda _: emu.invoke("ThawFunction", payload), range(2))
             }
         assert all(alive(pid) for pid in pids)
-        started = time.monotonic()
         assert emu.stop() == 0
-        assert time.monotonic() - started < 10
         assert not any(alive(pid) for pid in pids)
     finally:
         emu.stop()

@@ -26,7 +26,7 @@ from runtime.settings import Settings
 from tests.handlers.runlog import runs
 from tests.inproc import answer_once, answers_once, captured_logs, serving
 from tests.jobs import tmpfs
-from tests.support import ServerProcess, make_bundle, until
+from tests.support import SAFETY_S, ServerProcess, make_bundle, until
 
 PROBLEM_TYPE = "https://thaw.dev/problems/storage-unavailable"
 Serve = Callable[..., ServerProcess]
@@ -125,7 +125,7 @@ def test_a_full_disk_refuses_jobs_with_503_and_keeps_a_finished_output(
         ).fetchone()[0]
         store.close()
         # Past its lease and two sweeps (the old code re-ran it here, once space came back).
-        until(lambda: time.time() > lease_until + 2.5, "the lease lapsed", timeout_s=10)
+        until(lambda: time.time() > lease_until + 2.5, "the lease lapsed", timeout_s=SAFETY_S)
         assert client.get(f"/jobs/{held_id}").json()["status"] == "running"
         assert readiness(client)[0] == 503
 
