@@ -34,6 +34,10 @@ class Context:
     # decoded: as a rule an object, e.g. {"custom": {...}, "env": {...}}. None
     # when there is none (always over HTTP). Caller data, as untrusted as the event.
     client_context: Any = None
+    # The id the caller knows this request by: its own X-Request-Id (a correlation
+    # id, which two requests may share), else `request_id`; what log lines name.
+    # `request_id` itself is unique to the request (runtime/http/edge.py).
+    correlation_id: str | None = None
     # The instance's clock, which `deadline_at` is on (the dispatcher passes its own).
     clock: Clock = SYSTEM
 

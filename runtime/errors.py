@@ -8,6 +8,7 @@
     │   ├── InvalidPrefer          400 invalid-prefer
     │   └── InvalidEvent           400 invalid-event   (a Lambda event of no known shape)
     ├── Unauthorized               401 unauthorized    (WWW-Authenticate)
+    ├── Forbidden                  403 forbidden       (an operator route, a tenant key)
     ├── MethodNotAllowed           405 method-not-allowed (Allow)
     ├── RequestTimeout             408 request-timeout (a body not received in time)
     ├── NotFound                   404 not-found
@@ -18,6 +19,7 @@
     │   └── Cancelled              409 cancelled       (a job its client cancelled)
     ├── PayloadTooLarge            413 payload-too-large
     ├── QueueFull                  429 queue-full      (Retry-After)
+    │   └── QuotaExceeded          429 quota-exceeded  (one key's share: held connections, jobs)
     ├── HandlerError               500 handler-error   (user code raised)
     │   ├── HandlerTimeout         500 handler-timeout (ran past THAW_RUN_TIMEOUT_S)
     │   └── InvalidOutput          500 invalid-output  (not JSON, or a non-finite number)
@@ -120,6 +122,14 @@ class Unauthorized(ThawError):
     title = "Unauthorized"
 
 
+class Forbidden(ThawError):
+    """A valid key without the role the route needs (an operator route, a tenant key)."""
+
+    status = 403
+    slug = "forbidden"
+    title = "Forbidden"
+
+
 class MethodNotAllowed(ThawError):
     """The path exists but not for this method; `allow` lists the methods it has."""
 
@@ -198,6 +208,13 @@ class QueueFull(ThawError):
     status = 429
     slug = "queue-full"
     title = "Queue full"
+
+
+class QuotaExceeded(QueueFull):
+    """One key (or the instance) holds all it may: held connections or stored jobs."""
+
+    slug = "quota-exceeded"
+    title = "Quota exceeded"
 
 
 class HandlerError(ThawError):

@@ -31,6 +31,7 @@ from runtime.jobs.fleet import Fleet
 from runtime.jobs.fleet_queue import FleetQueueReader
 from runtime.jobs.job import Job
 from runtime.jobs.manager import JobManager, JobRunner
+from runtime.jobs.quota import JobQuota, Limits
 from runtime.jobs.store import DeferredStore
 from runtime.models.cache import ModelCache
 from runtime.models.estimate import Estimator
@@ -124,6 +125,16 @@ class Instance:
                 owners_dir=settings.state_path / "owners",
                 runner=runner,
                 clock=clock,
+                quota=JobQuota(
+                    Limits(
+                        jobs_per_key=settings.max_jobs_per_key,
+                        bytes_per_key=settings.max_job_bytes_per_key,
+                        jobs=settings.max_jobs,
+                        bytes=settings.max_job_bytes,
+                    ),
+                    ttl_s=settings.job_ttl_s,
+                    clock=clock,
+                ),
             )
 
         dispatcher = Dispatcher(
@@ -386,19 +397,27 @@ class Instance:
         await self.cache.unload(name)
         return self.cache.describe(self.cache.entry(name))
 
-    def readiness(self) -> dict[str, Any]:
+    def readiness(self, *, details: bool = True) -> dict[str, Any]:
         """`{"status": "ready"}` when `ready()`; else why not (draining, unhealthy or
-        warming), the prewarm bundles not READY yet and the health conditions."""
+        warming) and the classes of the health conditions; with `details`, also the
+        prewarm bundles not READY yet and each condition's detail and start."""
         if self.ready():
             return {"status": "ready"}
-        waiting = [n for n in self.settings.prewarm if not self.cache.is_ready(n)]
         if self.draining:
             status = "draining"
         elif not self.health.ok:
             status = "unhealthy"
         else:
             status = "warming"
-        return {"status": status, "waiting": waiting, "conditions": self.health.describe()}
+        conditions = self.health.describe()
+        if not details:
+            # A detail may name a path or a job: the log and operators have it.
+            return {
+                "status": status,
+                "conditions": [{"condition": c["condition"]} for c in conditions],
+            }
+        waiting = [n for n in self.settings.prewarm if not self.cache.is_ready(n)]
+        return {"status": status, "waiting": waiting, "conditions": conditions}
 
     async def metrics_text(self) -> bytes:
         """Every metric in the Prometheus text format; the fleet's queue read from the

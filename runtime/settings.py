@@ -7,7 +7,7 @@ component receives the settings (or the values it needs) in its constructor.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,17 @@ def _split_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+# Plain keys, read once: handler code in this process must not find them in its environment.
+SECRET_VARIABLES = ("THAW_API_KEYS", "THAW_OPERATOR_KEYS")
+
+
+def forget_secrets(environ: MutableMapping[str, str] | None = None) -> None:
+    """Drop the plain keys from the environment once the settings hold them."""
+    env = os.environ if environ is None else environ
+    for name in SECRET_VARIABLES:
+        env.pop(name, None)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Runtime configuration. Each field `x` is read from `THAW_X`."""
@@ -57,7 +68,14 @@ class Settings:
     state_dir: str = ".thaw/state"
     # sqlite:///path or dynamodb://table?bucket=name
     job_store: str = "sqlite:///.thaw/jobs.sqlite3"
+    # Retention: a job is kept this long after it is recorded, then purged.
     job_ttl_s: float = 24 * 3600.0
+    # Stored jobs (runtime/jobs/quota.py): per key, and in all, as counts and
+    # bytes of input and output JSON; past them a new job is 429 quota-exceeded.
+    max_jobs_per_key: int = 1000
+    max_job_bytes_per_key: int = 1024**3
+    max_jobs: int = 10000
+    max_job_bytes: int = 8 * 1024**3
     job_lease_s: float = 30.0
     job_max_attempts: int = 3
     # 0 means "derive from the machine" (free GPU memory or the cgroup/host limit).
@@ -96,6 +114,15 @@ class Settings:
     # Secrets: kept out of the settings' repr so no log line can carry them.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     api_keys_file: str = ""
+    # Operator keys: they alone reach instance-wide actions (drain, load, unload)
+    # and readiness details; they reach every tenant route too.
+    operator_keys: tuple[str, ...] = field(default=(), repr=False)
+    operator_keys_file: str = ""
+    # Held connections (job long-polls, SSE follows and streams): in total, and per key.
+    max_held: int = 256
+    max_held_per_key: int = 32
+    # The longest wait a caller may ask for, by `?wait=` or `Prefer: wait`.
+    max_wait_s: float = 60.0
     log_level: str = "INFO"
 
     @classmethod
@@ -111,7 +138,12 @@ class Settings:
             try:
                 if f.name == "memory_budget":
                     values[f.name] = _parse_bytes(raw) if raw.strip() else 0
-                elif f.name in ("max_body_bytes", "max_buffered_bytes"):
+                elif f.name in (
+                    "max_body_bytes",
+                    "max_buffered_bytes",
+                    "max_job_bytes_per_key",
+                    "max_job_bytes",
+                ):
                     values[f.name] = _parse_bytes(raw)
                 elif isinstance(default, tuple):
                     values[f.name] = _split_list(raw)
@@ -149,6 +181,14 @@ class Settings:
             raise ConfigError("THAW_SSE_HEARTBEAT_S must be > 0")
         if self.invoke_mode not in ("BUFFERED", "RESPONSE_STREAM"):
             raise ConfigError("THAW_INVOKE_MODE must be BUFFERED or RESPONSE_STREAM")
+        if min(self.max_jobs_per_key, self.max_job_bytes_per_key) < 1:
+            raise ConfigError("THAW_MAX_JOBS_PER_KEY and THAW_MAX_JOB_BYTES_PER_KEY must be >= 1")
+        if min(self.max_jobs, self.max_job_bytes) < 1:
+            raise ConfigError("THAW_MAX_JOBS and THAW_MAX_JOB_BYTES must be >= 1")
+        if self.max_held < 1 or self.max_held_per_key < 1:
+            raise ConfigError("THAW_MAX_HELD and THAW_MAX_HELD_PER_KEY must be >= 1")
+        if self.max_wait_s < 0:
+            raise ConfigError("THAW_MAX_WAIT_S must be >= 0")
         if self.body_timeout_s <= 0:
             raise ConfigError("THAW_BODY_TIMEOUT_S must be > 0")
         # Bodies still arriving may not take the cap's last min(64 KiB, cap/4)
@@ -160,6 +200,13 @@ class Settings:
                 "THAW_MAX_BUFFERED_BYTES must leave room for one THAW_MAX_BODY_BYTES body "
                 "beyond its reserve (max body + 64 KiB)"
             )
+
+    @property
+    def auth(self) -> bool:
+        """Whether any key is configured (HTTP mode then refuses callers without one)."""
+        return bool(
+            self.api_keys or self.api_keys_file or self.operator_keys or self.operator_keys_file
+        )
 
     @property
     def cache_path(self) -> Path:

@@ -7,7 +7,11 @@
 
 Every function here either returns or raises `InvalidEvent` (400
 `invalid-event`), whatever it is given: events arrive from outside and a
-malformed one must become a clean error, never a crash of the loop. Bodies are
+malformed one must become a clean error, never a crash of the loop. The one
+other refusal: an event for an operator route (drain, load, unload) is
+`NotFound`, as if the route did not exist. Whoever may invoke a Function URL
+is a tenant; instance-wide actions are an operator's, and Lambda manages its
+own instances. Bodies are
 base64 whenever they are not text, so binary bodies survive both directions.
 """
 
@@ -19,11 +23,11 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qsl, quote
+from urllib.parse import parse_qsl, quote, unquote
 
 import orjson
 
-from runtime.errors import InvalidEvent
+from runtime.errors import InvalidEvent, NotFound
 
 Headers = list[tuple[str, str]]
 
@@ -36,6 +40,21 @@ _TEXT_SUFFIXES = ("+json", "+xml")
 # Kept by `quote`: RFC 3986 unreserved, sub-delims, ':' '@' '/' and existing escapes.
 _PATH_SAFE = "/%:@!$&'()*+,;=-._~"
 _QUERY_SAFE = _PATH_SAFE + "?"
+# The routes that need an operator key over HTTP (runtime/http/auth.py's
+# `require_operator`), matched on the decoded path as the app routes it.
+OPERATOR_ROUTES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("POST", re.compile(r"^/drain$")),
+    ("POST", re.compile(r"^/models/[^/]+/load$")),
+    ("DELETE", re.compile(r"^/models/[^/]+$")),
+)
+
+
+def is_operator_route(method: str, path: str) -> bool:
+    """Whether `method path` reaches an instance-wide action (percent-escapes decoded)."""
+    decoded = unquote(path)
+    return any(m == method and pattern.match(decoded) for m, pattern in OPERATOR_ROUTES)
+
+
 # The ASGI transport computes these from the body it is given.
 _FRAMING = frozenset({"content-length", "transfer-encoding"})
 
@@ -153,6 +172,8 @@ def request_from_event(event: Any) -> HttpRequest:
         raise InvalidEvent("rawPath must be a string starting with '/'")
     query = _utf8(_str_field(event, "rawQueryString", "", default=""), "rawQueryString")
     _utf8(path, "rawPath")
+    if is_operator_route(method.upper(), path):
+        raise NotFound(f"no route for {method.upper()} {path} through a Function URL")
     headers: Headers = []
     raw_headers = event.get("headers") or {}
     if not isinstance(raw_headers, dict):

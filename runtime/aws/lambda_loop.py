@@ -66,6 +66,7 @@ from runtime.aws.streaming import Streamer
 from runtime.clock import Clock
 from runtime.context import CLIENT_CONTEXT
 from runtime.errors import InvalidEvent, ThawError
+from runtime.http.edge import INVOCATION_ID
 from runtime.http.problems import ERROR_SINK, ErrorSink
 from runtime.settings import Settings
 from runtime.telemetry.logs import configure_logging
@@ -262,9 +263,12 @@ async def _worker(api: RuntimeAPI, invoker: Invoker, instance: Instance, concurr
             # The invocation's ClientContext, for the handler's ctx.client_context
             # (runtime/context.py): the app runs in this task, and no header carries it.
             token = CLIENT_CONTEXT.set(_client_context(invocation.client_context))
+            # The app's request id is the invocation's (runtime/http/edge.py).
+            id_token = INVOCATION_ID.set(invocation.request_id)
             try:
                 payload, status = await invoker.handle(event, invocation.request_id, limit_s)
             finally:
+                INVOCATION_ID.reset(id_token)
                 CLIENT_CONTEXT.reset(token)
         except ThawError as exc:
             error = lambda_error(exc)

@@ -4,10 +4,12 @@
     thaw bundle verify PATH [--json]
     thaw invoke HANDLER --event JSON|@file.json
     thaw serve [--host 127.0.0.1] [--port 8080] [--insecure]
-    thaw emulate [--port 9000] [--template template.yaml] [--max-sandboxes N] [--idle-timeout S]
-                 [--image IMAGE [--engine podman|docker]]
+    thaw emulate [--host 127.0.0.1 [--insecure]] [--port 9000] [--template template.yaml]
+                 [--max-sandboxes N] [--idle-timeout S] [--image IMAGE [--engine podman|docker]]
     thaw coldstart HANDLER [--event JSON] [--runs N] [--json] [--bare [--repeat N]]
-    thaw keys hash < key            print a THAW_API_KEYS_FILE line for the key on stdin
+    thaw keys hash < key            print a key-file line (THAW_API_KEYS_FILE or
+                                    THAW_OPERATOR_KEYS_FILE) for the key on stdin
+    thaw keys new                   print a new random key (256 bits), for a tenant or an operator
     thaw --version
 
 Every command that fails prints one line, `thaw: error: ...`, on stderr and
@@ -156,6 +158,7 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
         host=args.host,
         image=args.image,
         engine=args.engine,
+        insecure=args.insecure,
     )
     return code
 
@@ -186,6 +189,14 @@ def _cmd_keys_hash(args: argparse.Namespace) -> int:
     from runtime.http.auth import print_hash_line
 
     return print_hash_line()
+
+
+def _cmd_keys_new(args: argparse.Namespace) -> int:
+    import secrets
+
+    # 32 bytes from the OS CSPRNG, URL-safe: a bearer token needs no quoting anywhere.
+    print(secrets.token_urlsafe(32))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -230,6 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
     emulate = sub.add_parser("emulate", help="local Lambda invocation emulator")
     emulate.add_argument("--host", default="127.0.0.1")
     emulate.add_argument("--port", type=int, default=9000)
+    emulate.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback bind: the emulator authenticates nobody (no AWS_IAM check)",
+    )
     emulate.add_argument("--template", default="template.yaml")
     emulate.add_argument(
         "--max-sandboxes", type=int, default=None, help="most execution environments at once"
@@ -257,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     cold.set_defaults(func=_cmd_coldstart)
 
     keys = sub.add_parser("keys", help="API key helpers").add_subparsers(required=True)
+    keys.add_parser("new", help="print a new random key").set_defaults(func=_cmd_keys_new)
     keys.add_parser("hash", help="read a key on stdin, print its key-file line").set_defaults(
         func=_cmd_keys_hash
     )

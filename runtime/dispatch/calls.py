@@ -64,7 +64,8 @@ def user_error(
         spec.name,
         type(exc).__name__,
         where,
-        extra={"request_id": ctx.request_id, "handler": spec.name},
+        # Named as every other line about the request is (a caller's correlation id).
+        extra={"request_id": ctx.correlation_id or ctx.request_id, "handler": spec.name},
     )
     error = HandlerError(f"{type(exc).__name__}: {exc}", handler=spec.name)
     error.__cause__ = exc

@@ -48,6 +48,7 @@ from runtime.models.lifecycle import LOAD_PHASES
 from runtime.registry import HandlerSpec, Registry
 from runtime.settings import Settings
 from runtime.telemetry.health import Health
+from runtime.telemetry.logs import REQUEST_ID
 from runtime.telemetry.metrics import HandlerStats, Metrics
 
 log = logging.getLogger("thaw.dispatch")
@@ -189,6 +190,7 @@ class Dispatcher:
                 deadline_at=deadline_at,
                 logger=HANDLER_LOG,
                 client_context=CLIENT_CONTEXT.get(),
+                correlation_id=REQUEST_ID.get(),
                 clock=self.clock,
             )
             cold = bool(spec.uses) and not all(map(self.cache.is_ready, spec.uses))

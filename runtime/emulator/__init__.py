@@ -173,8 +173,23 @@ def run_emulator(
     host: str = "127.0.0.1",
     image: str | None = None,
     engine: str | None = None,
+    insecure: bool = False,
 ) -> int:
-    """Serve until SIGINT/SIGTERM; every sandbox is stopped on the way out."""
+    """Serve until SIGINT/SIGTERM; every sandbox is stopped on the way out.
+
+    The emulator checks no credential: a Function URL's `AuthType: AWS_IAM` is
+    not enforced (no SigV4 signature is verified) and the Invoke API takes any
+    caller. So it refuses a non-loopback `host` unless `insecure` says the
+    network in front is trusted, as `thaw serve` refuses one without keys.
+    """
+    from runtime.http.server import is_loopback  # the rule `thaw serve` binds by
+
+    if not is_loopback(host) and not insecure:
+        raise ConfigError(
+            f"refusing to listen on {host}: thaw emulate checks no AWS_IAM signature or key, "
+            "so anyone who reaches it may invoke every function; bind 127.0.0.1, or pass "
+            "--insecure to expose it anyway"
+        )
     loaded = load_template(template)
     if image is not None:
         engine = find_engine(engine)

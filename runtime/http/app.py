@@ -22,6 +22,7 @@ from starlette.routing import Route
 from runtime.errors import ThawError
 from runtime.http.auth import AuthMiddleware, KeyRing
 from runtime.http.edge import Edge, Observed
+from runtime.http.holds import Holds
 from runtime.http.intake import Intake, parse_json
 from runtime.http.problems import problem_response, render_error
 from runtime.http.responses import server_timing
@@ -109,6 +110,7 @@ def create_app(
     app.state.settings = settings
     app.state.auth = keys is not None
     app.state.intake = Intake(settings.max_buffered_bytes, settings.body_timeout_s)
+    app.state.holds = Holds(settings.max_held, settings.max_held_per_key)
     # Set by the server once it stops: `Edge` then answers cut-off requests 503.
     app.state.stopping = False
     return app

@@ -2,8 +2,10 @@
 access-log line and duration, and an answer for a request the server's
 shutdown cut off.
 
-Every request passes `Edge` first: it gives the request its id (answered as
-X-Request-Id, and the log context of every line logged while it is served),
+Every request passes `Edge` first: it gives the request its id, new and
+unpredictable for every request (the handler's `ctx.request_id`), keeps a
+caller's X-Request-Id apart as its correlation id (answered as X-Request-Id,
+and the log context of every line logged while it is served),
 adds `Vary: Prefer` where the answer depends on Prefer, and once it is
 answered writes its access-log line and its request-duration histogram.
 """
@@ -12,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
+import os
 import re
-import secrets
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
+from contextvars import ContextVar
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -58,10 +60,16 @@ class Observed:
 class Edge:
     """The app's outer edge: pure ASGI, and one frame for each request's bookkeeping.
 
-    Gives each request its id: the caller's X-Request-Id when it matches
-    `_REQUEST_ID`, else a new one. The id is `scope["thaw.request_id"]`, the
-    log context (runtime.telemetry.logs.REQUEST_ID) of every line logged while the
-    request is served, and the X-Request-Id of its answer, whatever gives it:
+    Gives each request its id, a new one drawn from the OS CSPRNG whatever the
+    caller sent (`scope["thaw.request_id"]`, the handler's `ctx.request_id`):
+    a caller choosing X-Request-Id can neither predict another request's id
+    nor make two requests share one. A caller's X-Request-Id that matches
+    `_REQUEST_ID` is kept apart as the correlation id
+    (`scope["thaw.correlation_id"]`, None without one), and the answer also
+    names the request's own id in X-Thaw-Request-Id. The correlation id, else
+    the request id, is the log context (runtime.telemetry.logs.REQUEST_ID) of
+    every line logged while the request is served, and the X-Request-Id of
+    its answer, whatever gives it:
     a route, a problem, a 404 no route matched, a 401 from the auth layer, a
     500 for a bug (`render_error` is called here for an exception no handler
     answered, which Starlette's outermost middleware would otherwise answer
@@ -98,12 +106,16 @@ class Edge:
             size += len(name) + len(value) + 4
             if name == b"x-request-id" and given is None:
                 given = value
-        # Inline for the common case (no id given): this runs for every request.
-        request_id = (
-            f"{_ID_PREFIX}-{next(_ID_COUNTER):x}" if given is None else new_request_id(given)
-        )
+        # An in-process caller's own unique id (the Lambda loop's invocation id), else new.
+        request_id = INVOCATION_ID.get() or next(_IDS)
         scope["thaw.request_id"] = request_id
-        id_header = (b"x-request-id", request_id.encode())
+        # Inline for the common case (no id given): this runs for every request.
+        correlation_id = None if given is None else correlation_id_of(given)
+        scope["thaw.correlation_id"] = correlation_id
+        shown = request_id if correlation_id is None else correlation_id
+        id_header = (b"x-request-id", shown.encode())
+        # With a correlation id, the request's own id is answered beside it.
+        own_header = None if correlation_id is None else (b"x-thaw-request-id", request_id.encode())
         status = 0
 
         # Not a coroutine function: it hands back the server's own awaitable, so a
@@ -114,13 +126,15 @@ class Edge:
                 status = message["status"]
                 # A copy: a response object's own header list is left as it was.
                 headers = [*message.get("headers", ()), id_header]
+                if own_header is not None:
+                    headers.append(own_header)
                 route = scope.get("route")
                 if route is not None and route.path in _VARY_PREFER:
                     headers.append(_VARY_PREFER_HEADER)
                 message["headers"] = headers
             return send(message)
 
-        token = REQUEST_ID.set(request_id)
+        token = REQUEST_ID.set(shown)
         try:
             if size > MAX_HEADER_BYTES:
                 exc = BadRequest(
@@ -179,22 +193,54 @@ def _access_line(method: str, template: str, status: int, took_s: float) -> None
     )
 
 
-# A random prefix per process and a counter: unique ids without drawing random
-# bytes on every request (request ids label logs; they are not secrets).
-_ID_PREFIX = secrets.token_hex(6)
-_ID_COUNTER = itertools.count(1)
+# Set by an in-process caller whose request already has an id unique to it and
+# given by no client: the Lambda loop, whose invocation ids come from the
+# Runtime API (runtime/aws/lambda_loop.py). The app runs in the caller's task.
+INVOCATION_ID: ContextVar[str | None] = ContextVar("thaw_invocation_id", default=None)
+
+# Request ids come from the OS CSPRNG, 96 bits each, drawn in blocks so that a
+# request costs a slice of a string, not a system call of its own.
+_ID_HEX = 24
+_IDS_PER_DRAW = 256
 
 
-def new_request_id(given: bytes | None) -> str:
-    """The caller's X-Request-Id when it is a valid one, else a new id."""
-    if given is not None:
-        text = given.decode("latin-1")
-        if _REQUEST_ID.fullmatch(text):
-            return text
-    return f"{_ID_PREFIX}-{next(_ID_COUNTER):x}"
+def _random_ids() -> Iterator[str]:
+    while True:
+        block = os.urandom(_IDS_PER_DRAW * _ID_HEX // 2).hex()
+        for start in range(0, len(block), _ID_HEX):
+            yield block[start : start + _ID_HEX]
+
+
+_IDS = _random_ids()
+
+
+def _fresh_ids_after_fork() -> None:
+    # A forked child must not hand out the rest of its parent's block.
+    global _IDS
+    _IDS = _random_ids()
+
+
+os.register_at_fork(after_in_child=_fresh_ids_after_fork)
+
+
+def new_request_id() -> str:
+    """A new request id: unpredictable, and unique with overwhelming probability."""
+    return next(_IDS)
+
+
+def correlation_id_of(given: bytes) -> str | None:
+    """The caller's X-Request-Id when it is a valid one (kept as its correlation id)."""
+    text = given.decode("latin-1")
+    return text if _REQUEST_ID.fullmatch(text) else None
 
 
 def request_id_of(request: Request) -> str:
-    """The request's id (given by `Edge`)."""
+    """The request's own id (given by `Edge`)."""
     request_id: str = request.scope["thaw.request_id"]
     return request_id
+
+
+def correlation_id_in(request: Request) -> str | None:
+    """The caller's X-Request-Id, when it gave a valid one."""
+    correlation_id: str | None = request.scope["thaw.correlation_id"]
+    return correlation_id

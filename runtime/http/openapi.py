@@ -127,7 +127,10 @@ OPERATIONS: dict[str, dict[str, Any]] = {
             {
                 "name": "wait",
                 "in": "query",
-                "description": "long-poll up to this many seconds (at most 60) for a final state",
+                "description": (
+                    "long-poll up to this many seconds (at most THAW_MAX_WAIT_S, 60 by "
+                    "default) for a final state"
+                ),
                 "schema": {"type": "number", "minimum": 0},
             }
         ],
@@ -138,8 +141,9 @@ OPERATIONS: dict[str, dict[str, Any]] = {
                 "they come (after `Last-Event-ID`, when given), then its output or error",
                 content_extra=_EVENT_STREAM,
             ),
-            # 503: a long-poll the server's shutdown cut off (drained).
-            **errors(400, 404, 500, 503),
+            # 429: the key holds THAW_MAX_HELD_PER_KEY connections; 503: the instance
+            # holds THAW_MAX_HELD, or the server's shutdown cut the long-poll off.
+            **errors(400, 404, 429, 500, 503),
         },
     },
     "cancel_job": {
@@ -205,6 +209,10 @@ OPERATIONS: dict[str, dict[str, Any]] = {
 }
 
 
+# Instance-wide actions: with keys configured, only an operator key reaches them.
+OPERATOR_ONLY = frozenset({"drain", "load_model", "unload_model"})
+
+
 def _summary(endpoint: Any) -> str:
     doc = (getattr(endpoint, "__doc__", None) or "").strip()
     return doc.splitlines()[0] if doc else endpoint.__name__
@@ -221,6 +229,8 @@ def _operation(route: Route, auth: bool) -> dict[str, Any]:
     open_endpoint = fragment.get("security") == []
     if auth and not open_endpoint:
         responses.update(errors(401))
+    if auth and name in OPERATOR_ONLY:
+        responses.update(errors(403))
     if not auth:
         fragment.pop("security", None)
     path_params = [

@@ -41,6 +41,8 @@ _CLOSES_CONNECTION = (RequestTimeout, Overloaded)
 def problem_response(exc: ThawError, request_path: str | None = None) -> Response:
     """`exc` as application/problem+json (runtime/wire/render.py), `request_path` its `instance`."""
     headers = http_headers(exc)
+    # A problem echoes what it was sent (a path, a handler's message): never sniffed as HTML.
+    headers["X-Content-Type-Options"] = "nosniff"
     if isinstance(exc, _CLOSES_CONNECTION):
         # The rest of the body is never read: the connection cannot carry another request.
         headers["Connection"] = "close"

@@ -10,6 +10,7 @@ from typing import Any
 
 from runtime.errors import (
     BadRequest,
+    Forbidden,
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
@@ -211,6 +212,7 @@ _ERRORS: dict[type[ThawError], tuple[str, str]] = {
         "(e.g. nesting deeper than THAW_MAX_JSON_DEPTH)",
     ),
     Unauthorized: ("Unauthorized", "missing or wrong API key"),
+    Forbidden: ("Forbidden", "forbidden: an instance-wide action, which needs an operator key"),
     NotFound: ("NotFound", "unknown handler, bundle, job or route (a trailing slash is no route)"),
     MethodNotAllowed: (
         "MethodNotAllowed",
@@ -223,7 +225,11 @@ _ERRORS: dict[type[ThawError], tuple[str, str]] = {
         "the connection is closed",
     ),
     PayloadTooLarge: ("PayloadTooLarge", "body over THAW_MAX_BODY_BYTES"),
-    QueueFull: ("QueueFull", "the handler's queue is full"),
+    QueueFull: (
+        "QueueFull",
+        "queue-full: the handler's queue is full; quota-exceeded: the key holds all the "
+        "connections or stored jobs it may",
+    ),
     ThawError: (
         "InternalError",
         "handler-error, handler-timeout, invalid-output (output JSON cannot carry: not "

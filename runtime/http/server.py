@@ -19,7 +19,7 @@ from runtime import process
 from runtime.errors import ConfigError
 from runtime.http.app import create_app
 from runtime.instance import Instance
-from runtime.settings import Settings
+from runtime.settings import Settings, forget_secrets
 from runtime.telemetry.logs import configure_logging
 from runtime.version import __version__
 
@@ -185,7 +185,9 @@ def serving_line(instance: Instance, url: str) -> str:
 def serve(host: str = "127.0.0.1", port: int = 8080, insecure: bool = False) -> int:
     settings = Settings.from_env()
     configure_logging(settings.log_level)
-    if not is_loopback(host) and not (settings.api_keys or settings.api_keys_file) and not insecure:
+    # The plain keys live in the settings now; handler code must not read them.
+    forget_secrets()
+    if not is_loopback(host) and not settings.auth and not insecure:
         raise ConfigError(
             f"refusing to listen on {host} without API keys: set THAW_API_KEYS or "
             "THAW_API_KEYS_FILE, or pass --insecure to expose an unauthenticated endpoint"

@@ -108,7 +108,8 @@ async def stream_events(
 
 
 class EventStreamResponse:
-    """An ASGI response sending `events`; on a client's disconnect, `on_disconnect()`."""
+    """An ASGI response sending `events`; on a client's disconnect, `on_disconnect()`;
+    once it ended however it did, `on_end()` (the connection's hold is given back)."""
 
     def __init__(
         self,
@@ -116,9 +117,11 @@ class EventStreamResponse:
         *,
         on_disconnect: Callable[[], None] | None = None,
         headers: dict[str, str] | None = None,
+        on_end: Callable[[], None] | None = None,
     ) -> None:
         self.events = events
         self.on_disconnect = on_disconnect
+        self.on_end = on_end
         self.headers = [
             *_HEADERS,
             *((k.lower().encode(), v.encode()) for k, v in (headers or {}).items()),
@@ -151,13 +154,21 @@ class EventStreamResponse:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-            aclose = getattr(self.events, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            try:
+                aclose = getattr(self.events, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+            finally:
+                if self.on_end is not None:
+                    self.on_end()
 
 
 async def invocation_response(
-    stream: Stream, heartbeat_s: float, path: str, headers: dict[str, str]
+    stream: Stream,
+    heartbeat_s: float,
+    path: str,
+    headers: dict[str, str],
+    on_end: Callable[[], None] | None = None,
 ) -> EventStreamResponse:
     """The event stream of an invocation that began. Its headers wait for the first
     item (at most `heartbeat_s`), so a handler that refuses its input before
@@ -167,5 +178,8 @@ async def invocation_response(
     if stream.ended and stream.error is not None and not stream.items:
         raise stream.error
     return EventStreamResponse(
-        stream_events(stream, 0, heartbeat_s, path), on_disconnect=stream.close, headers=headers
+        stream_events(stream, 0, heartbeat_s, path),
+        on_disconnect=stream.close,
+        headers=headers,
+        on_end=on_end,
     )

@@ -44,6 +44,7 @@ from runtime.jobs.finished import FinishedJobs
 from runtime.jobs.job import Job, JobStatus, new_job_id
 from runtime.jobs.leases import Leases, LocalJob, Outcome, Probe
 from runtime.jobs.owners import OwnerLock
+from runtime.jobs.quota import JobQuota, json_size
 from runtime.jobs.recovery import JobRunner, Recovery
 from runtime.jobs.store import JobStore
 from runtime.jobs.wakeups import Event, Wakeups
@@ -106,6 +107,7 @@ class JobManager:
         owners_dir: Path | None = None,
         runner: JobRunner | None = None,
         clock: Clock = SYSTEM,
+        quota: JobQuota | None = None,
     ) -> None:
         self.store = store
         self.owner = owner
@@ -113,6 +115,8 @@ class JobManager:
         self.max_attempts = max_attempts
         self.metrics = metrics
         self.clock = clock
+        # What each key (and the instance) may keep stored; None: unbounded.
+        self.quota = quota
         self.health = health if health is not None else Health(clock)
         self.calls = StoreCalls(store, owner=owner, health=self.health, clock=clock)
         self.leases = Leases(self.calls, owner=owner, lease_s=lease_s, clock=clock)
@@ -156,7 +160,13 @@ class JobManager:
     # ---- this instance's jobs ----------------------------------------------------
 
     async def record(self, handler: str, event: Any, *, phase: str, key_id: str | None) -> Job:
-        """Write a new job, running and leased to this instance; returns once durable."""
+        """Write a new job, running and leased to this instance; returns once durable.
+        Refused past the key's or the instance's stored-job quota (runtime/jobs/quota.py)."""
+        quota = self.quota
+        size = 0
+        if quota is not None:
+            size = json_size(event)
+            quota.admit(key_id, size)
         now = self.clock.wall()
         job = Job(
             id=new_job_id(),
@@ -178,6 +188,8 @@ class JobManager:
             raise
         self.calls.serving()
         self._running.inc()
+        if quota is not None:
+            quota.add(job.id, key_id, size)
         return job
 
     def follow(self, job: Job, work: asyncio.Future[Any], probe: Probe) -> None:
@@ -255,6 +267,8 @@ class JobManager:
             delay = min(2 * delay, RETRY_MAX_S)
         if recorded:
             self.metrics.jobs.labels(str(status)).inc()
+            if self.quota is not None and output is not None:
+                self.quota.grow(job.id, json_size(output))
         outcome = str(status) if recorded else "discarded (no longer owned)"
         if recorded and tries > 1:
             outcome += f" (recorded at try {tries}: the store had refused it)"
@@ -288,7 +302,7 @@ class JobManager:
             if changed is not None:
                 changed.clear()
             held_before = job_id in self.local
-            job = await self._lookup(job_id)
+            job = await self._lookup(job_id, key_id)
             local = self.local.get(job_id)
             if job is None and local is not None and local.job.key_id == key_id:
                 # Held here but gone from the store (a deleted database): write it again.
@@ -353,15 +367,19 @@ class JobManager:
         finally:
             self._recheck = None
 
-    async def _lookup(self, job_id: str) -> Job | None:
-        """The job as remembered if it is finished, else as the store has it."""
+    async def _lookup(self, job_id: str, key_id: str | None) -> Job | None:
+        """The job as remembered if it is finished and `key_id`'s, else as the store has it.
+
+        Another key's finished job is read from the store like an unknown id, so
+        that both answers take the same work (no timing oracle: docs/security.md).
+        """
         finished = self.finished.get(job_id)
-        if finished is not None:
+        if finished is not None and finished.key_id == key_id:
             return finished
         return await self.calls.read(self.store.get, job_id)
 
     async def cancel(self, job_id: str, *, key_id: str | None) -> Job:
-        job = await self._lookup(job_id)
+        job = await self._lookup(job_id, key_id)
         if job is None or job.key_id != key_id:
             raise UnknownJob(f"no job {job_id!r}")
         if job.status.final:

@@ -72,6 +72,9 @@ class WarmUp(Protocol):
 
 
 # Phases whose stall leaves user code running in a thread that cannot be stopped.
+# The back-off after failed loads doubles per failure up to 64x THAW_RETRY_BACKOFF_S
+# (64 s by default), so a bundle that failed often is still retried within minutes.
+MAX_BACKOFF_DOUBLINGS = 6
 _USER_CODE_PHASES = frozenset({"init", "warmup"})
 
 
@@ -116,6 +119,8 @@ class Loader:
         self.clock = clock
         self.device: str | None = None
         self._device_task: asyncio.Future[str] | None = None
+        # Bundles whose load `abandon` ended (an unload): not a failure to back off from.
+        self._abandoned: set[str] = set()
 
     async def ensure_loading(self, entry: Entry) -> None:
         """Start the single-flight load of `entry` unless it is loading or loaded."""
@@ -157,10 +162,12 @@ class Loader:
 
     async def abandon(self, entry: Entry, reason: str) -> None:
         """Fail the load under way now (its waiters get `load-failed`); returns once
-        its task has cleaned up."""
+        its task has cleaned up. A deliberate end (an unload), not a failure of the
+        bundle: no back-off follows it."""
         task = entry.task
         if task is None:
             return
+        self._abandoned.add(entry.name)
         if entry.abort is not None and not entry.abort.done():
             entry.abort.set_exception(LoadFailed(f"bundle {entry.name!r}: {reason}"))
         await asyncio.wait({task})
@@ -355,10 +362,16 @@ class Loader:
                 error["phase"] = exc.extra["phase"]
             if lc.state is not State.FAILED:
                 lc.advance(State.FAILED, error=error)
-            entry.failures += 1
-            backoff_s = self.retry_backoff_s * 2 ** (entry.failures - 1)
-            entry.retry_at = self.clock.monotonic() + backoff_s
-            log.warning("load of %s failed: %s", entry.name, error["message"])
+            if entry.name in self._abandoned:
+                # Unloaded on purpose: the next load may begin at once.
+                self._abandoned.discard(entry.name)
+                entry.retry_at = 0.0
+                log.info("load of %s ended: %s", entry.name, error["message"])
+            else:
+                entry.failures += 1
+                doublings = min(entry.failures - 1, MAX_BACKOFF_DOUBLINGS)
+                entry.retry_at = self.clock.monotonic() + self.retry_backoff_s * 2**doublings
+                log.warning("load of %s failed: %s", entry.name, error["message"])
             raise
         finally:
             entry.task = None

@@ -7,6 +7,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from runtime.http.auth import is_operator, require_operator
 from runtime.http.responses import JSONResponse
 from runtime.http.routes import instance_of
 
@@ -17,13 +18,20 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    """200 once the prewarm set is READY and the instance is healthy and not draining."""
-    body = instance_of(request).readiness()
+    """200 once the prewarm set is READY and the instance is healthy and not draining.
+
+    Open to probes, which learn only the status (ready, warming, draining,
+    unhealthy) and the classes of the conditions behind it: their details (a
+    database path, a job id) go to the log and to operator callers.
+    """
+    body = instance_of(request).readiness(details=is_operator(request))
     return JSONResponse(body, status_code=200 if body["status"] == "ready" else 503)
 
 
 async def drain(request: Request) -> Response:
-    """Readiness off, in-flight work finishes, the rest is aborted, then the process exits."""
+    """Readiness off, in-flight work finishes, the rest is aborted, then the process exits;
+    an operator's action."""
+    require_operator(request)
     instance_of(request).begin_drain("POST /drain")
     return JSONResponse({"status": "draining"}, status_code=202)
 

@@ -16,8 +16,9 @@ from runtime.errors import ThawError
 from runtime.http import sse
 from runtime.http.auth import key_id_of
 from runtime.http.edge import request_id_of
+from runtime.http.holds import Holds
 from runtime.http.intake import Intake, parse_json
-from runtime.http.prefer import NO_PREFERENCES, parse_prefer
+from runtime.http.prefer import NO_PREFERENCES, Preferences, parse_prefer
 from runtime.http.responses import job_response, server_timing
 from runtime.instance import Instance
 from runtime.wire.outputs import encode_output
@@ -43,22 +44,27 @@ async def invocation(request: Request, *, force_async: bool) -> Response | sse.E
         except ThawError as exc:
             instance.count_refused(name, exc.status)
             raise
+        wait_s = prefs.wait_s
+        if wait_s is not None and wait_s > settings.max_wait_s:
+            wait_s = settings.max_wait_s  # bounded as `?wait=` is
+        key_id = key_id_of(request)
+        stream = not force_async and sse.wants_events(request.headers.get("accept", ""))
+        if stream:
+            # An event stream holds its connection (runtime/http/holds.py): refused
+            # before any work begins, given back once the stream ends.
+            return await _streamed(
+                instance, state.holds, key_id, name, event, wait_s, prefs, request
+            )
         # `respond-async` alone: 202 at once. With `wait=S` too, the common reading of
         # RFC 7240 (§4.1, §4.3): answer within S seconds if the work can, else 202.
         outcome = await instance.invoke(
             name,
             event,
-            wait_s=prefs.wait_s,
+            wait_s=wait_s,
             respond_async=force_async or (prefs.respond_async and prefs.wait_s is None),
             request_id=request_id_of(request),
-            key_id=key_id_of(request),
-            stream=not force_async and sse.wants_events(request.headers.get("accept", "")),
+            key_id=key_id,
         )
-        if isinstance(outcome, Streaming):
-            timing = {"Server-Timing": server_timing(outcome.timings_ms)}
-            return await sse.invocation_response(
-                outcome.stream, settings.sse_heartbeat_s, request.url.path, timing
-            )
         if isinstance(outcome, Accepted):
             applied = "respond-async" if prefs.respond_async else None
             return job_response(outcome.job, 202, outcome.retry_after_s, applied=applied)
@@ -71,6 +77,44 @@ async def invocation(request: Request, *, force_async: bool) -> Response | sse.E
         )
     finally:
         intake.release(size)
+
+
+async def _streamed(
+    instance: Instance,
+    holds: Holds,
+    key_id: str | None,
+    name: str,
+    event: object,
+    wait_s: float | None,
+    prefs: Preferences,
+    request: Request,
+) -> Response | sse.EventStreamResponse:
+    """An invocation asked for as an event stream: its stream once it began, or
+    (cold past the deadline) its job. Holds its connection while it streams."""
+    holds.take(key_id)
+    try:
+        outcome = await instance.invoke(
+            name,
+            event,
+            wait_s=wait_s,
+            respond_async=prefs.respond_async and prefs.wait_s is None,
+            request_id=request_id_of(request),
+            key_id=key_id,
+            stream=True,
+        )
+        if isinstance(outcome, Accepted):
+            holds.give(key_id)
+            applied = "respond-async" if prefs.respond_async else None
+            return job_response(outcome.job, 202, outcome.retry_after_s, applied=applied)
+        assert isinstance(outcome, Streaming)
+        timing = {"Server-Timing": server_timing(outcome.timings_ms)}
+        heartbeat_s = instance.settings.sse_heartbeat_s
+        return await sse.invocation_response(
+            outcome.stream, heartbeat_s, request.url.path, timing, lambda: holds.give(key_id)
+        )
+    except BaseException:
+        holds.give(key_id)
+        raise
 
 
 async def invoke(request: Request) -> Response | sse.EventStreamResponse:

@@ -17,6 +17,7 @@ from starlette.types import Scope
 from runtime.errors import BadRequest
 from runtime.http import sse
 from runtime.http.auth import key_id_of
+from runtime.http.holds import Holds
 from runtime.http.responses import JSONResponse
 from runtime.http.routes import instance_of
 from runtime.http.routes.invoke import invocation
@@ -62,7 +63,7 @@ class DeprecatedSubmitRoute(Route):
         return match, child
 
 
-def _wait_param(request: Request) -> float:
+def _wait_param(request: Request, max_wait_s: float) -> float:
     raw = request.query_params.get("wait", "0")
     try:
         wait_s = float(raw)
@@ -70,7 +71,7 @@ def _wait_param(request: Request) -> float:
         raise BadRequest(f"wait={raw!r} is not a number of seconds") from None
     if not math.isfinite(wait_s) or wait_s < 0:
         raise BadRequest(f"wait={raw!r} must be a non-negative number of seconds")
-    return min(wait_s, 60.0)
+    return min(wait_s, max_wait_s)
 
 
 async def get_job(request: Request) -> Response | sse.EventStreamResponse:
@@ -79,9 +80,17 @@ async def get_job(request: Request) -> Response | sse.EventStreamResponse:
     instance = instance_of(request)
     if sse.wants_events(request.headers.get("accept", "")):
         return await follow_job(request)
-    body = await instance.job_view(
-        request.path_params["job_id"], key_id=key_id_of(request), wait_s=_wait_param(request)
-    )
+    job_id = request.path_params["job_id"]
+    key_id = key_id_of(request)
+    wait_s = _wait_param(request, instance.settings.max_wait_s)
+    if wait_s <= 0:
+        return JSONResponse(await instance.job_view(job_id, key_id=key_id))
+    holds: Holds = request.app.state.holds
+    holds.take(key_id)  # a long-poll holds its connection
+    try:
+        body = await instance.job_view(job_id, key_id=key_id, wait_s=wait_s)
+    finally:
+        holds.give(key_id)
     return JSONResponse(body)
 
 
@@ -92,6 +101,8 @@ async def follow_job(request: Request) -> sse.EventStreamResponse:
     job_id = request.path_params["job_id"]
     key_id = key_id_of(request)
     job = await instance.job(job_id, key_id=key_id)  # 404 before any 200
+    holds: Holds = request.app.state.holds
+    holds.take(key_id)  # given back once the stream ends (`on_end`)
     heartbeat_s = instance.settings.sse_heartbeat_s
     path = request.url.path
     last = request.headers.get("last-event-id", "")
@@ -110,7 +121,7 @@ async def follow_job(request: Request) -> sse.EventStreamResponse:
             current = await instance.job(job_id, key_id=key_id, wait_s=heartbeat_s)
         yield sse.job_final_event(current, path)
 
-    return sse.EventStreamResponse(events())
+    return sse.EventStreamResponse(events(), on_end=lambda: holds.give(key_id))
 
 
 async def cancel_job(request: Request) -> Response:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from runtime.http.auth import require_operator
 from runtime.http.responses import JSONResponse
 from runtime.http.routes import instance_of
 
@@ -15,11 +16,13 @@ async def list_models(request: Request) -> Response:
 
 
 async def load_model(request: Request) -> Response:
-    """Prewarm a bundle in the background (202)."""
+    """Prewarm a bundle in the background (202); an operator's action."""
+    require_operator(request)
     view = await instance_of(request).load_bundle(request.path_params["bundle"])
     return JSONResponse(view, status_code=202)
 
 
 async def unload_model(request: Request) -> Response:
-    """Unload a bundle once its in-flight requests finish."""
+    """Unload a bundle once its in-flight requests finish; an operator's action."""
+    require_operator(request)
     return JSONResponse(await instance_of(request).unload_bundle(request.path_params["bundle"]))
