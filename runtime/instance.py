@@ -69,9 +69,9 @@ class Instance:
     # Ends the process once a drain is done: set by the entry point (the server
     # stops uvicorn, the Lambda loop stops taking events); None keeps it running.
     exit_hook: Callable[[], object] | None = None
-    # The fleet's queue figures for /metrics (a store shared by a fleet has them).
+    # The fleet's queue figures for /metrics; wake-ups, liveness and queued work
+    # shared with the other instances of a fleet (runtime/jobs/fleet.py).
     fleet_queue: FleetQueueReader | None = None
-    # Wake-ups and liveness shared with the other instances of a fleet (runtime/jobs/fleet.py).
     fleet: Fleet | None = None
     _background: set[asyncio.Task[None]] = field(default_factory=set)
     _drain: asyncio.Task[None] | None = None
@@ -420,8 +420,7 @@ class Instance:
         return {"status": status, "waiting": waiting, "conditions": conditions}
 
     async def metrics_text(self) -> bytes:
-        """Every metric in the Prometheus text format; the fleet's queue read from the
-        store first when the last read is not recent (runtime/jobs/fleet_queue.py)."""
+        """Every metric in the Prometheus text format (the fleet's queue read if stale)."""
         if self.fleet_queue is not None:
             await self.fleet_queue.refresh()
         return self.metrics.render()
@@ -433,23 +432,19 @@ class Instance:
 
 
 class _FleetWork:
-    """What taking the fleet's queued jobs asks of this instance (runtime/jobs/fleet.py)."""
+    """What the fleet's parts ask of this instance (runtime/jobs/fleet.py's `Work`)."""
 
     def __init__(self, instance: Instance) -> None:
-        self.instance = instance
+        self.i = instance
 
     def idle(self) -> bool:
-        dispatcher = self.instance.dispatcher
-        return not dispatcher.draining and not dispatcher.in_flight and not self.instance.jobs.local
+        return not self.i.draining and not self.i.dispatcher.in_flight and not self.i.jobs.local
 
     def draining(self) -> bool:
-        return self.instance.draining
+        return self.i.draining
 
     def handlers(self) -> list[str]:
-        return self.instance.handler_names()
+        return self.i.handler_names()
 
     def warm(self, handler: str) -> bool:
-        instance = self.instance
-        return all(
-            instance.cache.is_ready(name) for name in instance.registry.handler(handler).uses
-        )
+        return all(self.i.cache.is_ready(b) for b in self.i.registry.handler(handler).uses)
