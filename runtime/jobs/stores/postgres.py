@@ -47,17 +47,14 @@ from runtime.jobs.stores.postgres_sql import (
     CLAIM,
     CLAIM_NEXT,
     CLAIM_ORPHAN,
-    FIELDS,
     NOTIFY,
     PENDING,
     QUEUE_FIGURES,
     ROW,
     SILENT_OWNERS,
-    dump,
     fence,
-    job_of,
-    row_of,
 )
+from runtime.jobs.stores.rows import FIELDS, dump, job_of, row_of
 
 log = logging.getLogger("thaw.jobs")
 

@@ -1,4 +1,4 @@
-"""The PostgreSQL job store's SQL: its statements and how a row maps to a `Job`.
+"""The PostgreSQL job store's SQL: its statements (a row and a `Job`: rows.py).
 
 Kept apart from the store's calls (postgres.py) so each reads as one thing: here
 what the claim, fencing and notification look like in SQL; there when each runs.
@@ -6,18 +6,9 @@ what the claim, fencing and notification look like in SQL; there when each runs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
-import orjson
-
-from runtime.jobs.job import Job, JobStatus
 from runtime.jobs.stores.postgres_listen import CHANNEL
+from runtime.jobs.stores.rows import FIELDS
 
-FIELDS = (
-    "id, handler, status, phase, attempts, created_at, updated_at, expires_at,"
-    " input, output, error, owner, lease_until, key_id, progress"
-)
 # The same, qualified, where a claim's UPDATE joins the row it locked.
 J_FIELDS = ", ".join(f"j.{name.strip()}" for name in FIELDS.split(","))
 NOTIFY = f"pg_notify('{CHANNEL}', id || ' ' || status || ' ' || handler)"
@@ -65,55 +56,7 @@ CLAIM_NEXT = (
 )
 
 
-def dump(value: Any) -> bytes | None:
-    return None if value is None else orjson.dumps(value)
-
-
-def load(blob: bytes | None) -> Any:
-    return None if blob is None else orjson.loads(blob)
-
-
-def job_of(row: Sequence[Any]) -> Job:
-    return Job(
-        id=row[0],
-        handler=row[1],
-        status=JobStatus(row[2]),
-        phase=row[3],
-        attempts=row[4],
-        created_at=row[5],
-        updated_at=row[6],
-        expires_at=row[7],
-        input=load(row[8]),
-        output=load(row[9]),
-        error=load(row[10]),
-        owner=row[11],
-        lease_until=row[12],
-        key_id=row[13],
-        progress=load(row[14]),
-    )
-
-
 ROW = "(" + ", ".join(["%s"] * 15) + ")"
-
-
-def row_of(job: Job) -> tuple[Any, ...]:
-    return (
-        job.id,
-        job.handler,
-        str(job.status),
-        job.phase,
-        job.attempts,
-        job.created_at,
-        job.updated_at,
-        job.expires_at,
-        dump(job.input),
-        dump(job.output),
-        dump(job.error),
-        job.owner,
-        job.lease_until,
-        job.key_id,
-        dump(job.progress),
-    )
 
 
 def fence(attempt: int | None) -> str:

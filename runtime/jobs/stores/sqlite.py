@@ -25,6 +25,7 @@ from runtime.jobs.job import (
     cancelled_error,
     lost_error,
 )
+from runtime.jobs.stores.rows import FIELDS, dump, job_of, row_of
 from runtime.jobs.stores.sqlite_file import SQLiteFile
 
 _SCHEMA = """
@@ -53,41 +54,9 @@ CREATE TABLE IF NOT EXISTS probes (
     at REAL NOT NULL
 );
 """
-_COLUMNS = (
-    "id, handler, status, phase, attempts, created_at, updated_at, expires_at, "
-    "input, output, error, owner, lease_until, key_id, progress"
-)
 
 
-_INSERT = f"INSERT INTO jobs ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
-
-
-def _row(job: Job) -> tuple[Any, ...]:
-    return (
-        job.id,
-        job.handler,
-        str(job.status),
-        job.phase,
-        job.attempts,
-        job.created_at,
-        job.updated_at,
-        job.expires_at,
-        _dump(job.input),
-        _dump(job.output),
-        _dump(job.error),
-        job.owner,
-        job.lease_until,
-        job.key_id,
-        _dump(job.progress),
-    )
-
-
-def _dump(value: Any) -> bytes | None:
-    return None if value is None else orjson.dumps(value)
-
-
-def _load(blob: bytes | None) -> Any:
-    return None if blob is None else orjson.loads(blob)
+_INSERT = f"INSERT INTO jobs ({FIELDS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 
 
 class SQLiteJobStore:
@@ -107,25 +76,6 @@ class SQLiteJobStore:
 
     # ---- the contract ------------------------------------------------------------
 
-    def _row_to_job(self, row: tuple[Any, ...]) -> Job:
-        return Job(
-            id=row[0],
-            handler=row[1],
-            status=JobStatus(row[2]),
-            phase=row[3],
-            attempts=row[4],
-            created_at=row[5],
-            updated_at=row[6],
-            expires_at=row[7],
-            input=_load(row[8]),
-            output=_load(row[9]),
-            error=_load(row[10]),
-            owner=row[11],
-            lease_until=row[12],
-            key_id=row[13],
-            progress=_load(row[14]),
-        )
-
     def create(self, job: Job) -> None:
         conflict = self.create_many([job])[0]
         if conflict is not None:
@@ -140,7 +90,7 @@ class SQLiteJobStore:
                 job.created_at = job.updated_at = now
                 job.expires_at = now + self.ttl_s
                 try:
-                    conn.execute(_INSERT, _row(job))
+                    conn.execute(_INSERT, row_of(job))
                 except sqlite3.IntegrityError:
                     outcomes.append(Conflict(f"job id {job.id!r} already exists"))
                 else:
@@ -150,10 +100,10 @@ class SQLiteJobStore:
     def get(self, job_id: str) -> Job | None:
         rows = self.db.read(
             f"reading job {job_id}",
-            f"SELECT {_COLUMNS} FROM jobs WHERE id = ? AND expires_at > ?",
+            f"SELECT {FIELDS} FROM jobs WHERE id = ? AND expires_at > ?",
             (job_id, self.clock.wall()),
         )
-        return self._row_to_job(rows[0]) if rows else None
+        return job_of(rows[0]) if rows else None
 
     def claim(self, job_id: str, owner: str, lease_s: float, max_attempts: int) -> Job | None:
         now = self.clock.wall()
@@ -232,7 +182,7 @@ class SQLiteJobStore:
             f"updating job {job_id}",
             "UPDATE jobs SET phase = ?, progress = ?, updated_at = ?"
             " WHERE id = ? AND owner = ? AND status = 'running'",
-            (phase, _dump(progress), self.clock.wall(), job_id, owner),
+            (phase, dump(progress), self.clock.wall(), job_id, owner),
         )
         return changed == 1
 
@@ -255,8 +205,8 @@ class SQLiteJobStore:
             (
                 str(status),
                 str(status),
-                _dump(output),
-                _dump(error),
+                dump(output),
+                dump(error),
                 now,
                 now + self.ttl_s,
                 job_id,
