@@ -8,7 +8,7 @@ demo: setup
 	.venv/bin/python scripts/demo.py
 
 test: setup
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q -n 2 --dist loadscope
 
 lint: setup
 	.venv/bin/ruff check runtime handlers tests bench scripts

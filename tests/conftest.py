@@ -59,6 +59,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """The image starts building once the run's tests are known: after `-m`,
     `-k` or `--deselect` have had their say, so a run without image tests
     builds nothing."""
+    # Under pytest-xdist every worker collects every test; one of them (gw0)
+    # starts early, and a worker that gets the image tests otherwise starts when
+    # it needs them (tests/deploy/conftest.py holds a lock across workers).
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
+        return
     if any(item.get_closest_marker("image") for item in session.items):
         from tests.deploy.conftest import start_preparing
 

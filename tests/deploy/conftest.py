@@ -18,6 +18,7 @@ Lambda-mode cold REPORT) are printed at the end of the run and written to
 from __future__ import annotations
 
 import concurrent.futures
+import fcntl
 import json
 import secrets
 import shutil
@@ -104,6 +105,15 @@ def start_preparing() -> None:
 
 
 def _prepare() -> Prepared:
+    # Under pytest-xdist each worker is a process of its own: the one that runs the
+    # image tests may not be the one that started building early. The lock makes
+    # the second wait for the first and then find every layer in the cache.
+    with (image_script.cache_dir() / "prepare.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _prepare_locked()
+
+
+def _prepare_locked() -> Prepared:
     started = time.monotonic()
     try:
         image_script.ensure_tools()
