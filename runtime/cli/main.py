@@ -7,6 +7,7 @@
     thaw emulate [--host 127.0.0.1 [--insecure]] [--port 9000] [--template template.yaml]
                  [--max-sandboxes N] [--idle-timeout S] [--image IMAGE [--engine podman|docker]]
     thaw coldstart HANDLER [--event JSON] [--runs N] [--json] [--bare [--repeat N]]
+                   [--waterfall STEM]
     thaw keys hash < key            print a key-file line (THAW_API_KEYS_FILE or
                                     THAW_OPERATOR_KEYS_FILE) for the key on stdin
     thaw keys new                   print a new random key (256 bits), for a tenant or an operator
@@ -181,6 +182,7 @@ def _cmd_coldstart(args: argparse.Namespace) -> int:
         as_json=args.json,
         bare=args.bare,
         repeat=args.repeat,
+        waterfall=Path(args.waterfall) if args.waterfall else None,
     )
     return code
 
@@ -269,6 +271,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cold.add_argument(
         "--repeat", type=int, default=1, help="with --bare: N interleaved runs of each; medians"
+    )
+    cold.add_argument(
+        "--waterfall",
+        metavar="STEM",
+        help="also draw the run as a waterfall: STEM.svg and STEM.html",
     )
     cold.set_defaults(func=_cmd_coldstart)
 
