@@ -50,6 +50,7 @@ class Bars:
     def add(self, description: str, total: float | None, *, unit: str = "bytes") -> int:
         """A new bar; `unit` is "bytes" (sizes and speed) or "items" (n/total)."""
         task: int = self._progress.add_task(description, total=total, unit=unit)
+        self._progress.refresh()
         return task
 
     def advance(self, task: int, amount: float) -> None:
@@ -70,7 +71,8 @@ class Bars:
             fields["completed"] = completed
         if total is not None:
             fields["total"] = total
-        self._progress.update(task, **fields)
+        # A new phase is drawn at once, not at the next tick: a short one shows too.
+        self._progress.update(task, refresh=description is not None, **fields)
 
     def reporter(self, description: str, *, unit: str = "bytes") -> Callable[[int, int], None]:
         """`on_progress(done, total)` for code that reports how far it is; the bar

@@ -173,3 +173,61 @@ def test_a_cold_invoke_shows_the_load_phase_on_a_terminal_only(
     assert piped.stdout.count(b"\n") == 1
     lines = piped.stderr.decode().splitlines()
     assert len(lines) == 7 and all(PHASE_ROW.match(line) for line in lines), lines
+
+
+# A stand-in for `buildah bud`: a real process printing a build's STEP lines.
+_STEPS = """
+import sys
+for n, step in enumerate(["FROM python:3.11", "RUN pip install thaw", "COPY . /app"], 1):
+    print(f"STEP {n}/3: {step}", flush=True)
+    print("some build output", flush=True)
+sys.exit(int(sys.argv[1]))
+"""
+_FOLLOW = """
+import sys
+from runtime.cli.progress import bars
+from scripts.image import ImageError, follow_steps
+with bars() as live:
+    if live is None:
+        print("no bars", file=sys.stderr)
+        sys.exit(0)
+    try:
+        follow_steps([sys.executable, "-c", sys.argv[1], sys.argv[2]], what="build of Dockerfile",
+                     live=live, timeout_s=float(sys.argv[3]), env=dict(__import__("os").environ))
+    except ImageError as exc:
+        live.close()
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
+print("built")
+"""
+
+
+def test_an_image_build_follows_buildahs_steps_on_a_terminal(thaw_env: dict[str, str]) -> None:
+    argv = [sys.executable, "-c", _FOLLOW, _STEPS, "0", str(SAFETY_S)]
+    stdout, terminal, code = run_on_terminal(argv, _env(thaw_env))
+    assert code == 0, terminal
+    assert stdout == b"built\n"
+    plain = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", terminal)
+    steps = [plain.find(f"build of Dockerfile: {s}") for s in ("FROM", "RUN pip", "COPY")]
+    assert -1 not in steps and steps == sorted(steps), plain
+    assert "0/3" in plain and "2/3" in plain
+    assert "some build output" not in plain  # the build's own lines are kept, not shown
+    # Piped, the same command draws nothing (build() runs buildah --quiet then).
+    piped = run_piped(argv, _env(thaw_env))
+    assert piped.stderr == b"no bars\n"
+
+
+def test_a_failed_image_build_names_its_output_tail(thaw_env: dict[str, str]) -> None:
+    argv = [sys.executable, "-c", _FOLLOW, _STEPS, "3", str(SAFETY_S)]
+    _, terminal, code = run_on_terminal(argv, _env(thaw_env))
+    assert code == 1
+    assert "error: build of Dockerfile failed (exit 3):" in terminal
+    assert "STEP 3/3: COPY . /app" in terminal.split("error:")[1]
+
+
+def test_an_image_build_past_its_limit_is_stopped(thaw_env: dict[str, str]) -> None:
+    hangs = "import sys, time\nprint('STEP 1/2: RUN sleep', flush=True)\ntime.sleep(3600)"
+    argv = [sys.executable, "-c", _FOLLOW, hangs, "0", "0.5"]
+    _, terminal, code = run_on_terminal(argv, _env(thaw_env))
+    assert code == 1
+    assert "error: build of Dockerfile: still running after 0.5 s" in terminal
