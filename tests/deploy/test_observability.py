@@ -110,10 +110,10 @@ def substitute(expr: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def exposed(
+def served(
     postgres_cluster: postgres_fixtures.PostgresCluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[set[str]]:
-    """The sample names of a real /metrics answer, once every kind of work has run."""
+) -> Iterator[tuple[ServerProcess, str]]:
+    """A running `thaw serve` and its /metrics answer, once every kind of work has run."""
     tmp = tmp_path_factory.mktemp("observability")
     make_bundle(tmp / "bundles", "tiny", config={"sleep_s": 0.01})
     database = postgres_cluster.create_database()
@@ -142,21 +142,20 @@ def exposed(
             polled = client.get(job.headers["location"], params={"wait": SAFETY_S}).json()
             assert polled["status"] == "succeeded", polled
             text = client.get("/metrics").text
+        yield server, text
     finally:
         server.terminate()
         postgres_cluster.drop_database(database)
-    names = {
-        sample.name for family in text_string_to_metric_families(text) for sample in family.samples
-    }
+
+
+@pytest.fixture(scope="module")
+def exposed(served: tuple[ServerProcess, str]) -> set[str]:
+    """The sample names of the real /metrics answer."""
+    samples = [s for f in text_string_to_metric_families(served[1]) for s in f.samples]
     # The budget beside the reservation: known once the model's device is.
-    budget = next(
-        s.value
-        for f in text_string_to_metric_families(text)
-        for s in f.samples
-        if s.name == "thaw_memory_budget_bytes"
-    )
+    [budget] = [s.value for s in samples if s.name == "thaw_memory_budget_bytes"]
     assert budget > 0
-    yield names
+    return {sample.name for sample in samples}
 
 
 def test_the_dashboard_shows_what_the_issue_asks_for() -> None:
@@ -258,3 +257,93 @@ def test_the_rules_pass_promtool_check_and_their_unit_tests() -> None:
     tested = _promtool("test", "rules", RULES_TEST.name, cwd=RULES_TEST.parent)
     assert tested.returncode == 0, tested.stdout + tested.stderr
     assert "SUCCESS" in tested.stdout
+
+
+PROMETHEUS = shutil.which("prometheus")
+
+
+@pytest.mark.skipif(
+    PROMETHEUS is None or PROMTOOL is None,
+    reason="no prometheus on PATH (apt-get install -y prometheus; .ci/run does)",
+)
+def test_a_real_prometheus_scraping_thaw_answers_every_panel_and_evaluates_every_rule(
+    served: tuple[ServerProcess, str], tmp_path: Path
+) -> None:
+    """Prometheus itself, scraping the served instance every second with the rules
+    loaded: every panel's queries run, each panel gets data, every rule is healthy."""
+    import httpx
+
+    from tests.support import free_port, until
+
+    server, _ = served
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(RULES)],
+                "scrape_configs": [
+                    {
+                        "job_name": "thaw",
+                        "static_configs": [{"targets": [f"127.0.0.1:{server.port}"]}],
+                    }
+                ],
+            }
+        )
+    )
+    log = tmp_path / "prometheus.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [
+                str(PROMETHEUS),
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=SAFETY_S) as api:
+
+            def query(expr: str) -> list[dict[str, Any]]:
+                body = api.get("/api/v1/query", params={"query": expr}).json()
+                assert body["status"] == "success", (expr, body)
+                result: list[dict[str, Any]] = body["data"]["result"]
+                return result
+
+            def scraped() -> bool:
+                if proc.poll() is not None:
+                    raise AssertionError(log.read_text()[-3000:])
+                try:
+                    samples = query('count_over_time(up{job="thaw"}[1m])')
+                except httpx.TransportError:
+                    return False
+                return bool(samples) and float(samples[0]["value"][1]) >= 3
+
+            until(scraped, "three scrapes of the served instance")
+            empty = []
+            board = json.loads(DASHBOARD.read_text())
+            for panel in (p for p in board["panels"] if p["type"] != "row"):
+                exprs = [t["expr"].replace("$__rate_interval", "1m") for t in panel["targets"]]
+                if not any(query(substitute(e)) for e in exprs):
+                    empty.append(panel["title"])
+            assert empty == []
+
+            def evaluated() -> list[dict[str, Any]] | None:
+                groups = api.get("/api/v1/rules").json()["data"]["groups"]
+                found = [rule for group in groups for rule in group["rules"]]
+                # "unknown" until a rule's first evaluation.
+                return found if found and all(r["health"] != "unknown" for r in found) else None
+
+            rules_seen = until(evaluated, "every rule evaluated once")
+            assert [(r["name"], r["health"]) for r in rules_seen if r["health"] != "ok"] == []
+            assert len(rules_seen) == len(rules())
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(SAFETY_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
