@@ -27,7 +27,6 @@ import pytest
 from tests.support import SAFETY_S, make_bundle
 
 pytest.importorskip("rich", reason="the bars are rich's (the cli extra)")
-torch = pytest.importorskip("torch")
 
 # rich reads these; a CI's values would turn the live display off.
 _RICH_ENV = ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "COLUMNS", "LINES")
@@ -87,6 +86,7 @@ def thaw(*args: str) -> list[str]:
 @pytest.fixture
 def source(tmp_path: Path) -> Path:
     """A model directory of a few MB: several hash chunks."""
+    torch = pytest.importorskip("torch")
     from safetensors.torch import save_file
 
     src = tmp_path / "src"
@@ -126,6 +126,7 @@ def test_bundle_build_with_json_on_a_terminal_draws_nothing(
 def test_a_conversion_shows_its_tensors_on_a_terminal_and_its_lines_when_piped(
     thaw_env: dict[str, str], tmp_path: Path
 ) -> None:
+    torch = pytest.importorskip("torch")
     checkpoint = tmp_path / "net.pth"
     torch.save({f"layer{i}.weight": torch.ones(4) * i for i in range(40)}, checkpoint)
     env = _env(thaw_env)
@@ -147,6 +148,7 @@ def test_a_conversion_shows_its_tensors_on_a_terminal_and_its_lines_when_piped(
 def test_a_cold_invoke_shows_the_load_phase_on_a_terminal_only(
     thaw_env: dict[str, str], tmp_path: Path
 ) -> None:
+    pytest.importorskip("torch")
     bundles = tmp_path / "bundles"
     # The builder sleeps: the watcher (every 0.1 s) sees the load under way.
     make_bundle(bundles, "tiny", floats_per_shard=4096, config={"sleep_s": 0.5})
