@@ -45,7 +45,8 @@ async def _watch_loads(instance: Instance, live: Bars) -> None:
     """A bar per bundle while it loads: its phase, bytes for fetch and load."""
     tasks: dict[str, int] = {}
     while True:
-        for model in (await instance.models_view())["models"]:
+        # Only bundles asked for: no manifest reads, every tick, of bundles not built.
+        for model in (await instance.models_view(asked_only=True))["models"]:
             name, progress = model["name"], model.get("progress")
             if progress is None:
                 if name in tasks:
