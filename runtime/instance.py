@@ -359,10 +359,10 @@ class Instance:
         """Cancel a job that has not finished; the job as it is then."""
         return await self.jobs.cancel(job_id, key_id=key_id)
 
-    async def models_view(self) -> dict[str, Any]:
-        """Every bundle (known to the registry or the cache) and the memory budget."""
+    async def models_view(self, *, asked_only: bool = False) -> dict[str, Any]:
+        """Every bundle known (`asked_only`: those asked for) and the memory budget."""
         cache = self.cache
-        names = set(self.registry.bundle_names()) | set(cache.entries)
+        names = set(cache.entries) | (set() if asked_only else set(self.registry.bundle_names()))
         views = []
         for name in sorted(names):
             entry = cache.entry(name)

@@ -5,7 +5,9 @@ on 127.0.0.1, sends each shipped handler one cold invocation (the first with a
 short deadline, so it is answered 202 with a job that is then polled) and one
 warm invocation, printing phase times from the Server-Timing header; then
 submits one job (`POST /handlers/{handler}/jobs`, always 202) and polls it at
-its Location, and stops the server with a drain.
+its Location, and stops the server with a drain. Last, each handler's cold
+start is drawn as a waterfall (`thaw coldstart --waterfall`: a fresh server per
+handler, with an empty cache) into .thaw/demo/waterfalls/, and the paths printed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -90,6 +93,24 @@ def build_bundles() -> None:
     if script.exists():
         print("== building model bundles from the installed packages")
         subprocess.run([sys.executable, str(script), "--out", str(ROOT / "bundles")], check=True)
+
+
+def waterfalls(env: dict[str, str]) -> None:
+    """Each handler's cold invocation in a fresh `thaw serve`, drawn as a waterfall."""
+    from runtime.cli.coldstart import compile_bytecode, measure
+    from runtime.cli.waterfall import write
+
+    print("\n== cold-start waterfalls (a fresh thaw serve per handler, empty cache)")
+    compile_bytecode(["handlers"])
+    for name, _bundle, event in events():
+        with tempfile.TemporaryDirectory(prefix="thaw-demo-") as tmp:
+            fresh = {**env, "THAW_CACHE_DIR": f"{tmp}/cache", "THAW_STATE_DIR": f"{tmp}/state"}
+            fresh["THAW_JOB_STORE"] = f"sqlite:///{tmp}/jobs.sqlite3"
+            fresh.setdefault("THAW_BUNDLE_SOURCE", str(ROOT / "bundles"))
+            result = measure(name, event, runs=3, env=fresh)
+        svg, html = write(result, STATE / "waterfalls" / f"coldstart-{name}")
+        total_s = result["process_start_to_first_answer_ms"] / 1000
+        print(f"   {name}: {total_s:.2f} s to the first answer -> {svg} ({html})")
 
 
 def main() -> int:
@@ -167,6 +188,7 @@ def main() -> int:
         server.send_signal(signal.SIGTERM)
         code = server.wait(60)
         print(f"\n== server drained and exited with {code}")
+    waterfalls(env)
     return 0
 
 

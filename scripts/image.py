@@ -34,6 +34,7 @@ The cache is THAW_IMAGE_CACHE, default .thaw/image in the checkout.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import fcntl
 import functools
@@ -56,6 +57,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runtime.cli.progress import Bars
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE_TAG = "docker.io/library/python:3.11.9-slim-bookworm"
@@ -440,30 +445,112 @@ def _can_unshare_net() -> bool:
     return probe.returncode == 0
 
 
+_STEP = re.compile(r"^STEP (\d+)/(\d+): (.*)$")
+
+
+def follow_steps(
+    argv: Sequence[str], *, what: str, live: Bars, timeout_s: float, env: dict[str, str]
+) -> str:
+    """Run a build whose `STEP n/N: ...` lines move a bar on the terminal; the tail
+    of its output is kept for the ImageError, as `run` keeps a quiet build's."""
+    task = live.add(what, None, unit="items")
+    tail: collections.deque[str] = collections.deque(maxlen=200)
+    try:
+        proc = subprocess.Popen(
+            list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env
+        )
+    except OSError as exc:
+        raise ImageError(f"{what}: cannot run {argv[0]}: {exc.strerror}") from exc
+    timed_out = threading.Event()
+
+    def expire() -> None:
+        timed_out.set()
+        proc.kill()
+
+    killer = threading.Timer(timeout_s, expire)
+    killer.start()
+    try:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip()
+            tail.append(line)
+            step = _STEP.match(line)
+            if step:
+                n, total, text = int(step[1]), int(step[2]), step[3]
+                short = text if len(text) <= 48 else text[:47] + "…"
+                live.update(task, description=f"{what}: {short}", completed=n - 1, total=total)
+        code = proc.wait()
+    finally:
+        killer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if timed_out.is_set():
+        raise ImageError(f"{what}: still running after {timeout_s:g} s")
+    output = "\n".join(tail)
+    if code != 0:
+        raise ImageError(f"{what} failed (exit {code}):\n{output[-4000:]}")
+    live.update(task, description=f"{what}: done", completed=1, total=1)
+    return output
+
+
 def build(
     dockerfile: Path = ROOT / "Dockerfile",
     tag: str = DEFAULT_TAG,
     build_args: Sequence[str] = (),
     context: Path = ROOT,
     quiet: bool = True,
+    as_json: bool = False,
 ) -> Figures:
-    """Build `dockerfile` hermetically: stand-in base, local wheelhouse, no network."""
+    """Build `dockerfile` hermetically: stand-in base, local wheelhouse, no network.
+
+    On a terminal (and not --json or --verbose) each stage shows a bar, and the
+    build's bar follows buildah's STEP lines (runtime/cli/progress.py); piped,
+    the output is what it always was.
+    """
+    try:
+        from runtime.cli.progress import bars
+    except ImportError:  # run outside the project's environment: no bars
+        return _build(dockerfile, tag, build_args, context, quiet, None)
+    with bars(as_json or not quiet) as live:
+        return _build(dockerfile, tag, build_args, context, quiet, live)
+
+
+def _build(
+    dockerfile: Path,
+    tag: str,
+    build_args: Sequence[str],
+    context: Path,
+    quiet: bool,
+    live: Bars | None,
+) -> Figures:
+    stage = live.add("stand-in base image", None, unit="items") if live else None
     base = ensure_base()
+    if live is not None and stage is not None:
+        live.update(stage, description="stand-in base image: ready", completed=1, total=1)
+        stage = live.add("wheelhouse", None, unit="items")
     house, wheels = ensure_wheels()
+    if live is not None and stage is not None:
+        live.update(stage, description=f"wheelhouse: {wheels}", completed=1, total=1)
     request = {
         "dockerfile": str(dockerfile),
         "tag": tag,
         "build_args": list(build_args),
         "context": str(context),
         "house": str(house),
-        "quiet": quiet,
+        # Followed on a terminal: buildah's STEP lines are what the bar counts.
+        "quiet": quiet and live is None,
     }
     isolated = _can_unshare_net()
     request["isolated"] = isolated
     inner = [sys.executable, str(Path(__file__).resolve()), "_offline", json.dumps(request)]
     argv = ["unshare", "--net", "--", *inner] if isolated else inner
     started = time.monotonic()
-    run(argv, what=f"build of {dockerfile.name}", timeout_s=1800, capture=quiet)
+    what = f"build of {dockerfile.name}"
+    if live is not None:
+        follow_steps(argv, what=what, live=live, timeout_s=1800, env=engine_env())
+    else:
+        run(argv, what=what, timeout_s=1800, capture=quiet)
     build_s = time.monotonic() - started
     figures = measure(tag)
     figures.dockerfile = dockerfile.name
@@ -576,7 +663,13 @@ def main(argv: list[str] | None = None) -> int:
             house, how = ensure_wheels()
             print(f"{house}: {how}")
         elif args.command == "build":
-            figures = build(Path(args.file), args.tag, args.build_arg, quiet=not args.verbose)
+            figures = build(
+                Path(args.file),
+                args.tag,
+                args.build_arg,
+                quiet=not args.verbose,
+                as_json=args.json,
+            )
             print(json.dumps(asdict(figures), indent=2) if args.json else describe(figures))
         elif args.command == "size":
             print(describe(measure(args.image)))

@@ -35,6 +35,8 @@ PREFILL_CHUNK_TOKENS = 256
 # Bytes per element the runtime may compute in (float32 on CPU; CUDA uses half of it).
 _COMPUTE_ELEMENT_BYTES = 4
 _PROGRESS_EVERY = 30
+# Where a conversion tells its progress: a stream, or a callback (done, total).
+Progress = TextIO | Callable[[int, int], None]
 
 _GGUF_LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -69,8 +71,12 @@ class Converted:
     weights_bytes: int | None = None
 
 
-def convert_source(src: Path, out_dir: Path, progress: TextIO) -> Converted:
-    """Convert a .gguf/.pth/.pt file into safetensors (+ tokenizer.json) in `out_dir`."""
+def convert_source(src: Path, out_dir: Path, progress: Progress) -> Converted:
+    """Convert a .gguf/.pth/.pt file into safetensors (+ tokenizer.json) in `out_dir`.
+
+    `progress`: a stream for a line every few tensors, or `progress(done, total)`
+    called after each tensor (a terminal's progress bar, runtime/cli/progress.py).
+    """
     if not src.is_file():
         raise BundleError(f"{src}: not a file")
     suffix = src.suffix.lower()
@@ -82,12 +88,17 @@ def convert_source(src: Path, out_dir: Path, progress: TextIO) -> Converted:
     raise BundleError(f"{src.name}: no conversion for {suffix!r} files (known: .gguf, .pth, .pt)")
 
 
-def _reporter(src: Path, total: int, progress: TextIO) -> Callable[[int], None]:
+def _reporter(src: Path, total: int, progress: Progress) -> Callable[[int], None]:
+    if callable(progress):
+        tell = progress
+        return lambda done: tell(done, total)
+    stream = progress
+
     def report(done: int) -> None:
         if done == total or done % _PROGRESS_EVERY == 0:
             print(
                 f"converting {src.name}: {done}/{total} tensors ({100 * done // total}%)",
-                file=progress,
+                file=stream,
                 flush=True,
             )
 
@@ -128,7 +139,7 @@ def _unpermute(w: Any, n_heads: int) -> Any:
     return w.reshape(n_heads, rows // n_heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
-def _convert_gguf(src: Path, out_dir: Path, progress: TextIO) -> Converted:
+def _convert_gguf(src: Path, out_dir: Path, progress: Progress) -> Converted:
     import numpy as np
     from gguf import GGUFReader
     from gguf.quants import dequantize
@@ -258,7 +269,7 @@ def _state_dict(obj: Any, src: Path) -> Mapping[str, Any]:
     return obj
 
 
-def _convert_pth(src: Path, out_dir: Path, progress: TextIO) -> Converted:
+def _convert_pth(src: Path, out_dir: Path, progress: Progress) -> Converted:
     import torch
     from safetensors.torch import save_file
 

@@ -209,7 +209,8 @@ def read_manifest(bundle_dir: Path) -> Manifest:
     return parse_manifest(path.read_bytes())
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path: Path, on_progress: Callable[[int], None] | None = None) -> str:
+    """The file's sha256; `on_progress(n)` after each chunk of n bytes hashed."""
     digest = hashlib.sha256()
     with open(path, "rb", buffering=0) as handle:
         buffer = bytearray(_HASH_CHUNK)
@@ -219,6 +220,8 @@ def sha256_file(path: Path) -> str:
             if not n:
                 break
             digest.update(view[:n])
+            if on_progress is not None:
+                on_progress(n)
     return digest.hexdigest()
 
 
@@ -336,11 +339,13 @@ def build_bundle(
     config: dict[str, Any] | None = None,
     per_request_bytes: int = 0,
     weights_bytes: int | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> Manifest:
     """Write a bundle from a directory (or one file) of safetensors/JSON/text files.
 
     Files are copied into `out` (default: `src` itself when it is a directory)
     and the manifest written last, so a half-built bundle has no manifest.
+    `on_progress(done, total)` is told the bytes hashed so far, of all there are.
     """
     if not _NAME.match(name):
         raise BundleError(f"name {name!r} must match {_NAME.pattern}")
@@ -351,10 +356,20 @@ def build_bundle(
     out_dir = out if out is not None else root
     out_dir.mkdir(parents=True, exist_ok=True)
     files: list[BundleFile] = []
+    sources = [
+        p for p in sources if p.relative_to(root).as_posix() != MANIFEST and p.name[0] != "."
+    ]
+    total = sum(p.lstat().st_size for p in sources)
+    done = 0
+
+    def hashed(n: int) -> None:
+        nonlocal done
+        done += n
+        assert on_progress is not None
+        on_progress(done, total)
+
     for path in sources:
         rel = path.relative_to(root).as_posix()
-        if rel == MANIFEST or path.name.startswith("."):
-            continue
         check_relative_path(rel, str(path))
         if path.is_symlink():
             raise BundleError(f"{rel}: is a symbolic link")
@@ -362,7 +377,8 @@ def build_bundle(
         if target.resolve() != path.resolve():
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
-        files.append(BundleFile(rel, target.stat().st_size, sha256_file(target)))
+        digest = sha256_file(target, hashed if on_progress is not None else None)
+        files.append(BundleFile(rel, target.stat().st_size, digest))
     if not files:
         raise BundleError(f"{src}: no safetensors, JSON or text files to bundle")
     if weights_bytes is None:

@@ -3,6 +3,10 @@
 With `--stream`, a generator handler's items are printed as they come: an
 item's `text` as it is (`generate` prints its tokens), any other item as a
 JSON line; the joined output is not printed again.
+
+On a terminal (stderr a TTY), a cold invocation shows each bundle's load as
+it goes: the phase it is in, with bytes for fetch and load, read from the
+instance's /models view (runtime/cli/progress.py); piped, nothing extra.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import asyncio
 import sys
 import tempfile
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -20,6 +24,12 @@ from runtime.dispatch.streams import Stream, Streaming
 from runtime.instance import Instance
 from runtime.settings import Settings
 
+if TYPE_CHECKING:
+    from runtime.cli.progress import Bars
+
+# A loading bundle's view names the state it reached; the phase under way is the next.
+_UNDER_WAY = {"stored": "fetch", "fetched": "load", "loaded": "init", "initialized": "warm-up"}
+_WATCH_EVERY_S = 0.1
 _PHASES = ("fetch", "load", "init", "warmup", "run")
 
 
@@ -31,13 +41,47 @@ def phase_table(timings_ms: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-async def _invoke(settings: Settings, handler: str, event: Any, stream: bool) -> Completed:
+async def _watch_loads(instance: Instance, live: Bars) -> None:
+    """A bar per bundle while it loads: its phase, bytes for fetch and load."""
+    tasks: dict[str, int] = {}
+    while True:
+        # Only bundles asked for: no manifest reads, every tick, of bundles not built.
+        for model in (await instance.models_view(asked_only=True))["models"]:
+            name, progress = model["name"], model.get("progress")
+            if progress is None:
+                if name in tasks:
+                    live.update(tasks[name], description=f"{name}: ready")
+                continue
+            phase = _UNDER_WAY.get(progress["phase"], progress["phase"])
+            if name not in tasks:
+                tasks[name] = live.add(f"{name}: {phase}", progress["total_bytes"])
+            # Bytes arriving while it fetches, read while it loads; after, all it read.
+            live.update(
+                tasks[name],
+                description=f"{name}: {phase}",
+                completed=progress["bytes"],
+                total=progress["total_bytes"],
+            )
+        await asyncio.sleep(_WATCH_EVERY_S)
+
+
+async def _invoke(
+    settings: Settings, handler: str, event: Any, stream: bool, live: Bars | None = None
+) -> Completed:
     instance = Instance.create(settings)
     await instance.start()
+    watcher = asyncio.ensure_future(_watch_loads(instance, live)) if live is not None else None
     try:
-        outcome = await instance.invoke(
-            handler, event, wait_s=float("inf"), request_id=uuid.uuid4().hex, stream=stream
-        )
+        try:
+            outcome = await instance.invoke(
+                handler, event, wait_s=float("inf"), request_id=uuid.uuid4().hex, stream=stream
+            )
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+                assert live is not None
+                live.close()  # off the screen before the output
         if isinstance(outcome, Streaming):
             await _print_items(outcome.stream)
             return Completed(None, outcome.timings_ms)
@@ -67,10 +111,12 @@ async def _print_items(stream: Stream) -> None:
 
 def invoke_once(handler: str, event: Any, *, stream: bool = False) -> int:
     """Output on stdout and phases on stderr; what fails is raised (`thaw` renders it)."""
-    with tempfile.TemporaryDirectory(prefix="thaw-invoke-") as tmp:
+    from runtime.cli.progress import bars
+
+    with tempfile.TemporaryDirectory(prefix="thaw-invoke-") as tmp, bars() as live:
         # An in-process invocation never creates jobs; keep their store out of the cwd.
         settings = Settings.from_env(job_store=f"sqlite:///{tmp}/jobs.sqlite3", prewarm=())
-        outcome = asyncio.run(_invoke(settings, handler, event, stream))
+        outcome = asyncio.run(_invoke(settings, handler, event, stream, live))
     if not stream:
         sys.stdout.write(
             orjson.dumps(outcome.output, option=orjson.OPT_SERIALIZE_NUMPY).decode() + "\n"

@@ -7,6 +7,7 @@
     thaw emulate [--host 127.0.0.1 [--insecure]] [--port 9000] [--template template.yaml]
                  [--max-sandboxes N] [--idle-timeout S] [--image IMAGE [--engine podman|docker]]
     thaw coldstart HANDLER [--event JSON] [--runs N] [--json] [--bare [--repeat N]]
+                   [--waterfall STEM]
     thaw keys hash < key            print a key-file line (THAW_API_KEYS_FILE or
                                     THAW_OPERATOR_KEYS_FILE) for the key on stdin
     thaw keys new                   print a new random key (256 bits), for a tenant or an operator
@@ -80,40 +81,50 @@ def _print_bundle(verb: str, manifest: Any, path: Path, as_json: bool) -> None:
 
 def _cmd_bundle_build(args: argparse.Namespace) -> int:
     from runtime.bundles.manifest import build_bundle
+    from runtime.cli.progress import bars
 
     src = Path(args.src)
     config = _read_json_arg(args.config, "--config") if args.config else {}
     if not isinstance(config, dict):
         raise UsageError("--config must be a JSON object")
     per_request = args.per_request_bytes
-    if src.is_file() and src.suffix.lower() in {".gguf", ".pth", ".pt"}:
-        # Conversions write safetensors into a staging dir; pickle never reaches the bundle.
-        from runtime.bundles.convert import convert_source
+    with bars(args.json) as live:
+        # On a terminal, bars for the conversion (tensors) and the hashing (bytes);
+        # piped or with --json, the output it always had.
+        hashing = live.reporter(f"hashing {src.name}") if live is not None else None
+        if src.is_file() and src.suffix.lower() in {".gguf", ".pth", ".pt"}:
+            # Conversions write safetensors into a staging dir; pickle never reaches the bundle.
+            from runtime.bundles.convert import Progress, convert_source
 
-        out = Path(args.out) if args.out else Path("bundles") / args.name
-        converted = convert_source(src, out, progress=sys.stderr)
-        config = {**converted.config, **config}
-        if per_request is None:
-            per_request = converted.per_request_bytes
-        manifest = build_bundle(
-            out,
-            args.name,
-            version=args.version,
-            out=out,
-            config=config,
-            per_request_bytes=per_request or 0,
-            weights_bytes=converted.weights_bytes,
-        )
-    else:
-        out = Path(args.out) if args.out else None
-        manifest = build_bundle(
-            src,
-            args.name,
-            version=args.version,
-            out=out,
-            config=config,
-            per_request_bytes=per_request or 0,
-        )
+            out = Path(args.out) if args.out else Path("bundles") / args.name
+            progress: Progress = sys.stderr
+            if live is not None:
+                progress = live.reporter(f"converting {src.name}", unit="items")
+            converted = convert_source(src, out, progress=progress)
+            config = {**converted.config, **config}
+            if per_request is None:
+                per_request = converted.per_request_bytes
+            manifest = build_bundle(
+                out,
+                args.name,
+                version=args.version,
+                out=out,
+                config=config,
+                per_request_bytes=per_request or 0,
+                weights_bytes=converted.weights_bytes,
+                on_progress=hashing,
+            )
+        else:
+            out = Path(args.out) if args.out else None
+            manifest = build_bundle(
+                src,
+                args.name,
+                version=args.version,
+                out=out,
+                config=config,
+                per_request_bytes=per_request or 0,
+                on_progress=hashing,
+            )
     _print_bundle("built", manifest, out if out is not None else src, args.json)
     return 0
 
@@ -181,6 +192,7 @@ def _cmd_coldstart(args: argparse.Namespace) -> int:
         as_json=args.json,
         bare=args.bare,
         repeat=args.repeat,
+        waterfall=Path(args.waterfall) if args.waterfall else None,
     )
     return code
 
@@ -269,6 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cold.add_argument(
         "--repeat", type=int, default=1, help="with --bare: N interleaved runs of each; medians"
+    )
+    cold.add_argument(
+        "--waterfall",
+        metavar="STEM",
+        help="also draw the run as a waterfall: STEM.svg and STEM.html",
     )
     cold.set_defaults(func=_cmd_coldstart)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -116,6 +117,11 @@ class ModelCache:
         )
         # Read at scrape time, not set on every request.
         metrics.resident_bytes.set_function(self.budget.reserved_bytes)
+        metrics.budget_bytes.set_function(self._budget_limit)
+
+    def _budget_limit(self) -> float:
+        limit = self.budget.limit
+        return math.nan if limit is None else float(limit)
 
     # ---- lookup -------------------------------------------------------------
 

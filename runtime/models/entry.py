@@ -91,9 +91,13 @@ class Entry:
             "error": lc.error,
         }
         if lc.loading or (lc.state is State.STORED and self.task is not None):
+            # Fetching counts the bundle's bytes arriving; loading, its weights read.
+            total = manifest.total_bytes if manifest else None
+            if manifest is not None and lc.state is not State.STORED:
+                total = sum(f.size for f in manifest.files if f.path.endswith(".safetensors"))
             view["progress"] = {
                 "phase": str(lc.state),
                 "bytes": self.progress_bytes,
-                "total_bytes": manifest.total_bytes if manifest else None,
+                "total_bytes": total,
             }
         return view

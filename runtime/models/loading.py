@@ -33,6 +33,7 @@ import logging
 import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -54,7 +55,6 @@ from runtime.wire.render import job_error
 
 log = logging.getLogger("thaw.cache")
 T = TypeVar("T")
-
 
 
 class WarmUp(Protocol):
@@ -301,6 +301,7 @@ class Loader:
 
             bundle_dir, verified = await self._in_thread(entry, "fetch", fetch)
             lc.advance(State.FETCHED)
+            entry.progress_bytes = 0  # from here, the weights' bytes read into memory
             waited_from = self.clock.monotonic()
             # The framework import is the process's, not this bundle's: not its stall.
             device = await self._watch(entry, "load", device_task, stall=False)
@@ -312,8 +313,9 @@ class Loader:
                 stall=False,
             )
             waited_s = self.clock.monotonic() - waited_from
+            load = partial(weights_mod.load_weights, on_progress=progress)
             weights = await self._in_thread(
-                entry, "load", weights_mod.load_weights, bundle_dir, manifest, device, verified
+                entry, "load", load, bundle_dir, manifest, device, verified
             )
             lc.advance(State.LOADED)
             builder = self.registry.builder(entry.name)

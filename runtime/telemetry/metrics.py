@@ -20,6 +20,9 @@ event loop, so nothing here needs a lock.
     thaw_batch_size{handler}                       requests per call of a batched handler
     thaw_batch_wait_seconds{handler}               a request's wait for its batch to start
                                                    (Server-Timing's `batch`)
+    thaw_memory_reserved_bytes                     bytes reserved in the memory budget
+    thaw_memory_budget_bytes                       the budget itself (NaN until the device
+                                                   is known; beside process_resident_memory_bytes)
     thaw_fleet_jobs_queued{handler}                the fleet's queued jobs, read from a
                                                    shared store (PostgreSQL) at scrape time
     thaw_fleet_oldest_queued_age_seconds{handler}  how long its oldest queued job has waited
@@ -360,6 +363,12 @@ class Metrics:
         self.resident_bytes = Gauge(
             "thaw_memory_reserved_bytes",
             "Bytes reserved in the memory budget (weights plus admitted requests).",
+            registry=self.registry,
+        )
+        self.budget_bytes = Gauge(
+            "thaw_memory_budget_bytes",
+            "The memory budget in bytes (THAW_MEMORY_BUDGET, or what the device has); "
+            "NaN until the device is known.",
             registry=self.registry,
         )
         self.fleet = FleetQueue()

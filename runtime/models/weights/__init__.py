@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -86,6 +86,7 @@ def load_weights(
     verified: Mapping[str, Stamp] | None = None,
     *,
     chunk_bytes: int = CHUNK_BYTES,
+    on_progress: Callable[[int], None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Every tensor of every safetensors shard, in memory of this process (or the device).
 
@@ -99,6 +100,7 @@ def load_weights(
     `IntegrityError`, and the retry verifies it again. `config["dtype"]`
     converts floating tensors once here, never per request. `chunk_bytes` is
     the size of one CPU read (tests make it small, to change a file mid-read).
+    `on_progress(n)` is told the bytes read as they are (`thaw invoke`'s bar).
     """
     expected = verified or {}
     import torch
@@ -118,7 +120,7 @@ def load_weights(
         try:
             for f in files:
                 shards.append(Shard(bundle_dir / f.path, f.path, f.size, expected.get(f.path)))
-            weights = read_shards(shards, dtype, chunk_bytes)
+            weights = read_shards(shards, dtype, chunk_bytes, on_progress)
             for shard in shards:
                 shard.check_unchanged()
             return weights
@@ -133,9 +135,11 @@ def load_weights(
             ),
             files,
         )
-        for part in parts:
+        for f, part in zip(files, parts, strict=True):
             duplicate = weights.keys() & part.keys()
             if duplicate:
                 raise BundleError(f"tensor {sorted(duplicate)[0]!r} appears in two shards")
             weights.update(part)
+            if on_progress is not None:  # a device load is told a shard at a time
+                on_progress(f.size)
     return weights

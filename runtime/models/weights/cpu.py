@@ -13,6 +13,7 @@ import os
 import queue
 import stat
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -151,7 +152,10 @@ def _writable(tensor: torch.Tensor) -> memoryview:
 
 
 def read_shards(
-    shards: list[Shard], dtype: torch.dtype | None, chunk_bytes: int = CHUNK_BYTES
+    shards: list[Shard],
+    dtype: torch.dtype | None,
+    chunk_bytes: int = CHUNK_BYTES,
+    on_progress: Callable[[int], None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Copy every tensor of `shards` into fresh memory of this process, in parallel.
 
@@ -167,7 +171,8 @@ def read_shards(
     frees the rest), read in chunks of `chunk_bytes` spread over threads (pread and torch's
     copies release the GIL). A tensor converted to `dtype` is read a chunk at a
     time into a scratch buffer and converted from there, so the file's dtype
-    never occupies memory in full.
+    never occupies memory in full. `on_progress(n)` is told each chunk's n bytes
+    read, from the reading threads.
     """
     import torch
 
@@ -200,6 +205,11 @@ def read_shards(
     scratch: queue.SimpleQueue[torch.Tensor] = queue.SimpleQueue()
 
     def run(task: tuple[Shard, torch.Tensor, int, int, int, torch.dtype | None]) -> None:
+        read(task)
+        if on_progress is not None:
+            on_progress(task[4] - task[3])
+
+    def read(task: tuple[Shard, torch.Tensor, int, int, int, torch.dtype | None]) -> None:
         shard, target, offset, begin, end, source = task
         if source is None:
             _prefault(target.data_ptr() + begin, end - begin)
