@@ -317,6 +317,9 @@ def test_a_real_prometheus_scraping_thaw_answers_every_panel_and_evaluates_every
                 if proc.poll() is not None:
                     raise AssertionError(log.read_text()[-3000:])
                 try:
+                    # Until its storage is open, Prometheus answers 503 in plain text.
+                    if api.get("/-/ready").status_code != 200:
+                        return False
                     samples = query('count_over_time(up{job="thaw"}[1m])')
                 except httpx.TransportError:
                     return False
