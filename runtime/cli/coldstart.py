@@ -213,7 +213,7 @@ def measure_bare(handler: str, event: Any, env: dict[str, str] | None = None) ->
     return result
 
 
-_BARE_STEPS = ("import_s", "load_s", "build_s", "run_s")
+_BARE_STEPS = ("import_s", "load_s", "build_s", "run_s")  # seconds, from the bare script
 
 
 def _median(values: list[float]) -> float:
@@ -242,8 +242,9 @@ def compare(
         "script": "python -m runtime.cli.bare (import, load, build, run once; no server)",
         "first_answer_ms": _median(floor),
         **{
-            k: _median([b[k] * 1000.0 for b in bare])
-            for k in ("import_s", "load_s", "build_s", "run_s")
+            # In milliseconds, as every other figure of the result is.
+            f"{k[:-2]}_ms": _median([b[k] * 1000.0 for b in bare])
+            for k in _BARE_STEPS
         },
     }
     result["ratio"] = result["process_start_to_first_answer_ms"] / result["bare"]["first_answer_ms"]
@@ -276,8 +277,8 @@ def render(result: dict[str, Any]) -> str:
         lines += [
             f"bare script, same work in a fresh process{median}",
             f"  process start -> first answer {bare['first_answer_ms']:6.1f} ms  (import "
-            f"{bare['import_s']:.1f}, load {bare['load_s']:.1f}, build {bare['build_s']:.1f}, "
-            f"run {bare['run_s']:.1f} ms)",
+            f"{bare['import_ms']:.1f}, load {bare['load_ms']:.1f}, build {bare['build_ms']:.1f}, "
+            f"run {bare['run_ms']:.1f} ms)",
             f"  thaw / bare               {result['ratio']:10.2f}x",
         ]
     return "\n".join(lines)

@@ -44,10 +44,10 @@ THAW_PHASES: tuple[tuple[str, str, str], ...] = (
 BARE_PHASES: tuple[tuple[str, str, str], ...] = (
     ("start", "interpreter", "#0b3d91"),
     # The --json keys of the bare run's steps say `_s` but hold milliseconds.
-    ("import_s", "import", "#b35806"),
-    ("load_s", "load", "#1b7837"),
-    ("build_s", "build", "#762a83"),
-    ("run_s", "run", "#006d77"),
+    ("import_ms", "import", "#b35806"),
+    ("load_ms", "load", "#1b7837"),
+    ("build_ms", "build", "#762a83"),
+    ("run_ms", "run", "#006d77"),
 )
 
 LABEL_W = 130
