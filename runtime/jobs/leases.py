@@ -18,6 +18,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from runtime.clock import Clock
@@ -32,6 +33,11 @@ log = logging.getLogger("thaw.jobs")
 Probe = Callable[[], tuple[str, dict[str, Any] | None]]
 # A job's final (status, output, error).
 Outcome = tuple[JobStatus, Any, dict[str, Any] | None]
+
+
+def holds(job: Job, owner: str, attempt: int) -> bool:
+    """Whether `job` (as read) is still run `attempt` of `owner`'s, running."""
+    return job.owner == owner and job.attempts == attempt and job.status is JobStatus.RUNNING
 
 
 @dataclass(slots=True)
@@ -134,17 +140,22 @@ class Leases:
         # Each beat is a task of its own (gather): the id is set for this job only.
         REQUEST_ID.set(local.request_id)
         job, calls, store = local.job, self.calls, self.store
+        # Fenced by the run (the claim's `attempts`), not only by owner: a later run
+        # of this very job, by this owner too, refuses this one's writes.
+        attempt = job.attempts
         try:
-            if await calls.write(store.heartbeat, job.id, self.owner, self.lease_s):
+            heartbeat = partial(store.heartbeat, attempt=attempt)
+            if await calls.write(heartbeat, job.id, self.owner, self.lease_s):
                 if not local.work.done():
                     phase, progress = local.probe()
-                    await calls.write(store.set_phase, job.id, self.owner, phase, progress)
+                    set_phase = partial(store.set_phase, attempt=attempt)
+                    await calls.write(set_phase, job.id, self.owner, phase, progress)
                 return
             current = await calls.read(store.get, job.id)
             if current is None:
                 await self.restore(local)
                 return
-            if current.owner == self.owner and current.status is JobStatus.RUNNING:
+            if holds(current, self.owner, job.attempts):
                 return  # restored meanwhile by the finisher or a poll
         except StorageUnavailable:
             # The store cannot serve (the health condition says so, once): keep

@@ -42,7 +42,7 @@ from runtime.jobs.batch import CreateBatcher
 from runtime.jobs.calls import RETRY_FIRST_S, RETRY_MAX_S, STORE_CONDITION, StoreCalls
 from runtime.jobs.finished import FinishedJobs
 from runtime.jobs.job import Job, JobStatus, new_job_id
-from runtime.jobs.leases import Leases, LocalJob, Outcome, Probe
+from runtime.jobs.leases import Leases, LocalJob, Outcome, Probe, holds
 from runtime.jobs.owners import OwnerLock
 from runtime.jobs.quota import JobQuota, json_size
 from runtime.jobs.recovery import JobRunner, Recovery
@@ -228,26 +228,29 @@ class JobManager:
         job, calls, store = local.job, self.calls, self.store
         status, output, error = local.outcome
         recorded, tries, delay = False, 0, RETRY_FIRST_S
+        run = (self.owner, job.attempts)
         while not local.released:
             tries += 1
             try:
-                if await calls.write(store.finish, job.id, self.owner, status, output, error):
+                finish = partial(store.finish, attempt=job.attempts)  # fenced by the run
+                if await calls.write(finish, job.id, self.owner, status, output, error):
                     recorded = True
                     break
                 current = await calls.read(store.get, job.id)
+                mine = current is not None and (current.owner, current.attempts) == run
                 if current is None:
                     if await self.leases.restore(local, final=True):
                         recorded = True
                         break
                     # else restored meanwhile (running) by a heartbeat: finish that record
-                elif current.owner == self.owner and current.status is status:
+                elif mine and current.status is status:
                     # Written by an earlier try whose answer was lost (the store
                     # refused to call it durable, a retried request found it done):
                     # only the owner can finish a job.
                     recorded = True
                     break
-                elif current.owner != self.owner or current.status is not JobStatus.RUNNING:
-                    break  # cancelled by a client, or claimed by another instance
+                elif not mine or current.status is not JobStatus.RUNNING:
+                    break  # cancelled by a client, or claimed again (elsewhere or here)
                 failure: Exception | None = None
             except Exception as exc:
                 failure = exc
@@ -360,7 +363,7 @@ class JobManager:
                     return  # the heartbeats find out once the store serves
                 if current is None:
                     continue  # vanished: the heartbeat restores it
-                if current.status is JobStatus.CANCELLED or current.owner != self.owner:
+                if not holds(current, self.owner, local.job.attempts):
                     log.info("job %s changed while notifications were lost: stopping", current.id)
                     local.released = True
                     local.work.cancel()
