@@ -29,11 +29,12 @@ import asyncio
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from runtime.clock import Clock
 from runtime.context import CLIENT_CONTEXT, Context
-from runtime.dispatch import eager
+from runtime.dispatch import claims, eager
 from runtime.dispatch.batcher import Batcher
 from runtime.dispatch.calls import HandlerCalls, user_error
 from runtime.dispatch.deadlines import Deadlines
@@ -210,8 +211,12 @@ class Dispatcher:
                 answer_by -= FRAMEWORK_STALL_S
             if respond_async or estimate_s > answer_by - self._now():
                 # Record the job before starting the work, so the answer is not
-                # delayed by what the work does first (a cold load imports torch).
-                job = await self._record(spec, event, work, key_id)
+                # delayed by what the work does first (a cold load imports torch);
+                # queued if another instance may start it sooner (claims.py).
+                queued = self.jobs.shared_queue and (cold or claims.busy(spec, self.calls))
+                job = await self._record(spec, event, work, key_id, queued=queued)
+                if queued:
+                    work.claim = partial(claims.claim_job, self.jobs, self.streams, job.id, work)
                 self._start(work, event)
                 started = True
                 self._follow(spec, job, work)
@@ -257,14 +262,17 @@ class Dispatcher:
         await self.deadlines.wait(waiter, answer_by)
         return stream.started.done()
 
-    async def _record(self, spec: HandlerSpec, event: Any, work: Work, key_id: str | None) -> Job:
-        job = await self.jobs.record(spec.name, event, phase=work.phase, key_id=key_id)
+    async def _record(
+        self, spec: HandlerSpec, event: Any, work: Work, key_id: str | None, queued: bool = False
+    ) -> Job:
+        phase = work.phase
+        job = await self.jobs.record(spec.name, event, phase=phase, key_id=key_id, queued=queued)
         self.handler_stats(spec.name).count("async")
         return job
 
     def _follow(self, spec: HandlerSpec, job: Job, work: Work) -> None:
         self.jobs.follow(job, work.outcome, lambda: (work.phase, self._progress(spec, work)))
-        if work.stream is not None:
+        if work.stream is not None and work.claim is None:
             self.streams.hold(job.id, work.stream)
 
     async def _ready_s(self, spec: HandlerSpec) -> float:
@@ -326,6 +334,9 @@ class Dispatcher:
         (whose callback settles it), and an async one is the coroutine returned,
         for the caller to drive."""
         spec = work.spec
+        if work.claim is not None and (spec.batch is not None or spec.is_async):
+            run = partial(self._run, work, event, models, started, load_ms)
+            return claims.claimed_then(work, run)
         if spec.batch is not None:
             work.mark_queued(started, load_ms)
             work.phase = "batching"
@@ -334,8 +345,9 @@ class Dispatcher:
         work.mark_running(started, load_ms)
         if spec.is_async:
             return self._run_async(work, event, models)
+        gate, work.claim = work.claim, None  # a queued job's claim, on its thread (claims.py)
         try:
-            self.calls.submit(spec, event, models, work.ctx, work.ran_in_thread)
+            self.calls.submit(spec, event, models, work.ctx, work.ran_in_thread, gate)
         except Draining as exc:
             work.fail(exc)
         return None
@@ -402,9 +414,7 @@ class Dispatcher:
     def run_job(self, job: Job) -> asyncio.Future[Any]:
         """Run a recovered job's stored input on this instance (the JobRunner protocol)."""
         spec = self.registry.handler(job.handler)
-        ctx = Context(
-            request_id=job.id, handler=job.handler, logger=HANDLER_LOG, clock=self.clock
-        )
+        ctx = Context(request_id=job.id, handler=job.handler, logger=HANDLER_LOG, clock=self.clock)
         self.pending[spec.name] += 1
         return self._start(Work(self.books, spec, ctx, self.handler_stats(spec.name)), job.input)
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from runtime.clock import Clock
 from runtime.context import Context
-from runtime.dispatch.calls import ThreadOutcome, user_error
+from runtime.dispatch.calls import Gate, ThreadOutcome, user_error
 from runtime.dispatch.overruns import Overruns
 from runtime.dispatch.streams import Stream
 from runtime.errors import HandlerTimeout, ThawError
@@ -116,6 +116,7 @@ class Work:
     __slots__ = (
         "batch_size",
         "books",
+        "claim",
         "ctx",
         "handler",
         "leases",
@@ -168,6 +169,9 @@ class Work:
         self.batch_size: int | None = None
         # A generator handler's items (runtime/dispatch/streams.py).
         self.stream = stream
+        # A job recorded queued (its instance could not start it at once) is claimed
+        # by id just before its handler runs: the claim, True when this instance won.
+        self.claim: Gate | None = None
 
     # ---- on its way ---------------------------------------------------------------
 

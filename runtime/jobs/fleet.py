@@ -81,6 +81,7 @@ class Fleet:
         when the store is not one a fleet shares."""
         self.jobs.wakeups.start(store)
         self._store = store
+        self.jobs.shared_queue = self.jobs.wakeups.supported and hasattr(store, "claim_next")
         if not has_owners_table(store):
             return self.jobs.wakeups.supported
         self.liveness = Liveness(

@@ -22,10 +22,12 @@ from functools import partial
 from typing import Any
 
 from runtime.clock import Clock
-from runtime.errors import Conflict, StorageUnavailable
-from runtime.jobs.calls import StoreCalls
+from runtime.errors import Conflict, Draining, HandlerError, StorageUnavailable, ThawError
+from runtime.jobs.calls import RETRY_FIRST_S, RETRY_MAX_S, StoreCalls
 from runtime.jobs.job import Job, JobStatus
 from runtime.telemetry.logs import REQUEST_ID
+from runtime.wire.outputs import encode_output
+from runtime.wire.render import job_error
 
 log = logging.getLogger("thaw.jobs")
 
@@ -38,6 +40,34 @@ Outcome = tuple[JobStatus, Any, dict[str, Any] | None]
 def holds(job: Job, owner: str, attempt: int) -> bool:
     """Whether `job` (as read) is still run `attempt` of `owner`'s, running."""
     return job.owner == owner and job.attempts == attempt and job.status is JobStatus.RUNNING
+
+
+def outcome_of(work: asyncio.Future[Any], handler: str) -> Outcome:
+    try:
+        output = work.result()
+        # Checked before it is recorded: a store would write NaN as null, silently.
+        encode_output(handler, output)
+        return JobStatus.SUCCEEDED, output, None
+    except asyncio.CancelledError:
+        # Work is cancelled only by a drain (or by losing the job, whose outcome is discarded).
+        drained = Draining("the instance drained before the job finished; submit it again")
+        return JobStatus.FAILED, None, job_error(drained)
+    except ThawError as exc:
+        return JobStatus.FAILED, None, job_error(exc)
+    except Exception as exc:
+        # The dispatcher maps what user code raises; what is left came from the work all the same.
+        return JobStatus.FAILED, None, job_error(HandlerError(f"{type(exc).__name__}: {exc}"))
+
+
+async def wait_set(clock: Clock, event: asyncio.Event, timeout_s: float) -> bool:
+    """Whether `event` is set within `timeout_s` (on the clock, not the loop's)."""
+    if event.is_set():
+        return True
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        return await clock.wait_until(waiter, clock.monotonic() + timeout_s)
+    finally:
+        waiter.cancel()
 
 
 @dataclass(slots=True)
@@ -56,6 +86,9 @@ class LocalJob:
     # The id of the request that made the job (the job's own id for a recovered
     # one): the log context of every line about it (runtime.telemetry.logs.REQUEST_ID).
     request_id: str | None = None
+    # False while the job is recorded queued (its instance could not start it at
+    # once): not leased yet, so not heartbeated; `Leases.claim` takes it by id.
+    claimed: bool = True
 
 
 class Leases:
@@ -122,6 +155,31 @@ class Leases:
         )
         return True
 
+    async def claim(self, job_id: str, max_attempts: int, give_up: asyncio.Event) -> bool:
+        """Claim a held job recorded queued, by id (one winner: `claim` locks the row);
+        tried again while the store cannot serve, until `give_up`. False when another
+        instance took it first or it was cancelled: it is released here."""
+        local = self.local.get(job_id)
+        if local is None or local.released:
+            return False
+        delay = RETRY_FIRST_S
+        while not local.claimed:
+            try:
+                claimed = await self.calls.write(
+                    self.store.claim, job_id, self.owner, self.lease_s, max_attempts
+                )
+            except StorageUnavailable:
+                if not await wait_set(self.clock, give_up, delay):
+                    delay = min(2 * delay, RETRY_MAX_S)
+                    continue
+                claimed = None
+            if claimed is None:
+                log.info("job %s was taken by another instance (or cancelled) first", job_id)
+                local.released = True
+                return False
+            local.job, local.claimed = claimed, True
+        return True
+
     async def _beat_while_running(self) -> None:
         """Every third of a lease, renew the lease and the phase of each held job
         (including one whose outcome waits for the store)."""
@@ -129,7 +187,7 @@ class Leases:
         try:
             while self.local:
                 await self.clock.sleep(interval)
-                held = [lj for lj in self.local.values() if not lj.released]
+                held = [lj for lj in self.local.values() if lj.claimed and not lj.released]
                 if held:
                     await asyncio.gather(*map(self._beat, held))
         finally:

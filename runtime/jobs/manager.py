@@ -32,17 +32,14 @@ from typing import Any
 
 from runtime.clock import SYSTEM, Clock
 from runtime.errors import (
-    Draining,
-    HandlerError,
     StorageUnavailable,
-    ThawError,
     UnknownJob,
 )
 from runtime.jobs.batch import CreateBatcher
 from runtime.jobs.calls import RETRY_FIRST_S, RETRY_MAX_S, STORE_CONDITION, StoreCalls
 from runtime.jobs.finished import FinishedJobs
 from runtime.jobs.job import Job, JobStatus, new_job_id
-from runtime.jobs.leases import Leases, LocalJob, Outcome, Probe, holds
+from runtime.jobs.leases import Leases, LocalJob, Probe, holds, outcome_of, wait_set
 from runtime.jobs.owners import OwnerLock
 from runtime.jobs.quota import JobQuota, json_size
 from runtime.jobs.recovery import JobRunner, Recovery
@@ -51,8 +48,6 @@ from runtime.jobs.wakeups import Event, Wakeups
 from runtime.telemetry.health import Health
 from runtime.telemetry.logs import REQUEST_ID
 from runtime.telemetry.metrics import Metrics
-from runtime.wire.outputs import encode_output
-from runtime.wire.render import job_error
 
 __all__ = ["STORE_CONDITION", "JobManager", "JobRunner", "LocalJob", "Probe", "outcome_of"]
 
@@ -64,34 +59,6 @@ FINAL_WRITE_GRACE_S = 5.0
 # A long poll woken by notifications still reads the job this often: its owner may
 # have died without a word, and the poll is what recovers a lapsed lease.
 RECHECK_S = 5.0
-
-
-def outcome_of(work: asyncio.Future[Any], handler: str) -> Outcome:
-    try:
-        output = work.result()
-        # Checked before it is recorded: a store would write NaN as null, silently.
-        encode_output(handler, output)
-        return JobStatus.SUCCEEDED, output, None
-    except asyncio.CancelledError:
-        # Work is cancelled only by a drain (or by losing the job, whose outcome is discarded).
-        drained = Draining("the instance drained before the job finished; submit it again")
-        return JobStatus.FAILED, None, job_error(drained)
-    except ThawError as exc:
-        return JobStatus.FAILED, None, job_error(exc)
-    except Exception as exc:
-        # The dispatcher maps what user code raises; what is left came from the work all the same.
-        return JobStatus.FAILED, None, job_error(HandlerError(f"{type(exc).__name__}: {exc}"))
-
-
-async def wait_set(clock: Clock, event: asyncio.Event, timeout_s: float) -> bool:
-    """Whether `event` is set within `timeout_s` (on the clock, not the loop's)."""
-    if event.is_set():
-        return True
-    waiter = asyncio.ensure_future(event.wait())
-    try:
-        return await clock.wait_until(waiter, clock.monotonic() + timeout_s)
-    finally:
-        waiter.cancel()
 
 
 class JobManager:
@@ -147,6 +114,9 @@ class JobManager:
         # them (runtime/jobs/wakeups.py; started by runtime/jobs/fleet.py).
         self.wakeups = Wakeups(clock)
         self.wakeups.subscribe(self._on_event)
+        # Whether jobs recorded queued are taken by the fleet's idle instances (set
+        # by runtime/jobs/fleet.py): only then does the dispatcher record any.
+        self.shared_queue = False
         self._recheck: asyncio.Task[None] | None = None
 
     @property
@@ -159,9 +129,12 @@ class JobManager:
 
     # ---- this instance's jobs ----------------------------------------------------
 
-    async def record(self, handler: str, event: Any, *, phase: str, key_id: str | None) -> Job:
-        """Write a new job, running and leased to this instance; returns once durable.
-        Refused past the key's or the instance's stored-job quota (runtime/jobs/quota.py)."""
+    async def record(
+        self, handler: str, event: Any, *, phase: str, key_id: str | None, queued: bool = False
+    ) -> Job:
+        """Write a new job, running and leased to this instance (or `queued`: for any
+        instance to claim, this one by `claim_queued` when it gets to it); returns once
+        durable. Refused past the key's or the instance's stored-job quota (quota.py)."""
         quota = self.quota
         size = 0
         if quota is not None:
@@ -172,13 +145,13 @@ class JobManager:
             id=new_job_id(),
             handler=handler,
             input=event,
-            status=JobStatus.RUNNING,
+            status=JobStatus.QUEUED if queued else JobStatus.RUNNING,
             phase=phase,
-            attempts=1,
+            attempts=0 if queued else 1,
             created_at=now,
             updated_at=now,
-            owner=self.owner,
-            lease_until=now + self.lease_s,
+            owner=None if queued else self.owner,
+            lease_until=None if queued else now + self.lease_s,
             key_id=key_id,
         )
         try:
@@ -187,7 +160,8 @@ class JobManager:
             self.calls.failing(exc)
             raise
         self.calls.serving()
-        self._running.inc()
+        if not queued:
+            self._running.inc()
         if quota is not None:
             quota.add(job.id, key_id, size)
         return job
@@ -200,6 +174,7 @@ class JobManager:
         not a task of its own that wakes up for each job.
         """
         local = LocalJob(job, work, probe, request_id=REQUEST_ID.get())
+        local.claimed = job.status is JobStatus.RUNNING
         self.leases.hold(local)
         self._idle.clear()
         # The done callback (and the task recording the outcome) run in the
@@ -210,8 +185,17 @@ class JobManager:
         local.outcome = outcome_of(work, local.job.handler)
         local.finisher = asyncio.get_running_loop().create_task(self._finish_local(local))
 
+    async def claim_queued(self, job_id: str) -> bool:
+        """Claim by id a job held here but recorded queued, as its work is about to run
+        here; False when another instance took it first (or it was cancelled): its
+        work must not run here, and its outcome is discarded."""
+        return await self.leases.claim(job_id, self.max_attempts, self._give_up)
+
     async def _finish_local(self, local: LocalJob) -> None:
         try:
+            if not local.claimed and not local.work.cancelled():
+                # Ended before it ran (a load failed): recorded if this one wins the claim.
+                await self.claim_queued(local.job.id)
             await self._record_outcome(local)
         except Exception:
             log.exception("job %s: recording its outcome failed", local.job.id)
