@@ -39,9 +39,9 @@ from runtime.dispatch.batcher import Batcher
 from runtime.dispatch.calls import HandlerCalls, user_error
 from runtime.dispatch.deadlines import Deadlines
 from runtime.dispatch.streams import Stream, Streaming, Streams
-from runtime.dispatch.work import Books, Work
+from runtime.dispatch.work import Books, Work, release, result_of, wake
 from runtime.errors import Draining, QueueFull
-from runtime.jobs.job import Job
+from runtime.jobs.job import Job, JobStatus
 from runtime.jobs.manager import JobManager, JobRunner
 from runtime.models.cache import Lease, ModelCache
 from runtime.models.estimate import Estimator
@@ -77,18 +77,6 @@ class Completed:
 class Accepted:
     job: Job
     retry_after_s: float
-
-
-def _result(outcome: asyncio.Future[Any]) -> Any:
-    """The work's output for its waiting caller; work cut off by a drain is `drained`."""
-    if outcome.cancelled():
-        raise Draining("the instance drained before this request finished; send it again")
-    return outcome.result()
-
-
-def _settle(settled: asyncio.Future[None]) -> None:
-    if not settled.done():
-        settled.set_result(None)
 
 
 class Dispatcher:
@@ -236,7 +224,7 @@ class Dispatcher:
                 stats.count("sync")
                 return Streaming(items, work.timings_ms)
         elif outcome.done() or await self._settled_by(work, answer_by):
-            output = _result(outcome)
+            output = result_of(outcome)
             stats.count("sync")
             return Completed(output, work.timings_ms, work.batch_size)
         # The estimate was wrong: answer 202 now; the same work goes on.
@@ -258,7 +246,7 @@ class Dispatcher:
     async def _started_by(self, stream: Stream, answer_by: float) -> bool:
         """Wait until `answer_by` at the latest for the handler to begin; True when it has."""
         waiter = asyncio.get_running_loop().create_future()
-        stream.started.add_done_callback(lambda _: _settle(waiter))
+        stream.started.add_done_callback(partial(wake, waiter))
         await self.deadlines.wait(waiter, answer_by)
         return stream.started.done()
 
@@ -271,8 +259,10 @@ class Dispatcher:
         return job
 
     def _follow(self, spec: HandlerSpec, job: Job, work: Work) -> None:
-        self.jobs.follow(job, work.outcome, lambda: (work.phase, self._progress(spec, work)))
-        if work.stream is not None and work.claim is None:
+        self.jobs.follow(
+            job, work.outcome, lambda: (work.phase, self._progress(spec, work)), items=work.stream
+        )
+        if work.stream is not None and job.status is not JobStatus.QUEUED:  # else on its claim
             self.streams.hold(job.id, work.stream)
 
     async def _ready_s(self, spec: HandlerSpec) -> float:
@@ -392,15 +382,15 @@ class Dispatcher:
                 for phase in LOAD_PHASES:
                     load_ms[phase] = load_ms.get(phase, 0.0) + phases.get(phase, 0.0)
         except asyncio.CancelledError:
-            _release(leases)
+            release(leases)
             work.cancel()
             raise
         except Exception as exc:  # the runtime's own (load-failed, ...): as they are
-            _release(leases)
+            release(leases)
             work.fail(exc)
             return
         if work.outcome.done():  # cut off while it waited: nobody runs it
-            _release(leases)
+            release(leases)
             return
         work.leases = leases
         run = self._run(work, event, [lease.model for lease in leases], started, load_ms)
@@ -412,11 +402,22 @@ class Dispatcher:
         return handler in self.registry.handlers
 
     def run_job(self, job: Job) -> asyncio.Future[Any]:
-        """Run a recovered job's stored input on this instance (the JobRunner protocol)."""
+        """Run a recovered (or queued) job's stored input here (the JobRunner protocol);
+        a generator handler's items are kept for followers (`items_of`)."""
         spec = self.registry.handler(job.handler)
         ctx = Context(request_id=job.id, handler=job.handler, logger=HANDLER_LOG, clock=self.clock)
         self.pending[spec.name] += 1
-        return self._start(Work(self.books, spec, ctx, self.handler_stats(spec.name)), job.input)
+        items = Stream(spec) if spec.streams else None
+        run_spec = spec if items is None else items.bind(spec)
+        work = Work(self.books, run_spec, ctx, self.handler_stats(spec.name), stream=items)
+        outcome = self._start(work, job.input)
+        if items is not None:
+            self.streams.hold(job.id, items)
+        return outcome
+
+    def items_of(self, job_id: str) -> Stream | None:
+        """The items of a job's run here, as they come (the JobRunner protocol)."""
+        return self.streams.get(job_id)
 
     # ---- drain ------------------------------------------------------------------
 
@@ -443,8 +444,3 @@ class Dispatcher:
         await self.books.quiet_by(self._now() + ABORT_WAIT_S)
         self.abort_in_flight()
         await self.cache.unload_all()
-
-
-def _release(leases: list[Lease]) -> None:
-    for lease in leases:
-        lease.release()

@@ -82,6 +82,8 @@ class Fleet:
         self.jobs.wakeups.start(store)
         self._store = store
         self.jobs.shared_queue = self.jobs.wakeups.supported and hasattr(store, "claim_next")
+        if self.jobs.wakeups.supported and hasattr(store, "items_after"):
+            self.jobs.items.store = store
         if not has_owners_table(store):
             return self.jobs.wakeups.supported
         self.liveness = Liveness(

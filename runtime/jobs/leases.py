@@ -25,6 +25,7 @@ from runtime.clock import Clock
 from runtime.errors import Conflict, Draining, HandlerError, StorageUnavailable, ThawError
 from runtime.jobs.calls import RETRY_FIRST_S, RETRY_MAX_S, StoreCalls
 from runtime.jobs.job import Job, JobStatus
+from runtime.jobs.wakeups import Event
 from runtime.telemetry.logs import REQUEST_ID
 from runtime.wire.outputs import encode_output
 from runtime.wire.render import job_error
@@ -89,6 +90,10 @@ class LocalJob:
     # False while the job is recorded queued (its instance could not start it at
     # once): not leased yet, so not heartbeated; `Leases.claim` takes it by id.
     claimed: bool = True
+    # Writing its items to the store, for followers anywhere (runtime/jobs/items.py).
+    writer: asyncio.Task[None] | None = None
+    # Its run's items as they are made (a generator handler's), to write.
+    source: Any = None
 
 
 class Leases:
@@ -102,6 +107,7 @@ class Leases:
         self.clock = clock
         self.local: dict[str, LocalJob] = {}
         self._heartbeats: asyncio.Task[None] | None = None
+        self._recheck: asyncio.Task[None] | None = None
 
     def hold(self, local: LocalJob) -> None:
         """Renew `local`'s lease from now on (until `drop`)."""
@@ -179,6 +185,48 @@ class Leases:
                 return False
             local.job, local.claimed = claimed, True
         return True
+
+    def on_event(self, event: Event | None) -> None:
+        """A job changed on some instance: one cancelled (on any instance, this one
+        included) that runs here stops now, instead of at its next heartbeat."""
+        if event is None:
+            # Notifications may have been lost: read the held jobs again.
+            if self.local and self._recheck is None:
+                self._recheck = asyncio.get_running_loop().create_task(
+                    self._recheck_held(), context=contextvars.Context()
+                )
+            return
+        if event.status != JobStatus.CANCELLED:
+            return
+        local = self.local.get(event.job_id)
+        if local is not None and not local.work.done():
+            log.info("job %s was cancelled: stopping its work here", event.job_id)
+            local.released = True
+            local.work.cancel()
+
+    async def _recheck_held(self) -> None:
+        """After a gap in the notifications: stop the work of held jobs that were
+        cancelled or taken over meanwhile (else their next heartbeat would)."""
+        try:
+            for local in list(self.local.values()):
+                if local.work.done() or local.released or not local.claimed:
+                    continue  # (a queued one's claim finds out)
+                try:
+                    current = await self.calls.read(self.store.get, local.job.id)
+                except StorageUnavailable:
+                    return  # the heartbeats find out once the store serves
+                if current is None:
+                    continue  # vanished: the heartbeat restores it
+                if not holds(current, self.owner, local.job.attempts):
+                    log.info("job %s changed while notifications were lost: stopping", current.id)
+                    local.released = True
+                    local.work.cancel()
+        finally:
+            self._recheck = None
+
+    def close(self) -> None:
+        if self._recheck is not None:
+            self._recheck.cancel()
 
     async def _beat_while_running(self) -> None:
         """Every third of a lease, renew the lease and the phase of each held job

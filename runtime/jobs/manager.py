@@ -24,8 +24,8 @@ its timers, so a test moves them all with a `ManualClock`.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
+from collections.abc import AsyncGenerator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -38,13 +38,14 @@ from runtime.errors import (
 from runtime.jobs.batch import CreateBatcher
 from runtime.jobs.calls import RETRY_FIRST_S, RETRY_MAX_S, STORE_CONDITION, StoreCalls
 from runtime.jobs.finished import FinishedJobs
+from runtime.jobs.items import ItemSource, JobItems
 from runtime.jobs.job import Job, JobStatus, new_job_id
-from runtime.jobs.leases import Leases, LocalJob, Probe, holds, outcome_of, wait_set
+from runtime.jobs.leases import Leases, LocalJob, Probe, outcome_of, wait_set
 from runtime.jobs.owners import OwnerLock
 from runtime.jobs.quota import JobQuota, json_size
 from runtime.jobs.recovery import JobRunner, Recovery
 from runtime.jobs.store import JobStore
-from runtime.jobs.wakeups import Event, Wakeups
+from runtime.jobs.wakeups import Wakeups
 from runtime.telemetry.health import Health
 from runtime.telemetry.logs import REQUEST_ID
 from runtime.telemetry.metrics import Metrics
@@ -108,16 +109,17 @@ class JobManager:
         self._creates = CreateBatcher(store.create_many)
         # Set when a drain stops waiting for the store: pending outcomes are given up.
         self._give_up = asyncio.Event()
+        # Streaming jobs' items in the store, when it keeps them (runtime/jobs/items.py).
+        self.items = JobItems(self.calls, owner=owner, clock=clock, give_up=self._give_up)
         self._abandoned = 0
         self._running = metrics.jobs.labels(str(JobStatus.RUNNING))
         # Changes of jobs made by other instances of a fleet, when the store tells
         # them (runtime/jobs/wakeups.py; started by runtime/jobs/fleet.py).
         self.wakeups = Wakeups(clock)
-        self.wakeups.subscribe(self._on_event)
+        self.wakeups.subscribe(self.leases.on_event)
         # Whether jobs recorded queued are taken by the fleet's idle instances (set
         # by runtime/jobs/fleet.py): only then does the dispatcher record any.
         self.shared_queue = False
-        self._recheck: asyncio.Task[None] | None = None
 
     @property
     def runner(self) -> JobRunner | None:
@@ -166,8 +168,15 @@ class JobManager:
             quota.add(job.id, key_id, size)
         return job
 
-    def follow(self, job: Job, work: asyncio.Future[Any], probe: Probe) -> None:
-        """Renew `job`'s lease while `work` runs, then record its outcome.
+    def follow(
+        self,
+        job: Job,
+        work: asyncio.Future[Any],
+        probe: Probe,
+        items: ItemSource | None = None,
+    ) -> None:
+        """Renew `job`'s lease while `work` runs (writing its `items` where the store
+        keeps them), then record its outcome.
 
         One heartbeat loop serves every local job, and the outcome is written
         from `work`'s done callback: a 202 under a burst then costs a callback,
@@ -175,7 +184,10 @@ class JobManager:
         """
         local = LocalJob(job, work, probe, request_id=REQUEST_ID.get())
         local.claimed = job.status is JobStatus.RUNNING
+        local.source = items
         self.leases.hold(local)
+        if local.claimed:
+            self.items.start(local, items)
         self._idle.clear()
         # The done callback (and the task recording the outcome) run in the
         # context current here: the request's, so their lines carry its id.
@@ -189,13 +201,18 @@ class JobManager:
         """Claim by id a job held here but recorded queued, as its work is about to run
         here; False when another instance took it first (or it was cancelled): its
         work must not run here, and its outcome is discarded."""
-        return await self.leases.claim(job_id, self.max_attempts, self._give_up)
+        if not await self.leases.claim(job_id, self.max_attempts, self._give_up):
+            return False
+        local = self.local[job_id]
+        self.items.start(local, local.source)
+        return True
 
     async def _finish_local(self, local: LocalJob) -> None:
         try:
             if not local.claimed and not local.work.cancelled():
                 # Ended before it ran (a load failed): recorded if this one wins the claim.
                 await self.claim_queued(local.job.id)
+            await self.items.flushed(local)
             await self._record_outcome(local)
         except Exception:
             log.exception("job %s: recording its outcome failed", local.job.id)
@@ -316,43 +333,16 @@ class JobManager:
                 await clock.sleep(min(0.1, remaining))
             # else it finished here while the store was read: read its outcome at once
 
-    def _on_event(self, event: Event | None) -> None:
-        """A job changed on some instance: one cancelled (on any instance, this one
-        included) that runs here stops now, instead of at its next heartbeat."""
-        if event is None:
-            # Notifications may have been lost: read the held jobs again.
-            if self.local and self._recheck is None:
-                self._recheck = asyncio.get_running_loop().create_task(
-                    self._recheck_held(), context=contextvars.Context()
-                )
-            return
-        if event.status != JobStatus.CANCELLED:
-            return
-        local = self.local.get(event.job_id)
-        if local is not None and not local.work.done():
-            log.info("job %s was cancelled: stopping its work here", event.job_id)
-            local.released = True
-            local.work.cancel()
-
-    async def _recheck_held(self) -> None:
-        """After a gap in the notifications: stop the work of held jobs that were
-        cancelled or taken over meanwhile (else their next heartbeat would)."""
-        try:
-            for local in list(self.local.values()):
-                if local.work.done() or local.released:
-                    continue
-                try:
-                    current = await self.calls.read(self.store.get, local.job.id)
-                except StorageUnavailable:
-                    return  # the heartbeats find out once the store serves
-                if current is None:
-                    continue  # vanished: the heartbeat restores it
-                if not holds(current, self.owner, local.job.attempts):
-                    log.info("job %s changed while notifications were lost: stopping", current.id)
-                    local.released = True
-                    local.work.cancel()
-        finally:
-            self._recheck = None
+    def stored_items(
+        self, job_id: str, *, key_id: str | None, start: int, idle_s: float
+    ) -> AsyncGenerator[list[Any] | Job, None] | None:
+        """A follower's items of the job from index `start`, then the final job, read
+        from the store wherever the job runs (runtime/jobs/items.py); None when the
+        store keeps no items (SQLite, DynamoDB)."""
+        if self.items.store is None:
+            return None
+        get = partial(self.get, job_id, key_id=key_id)
+        return self.items.follow(job_id, start, idle_s, get, self.wakeups)
 
     async def _lookup(self, job_id: str, key_id: str | None) -> Job | None:
         """The job as remembered if it is finished and `key_id`'s, else as the store has it.
@@ -426,7 +416,6 @@ class JobManager:
         of this instance may still be running in the store (an outcome given up), so
         the next instance on this node takes that job at once."""
         self.calls.close()
-        if self._recheck is not None:
-            self._recheck.cancel()
+        self.leases.close()
         if self.owner_lock is not None:
             self.owner_lock.release(delete=self._abandoned == 0 and not self.local)

@@ -3,8 +3,9 @@
 - a job that its instance cannot start soon (its model is cold) is recorded
   queued, and an idle instance with the model READY takes it and runs it; when
   the accepting instance gets to it itself (its load is done), its claim by id
-  loses, and it does not run the job: the job runs once, and a long poll on the
-  accepting instance answers with the result from the row.
+  loses, and it does not run the job: the job runs once, and a long poll and a
+  stream follower on the accepting instance get the result (and the items) from
+  the store.
 
 The cold instance's load is held by a file (the bundle's builder waits while it
 exists), so the order is the test's, not the clock's.
@@ -14,7 +15,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
+
 from tests.fleet.conftest import MakeFleet
+from tests.sse import SSE, collect
 from tests.support import make_bundle, until
 
 LEASE_S = "600"
@@ -64,3 +68,8 @@ def test_a_cold_instances_job_is_taken_by_a_warm_one_and_runs_once(
         assert lines(ticks).count("end 3 done") == 1, lines(ticks)  # it ran once
         polled = here.get(f"/jobs/{job_id}", params={"wait": 30}).raise_for_status().json()
         assert (polled["status"], polled["output"]) == ("succeeded", done["output"])
+        # A follower on the accepting instance reads the items the warm one wrote.
+        with here.stream("GET", f"/jobs/{job_id}", headers=SSE) as response:
+            events = collect(response)
+        assert [e.get("id") for e in events] == ["0", "1", "2", None]
+        assert orjson.loads(events[-1]["data"]) == done["output"]
