@@ -113,6 +113,9 @@ async def stored_events(
     """A followed job's events read from the store (runtime/jobs/items.py): its items
     from index `start`, heartbeats in the gaps, then its end."""
     index = start
+    # A comment at once, as the store is read: the follower (and a proxy) knows the
+    # stream is open before the first item, however long that takes.
+    yield HEARTBEAT
     async with contextlib.aclosing(stored):  # a follower gone stops watching at once
         async for read in stored:
             if isinstance(read, Job):

@@ -113,6 +113,7 @@ class JobManager:
         self.items = JobItems(self.calls, owner=owner, clock=clock, give_up=self._give_up)
         self._abandoned = 0
         self._running = metrics.jobs.labels(str(JobStatus.RUNNING))
+        self._queued = metrics.jobs.labels(str(JobStatus.QUEUED))
         # Changes of jobs made by other instances of a fleet, when the store tells
         # them (runtime/jobs/wakeups.py; started by runtime/jobs/fleet.py).
         self.wakeups = Wakeups(clock)
@@ -162,8 +163,7 @@ class JobManager:
             self.calls.failing(exc)
             raise
         self.calls.serving()
-        if not queued:
-            self._running.inc()
+        (self._queued if queued else self._running).inc()
         if quota is not None:
             quota.add(job.id, key_id, size)
         return job
@@ -204,6 +204,7 @@ class JobManager:
         if not await self.leases.claim(job_id, self.max_attempts, self._give_up):
             return False
         local = self.local[job_id]
+        self._running.inc()
         self.items.start(local, local.source)
         return True
 
