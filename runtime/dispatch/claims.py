@@ -1,7 +1,8 @@
 """Jobs recorded queued in a fleet: claimed by id just before their handler runs.
 
 A job this instance accepts but cannot start soon (its models are not READY,
-or a sync handler's threads are all busy) is recorded queued, not running and
+or their memory budget is full, or a sync handler's threads are all busy) is
+recorded queued, not running and
 leased here, so that an idle warm instance of the fleet can take it
 (runtime/jobs/fleet.py). Its work still starts here as any other (a load
 starts, a thread is waited for), and `Work.claim` is the job's claim by id,
@@ -21,11 +22,17 @@ from runtime.dispatch.calls import HandlerCalls
 from runtime.dispatch.streams import Streams
 from runtime.dispatch.work import Work
 from runtime.jobs.manager import JobManager
+from runtime.models.cache import ModelCache
 from runtime.registry import HandlerSpec
 
 
-def busy(spec: HandlerSpec, calls: HandlerCalls) -> bool:
-    """Whether a warm `spec` would wait for a handler thread (its concurrency limit)."""
+def waits(spec: HandlerSpec, calls: HandlerCalls, cache: ModelCache) -> bool:
+    """Whether `spec` would not start at once: for a load (its models are cold), for
+    memory (their budget is full: its memory limit) or, a sync handler, for a
+    handler thread (its concurrency limit)."""
+    uses = spec.uses
+    if not all(map(cache.is_ready, uses)) or not all(map(cache.budget.admits_now, uses)):
+        return True
     return not spec.is_async and spec.batch is None and calls.saturated()
 
 

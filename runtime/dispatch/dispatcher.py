@@ -201,7 +201,7 @@ class Dispatcher:
                 # Record the job before starting the work, so the answer is not
                 # delayed by what the work does first (a cold load imports torch);
                 # queued if another instance may start it sooner (claims.py).
-                queued = self.jobs.shared_queue and (cold or claims.busy(spec, self.calls))
+                queued = self.jobs.shared_queue and claims.waits(spec, self.calls, self.cache)
                 job = await self._record(spec, event, work, key_id, queued=queued)
                 if queued:
                     work.claim = partial(claims.claim_job, self.jobs, self.streams, job.id, work)
