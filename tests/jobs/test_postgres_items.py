@@ -116,3 +116,26 @@ def test_the_items_go_with_the_jobs_row(
     with psycopg.connect(postgres_cluster.dsn(postgres_database)) as conn:
         rows = conn.execute("SELECT job_id, count(*) FROM thaw_job_items GROUP BY job_id")
         assert rows.fetchall() == [(kept.id, 1)]
+
+
+def test_a_version_1_database_gains_the_items_table_at_open(
+    stores: list[PostgresJobStore],
+    request: pytest.FixtureRequest,
+    postgres_cluster: PostgresCluster,
+    postgres_database: str,
+) -> None:
+    url = store_dsn(request, False)
+    before = PostgresJobStore(url, ttl_s=3600)
+    stores.append(before)
+    job = running(before)
+    with psycopg.connect(postgres_cluster.dsn(postgres_database), autocommit=True) as conn:
+        # What a database written by a Thaw of schema version 1 holds.
+        conn.execute("DROP TABLE thaw_job_items")
+        conn.execute("UPDATE thaw_schema SET version = 1")
+    after = PostgresJobStore(url, ttl_s=3600)
+    stores.append(after)
+    assert after.get(job.id) == job  # the jobs stayed
+    assert after.append_items(job.id, "a", 1, 0, encoded("x"))
+    assert after.items_after(job.id, 0) == ["x"]
+    with psycopg.connect(postgres_cluster.dsn(postgres_database)) as conn:
+        assert conn.execute("SELECT version FROM thaw_schema").fetchall() == [(2,)]
