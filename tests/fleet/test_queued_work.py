@@ -13,13 +13,18 @@ exists), so the order is the test's, not the clock's.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import orjson
+import pytest
 
+from runtime.dispatch.dispatcher import Accepted
+from runtime.jobs.job import JobStatus
+from runtime.settings import Settings
 from tests.fleet.conftest import MakeFleet
 from tests.sse import SSE, collect
-from tests.support import make_bundle, until
+from tests.support import SAFETY_S, make_bundle, running_instance, until
 
 LEASE_S = "600"
 
@@ -73,3 +78,33 @@ def test_a_cold_instances_job_is_taken_by_a_warm_one_and_runs_once(
             events = collect(response)
         assert [e.get("id") for e in events] == ["0", "1", "2", None]
         assert orjson.loads(events[-1]["data"]) == done["output"]
+
+
+@pytest.mark.anyio
+async def test_a_queued_job_nobody_else_takes_is_claimed_and_run_by_its_own_instance(
+    fleet_dsn: str, tmp_path: Path
+) -> None:
+    """One instance in-process: its cold job is recorded queued, and once its model
+    is loaded it wins its own claim (on the handler thread) and runs the job once."""
+    make_bundle(tmp_path / "bundles", "tick-model", config={"sleep_s": 0.2})
+    settings = Settings(
+        bundle_source=str(tmp_path / "bundles"),
+        cache_dir=str(tmp_path / "cache"),
+        state_dir=str(tmp_path / "state"),
+        job_store=fleet_dsn,
+        handlers=("tests.handlers.ticks",),
+    )
+    async with running_instance(settings) as instance:
+        async with asyncio.timeout(
+            SAFETY_S
+        ):  # the store opens, and the fleet starts, in the background
+            while not instance.jobs.shared_queue:
+                await asyncio.sleep(0.01)
+        outcome = await instance.dispatcher.invoke(
+            "model_ticks", {"n": 2}, respond_async=True, request_id="r1"
+        )
+        assert isinstance(outcome, Accepted) and outcome.job.status is JobStatus.QUEUED
+        done = await instance.jobs.get(outcome.job.id, key_id=None, wait_s=SAFETY_S)
+        assert done.status is JobStatus.SUCCEEDED, done
+        assert done.output == {"text": "t0 t1 ", "ticks": 2}
+        assert (done.owner, done.attempts) == (instance.jobs.owner, 1)

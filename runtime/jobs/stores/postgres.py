@@ -16,6 +16,9 @@ Same contract as the SQLite and DynamoDB stores; how it maps here:
   owner still holds the running job and, when it passes `attempt=` (the
   attempts of the Job its claim returned), only for that very run. A late write
   of a presumed-dead owner, or of an earlier run of this one, changes nothing.
+- A streaming job's items (`append_items`, `items_after`) live in a table of
+  their own, per run, written by that run only and deleted with the job's row
+  (runtime/jobs/items.py says who writes and reads them).
 - Times (`created_at`, leases, expiry) are epoch seconds from the instance's
   `Clock.wall()`, sent as parameters; the server's `now()` is never used, so
   every instance's reading of a lease is its own clock's, as with SQLite, and
