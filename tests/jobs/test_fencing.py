@@ -123,3 +123,37 @@ async def test_a_reclaimed_run_is_refused_its_finish_and_the_newer_result_stands
     finally:
         first.close()
         later.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("claimer", ["another-instance", "the-same-owner"])
+async def test_a_reclaimed_runs_next_heartbeat_stops_its_work(
+    dsn: str, stores: list[PostgresJobStore], claimer: str
+) -> None:
+    first_clock, later_clock = ManualClock(), ManualClock()
+    first = manager(stores, dsn, "instance-a", first_clock, Runs())
+    reruns = Runs()
+    owner = "instance-a" if claimer == "the-same-owner" else "instance-b"
+    later = manager(stores, dsn, owner, later_clock, reruns)
+    try:
+        job = await first.record("echo", {"n": 1}, phase="running", key_id=None)
+        old_work: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        first.follow(job, old_work, lambda: ("running", None))
+        later_clock.advance(LEASE_S + 1)
+        assert await later.sweep() == 1
+        first_clock.advance(LEASE_S / 3)  # the first run's heartbeat is due
+        await settled(first, job.id)
+        # Refused, it read the job: running, but a newer run's. Its work is stopped.
+        assert old_work.cancelled()
+        [(_, new_work)] = reruns.started
+        new_work.set_result({"from": "the newer run"})
+        await settled(later, job.id)
+        done = await later.get(job.id, key_id=None)
+        assert (done.status, done.attempts, done.output) == (
+            JobStatus.SUCCEEDED,
+            2,
+            {"from": "the newer run"},
+        )
+    finally:
+        first.close()
+        later.close()
