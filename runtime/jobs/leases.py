@@ -8,6 +8,15 @@ the job is no longer this instance's (a client cancelled it, another instance
 claimed it): its work is stopped and its output discarded. A held job whose
 record vanished (a database deleted or replaced under the instance) is written
 again by `restore`.
+
+Heartbeats and phases are fenced by the run: they carry the `attempts` the
+claim returned, so a run whose lease lapsed and that was claimed again (by
+another instance, or by this very owner) is refused, and stops. A job recorded
+queued (its instance could not start it at once, runtime/dispatch/claims.py) is
+held unclaimed, with no lease to renew, until `claim` takes it by id. `on_event`
+stops at once the work of a held job cancelled on any instance, and after a gap
+in the notifications reads the held jobs again. `outcome_of` is what a held
+job's ended work is recorded as.
 """
 
 from __future__ import annotations
