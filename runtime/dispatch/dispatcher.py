@@ -7,6 +7,9 @@
     estimate wrong   -> just before the deadline, turn the waiting request into
                         a job and answer 202; the work goes on
 
+In a fleet, a job this instance cannot start soon is recorded queued, for an
+idle warm instance, and claimed by id as it starts here (claims.py).
+
 The work of every invocation is started once, at admission, and a request
 that becomes a job keeps that same work, so nothing runs twice. Every kind of
 work takes one path (`_start`, then `_run` once its models are leased): a
