@@ -17,6 +17,10 @@ and 3 instances:
   on instance B (`sleepy`, 0.3 s) while a `?wait=` poll waits on instance A;
   the wake-up is from B's record of the finish (`updated_at`) to A's answer.
   Target: p99 within 100 ms.
+- (PostgreSQL, 3 instances) a streaming job's items followed across instances:
+  a `ticks` job (a tick every 20 ms) runs on B, followed by SSE on B (from its
+  memory) and on A (from the store, runtime/jobs/items.py) at once; per item,
+  how much later it reaches A than B.
 
 `chaos`: 3 instances behind nginx on one PostgreSQL; clients submit a mix of
 jobs (`logged`: fast, slow, failing; `ticks`: streaming) and sync calls
@@ -177,6 +181,46 @@ def wake_ups(a: str, b: str, samples: int, at_once: int = 4) -> list[float]:
     return found
 
 
+def arrivals(url: str, job_id: str, connected: threading.Event) -> list[tuple[str, float]]:
+    """(id, arrival time) of each item event of a job followed from `url`."""
+    got: list[tuple[str, float]] = []
+    with (
+        httpx.Client(base_url=url, timeout=60) as client,
+        client.stream("GET", f"/jobs/{job_id}", headers={"accept": "text/event-stream"}) as sse,
+    ):
+        connected.set()
+        for line in sse.iter_lines():
+            if line.startswith("id: "):
+                got.append((line[4:], time.perf_counter()))
+            elif line.startswith("event: "):
+                break
+    return got
+
+
+def stream_follows(a: str, b: str, root: Path, jobs: int, n: int = 20) -> list[float]:
+    """Per item of a streaming job run on B (a tick every 20 ms), how much later it
+    reaches a follower on A (from the store) than one on B (from B's memory)."""
+    found: list[float] = []
+    with httpx.Client(base_url=b, timeout=60) as client, ThreadPoolExecutor(2) as pool:
+        for index in range(jobs):
+            hold = root / f"hold-{index}"
+            hold.touch()  # the run waits before its first tick until both follow
+            event = {"n": n, "gap_s": 0.02, "hold": str(hold), "hold_at": 0}
+            job_id = client.post("/handlers/ticks/jobs", json=event).raise_for_status()
+            job_id = job_id.json()["id"]
+            ready = [threading.Event(), threading.Event()]
+            there = pool.submit(arrivals, a, job_id, ready[0])
+            here = pool.submit(arrivals, b, job_id, ready[1])
+            for each in ready:
+                each.wait(30)
+            time.sleep(0.3)  # both requests reached their servers
+            hold.unlink()
+            far, near = dict(there.result()), dict(here.result())
+            assert far.keys() == near.keys() and len(far) == n, (far, near)
+            found += [far[i] - near[i] for i in far]
+    return found
+
+
 def run_bench(args: argparse.Namespace) -> list[Row]:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="thaw-bench-fleet-") as tmp, database() as cluster:
@@ -208,6 +252,14 @@ def run_bench(args: argparse.Namespace) -> list[Row]:
                             f"{fmt_s(percentile(woken, 50))} / {fmt_s(p99)}",
                             target="p99 <= 100 ms",
                             verdict="pass" if p99 <= 0.1 else "FAIL",
+                        )
+                    )
+                    later = stream_follows(a, b, root, args.follows)
+                    rows.append(
+                        Row(
+                            "stream item on a follower on another instance, later than on"
+                            f" the owner p50 / p99 ({len(later)} items)",
+                            f"{fmt_s(percentile(later, 50))} / {fmt_s(percentile(later, 99))}",
                         )
                     )
     return rows
@@ -439,6 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench")
     bench.add_argument("--jobs", type=int, default=400)
     bench.add_argument("--wakeups", type=int, default=100)
+    bench.add_argument("--follows", type=int, default=10)
     chaos = sub.add_parser("chaos")
     chaos.add_argument("--kills", type=int, default=30)
     chaos.add_argument("--every", type=float, default=3.0)

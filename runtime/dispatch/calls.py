@@ -28,7 +28,7 @@ import concurrent.futures
 import contextvars
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any
 
@@ -41,6 +41,8 @@ from runtime.registry import HandlerSpec
 log = logging.getLogger("thaw.dispatch")
 
 ThreadOutcome = concurrent.futures.Future[Any]
+# Awaited on the loop before a handler runs: whether it may (a queued job's claim).
+Gate = Callable[[], Coroutine[Any, Any, bool]]
 
 
 def user_error(
@@ -70,6 +72,13 @@ def user_error(
     error = HandlerError(f"{type(exc).__name__}: {exc}", handler=spec.name)
     error.__cause__ = exc
     return error
+
+
+def _gated(loop: asyncio.AbstractEventLoop, gate: Gate, call: Callable[[], Any]) -> Any:
+    # On the handler thread: a refused gate ended the work on the loop already.
+    if asyncio.run_coroutine_threadsafe(gate(), loop).result():
+        return call()
+    return None
 
 
 def _with_inference_mode(call: Callable[[], Any]) -> Any:
@@ -133,23 +142,32 @@ class HandlerCalls:
         models: list[Any],
         ctx: Context,
         then: Callable[[ThreadOutcome], None],
+        gate: Gate | None = None,
     ) -> None:
         """Run sync handler `spec` on a handler thread; `then(outcome)` runs on the loop after.
+        With a `gate`, the thread first awaits it on the loop, and runs the handler only
+        if it says True (a queued job's claim: made when a thread is free for it).
 
         The handler runs in a copy of the submitter's context, as under
         `asyncio.to_thread`; handlers that use models run under
         torch.inference_mode, and model-less ones never touch torch. Raises
         Draining once the handler threads are shut down.
         """
-        self.submit_call(spec, partial(spec.fn, event, *models, ctx), then)
+        self.submit_call(spec, partial(spec.fn, event, *models, ctx), then, gate)
 
     def submit_call(
-        self, spec: HandlerSpec, call: Callable[[], Any], then: Callable[[ThreadOutcome], None]
+        self,
+        spec: HandlerSpec,
+        call: Callable[[], Any],
+        then: Callable[[ThreadOutcome], None],
+        gate: Gate | None = None,
     ) -> None:
         """`submit` for a call made already (a batch: runtime/dispatch/batcher.py)."""
         loop = asyncio.get_running_loop()
         if spec.uses:
             call = partial(_with_inference_mode, call)
+        if gate is not None:
+            call = partial(_gated, loop, gate, call)
         try:
             done = self._pool.submit(partial(contextvars.copy_context().run, call))
         except RuntimeError:  # shut down: the instance stopped after admitting this call
@@ -182,6 +200,10 @@ class HandlerCalls:
             # An exception in its item's place: InvalidInput is a 400, as it is.
             raise user_error(spec, ctx, output)
         return output
+
+    def saturated(self) -> bool:
+        """Whether a sync handler submitted now would wait for a handler thread."""
+        return self._pool.saturated()
 
     def shutdown(self) -> None:
         """Start no more handlers; running ones finish on their own (threads cannot be stopped)."""

@@ -7,6 +7,9 @@
     estimate wrong   -> just before the deadline, turn the waiting request into
                         a job and answer 202; the work goes on
 
+In a fleet, a job this instance cannot start soon is recorded queued, for an
+idle warm instance, and claimed by id as it starts here (claims.py).
+
 The work of every invocation is started once, at admission, and a request
 that becomes a job keeps that same work, so nothing runs twice. Every kind of
 work takes one path (`_start`, then `_run` once its models are leased): a
@@ -29,18 +32,19 @@ import asyncio
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from runtime.clock import Clock
 from runtime.context import CLIENT_CONTEXT, Context
-from runtime.dispatch import eager
+from runtime.dispatch import claims, eager
 from runtime.dispatch.batcher import Batcher
 from runtime.dispatch.calls import HandlerCalls, user_error
 from runtime.dispatch.deadlines import Deadlines
 from runtime.dispatch.streams import Stream, Streaming, Streams
-from runtime.dispatch.work import Books, Work
+from runtime.dispatch.work import Books, Work, release, result_of, wake
 from runtime.errors import Draining, QueueFull
-from runtime.jobs.job import Job
+from runtime.jobs.job import Job, JobStatus
 from runtime.jobs.manager import JobManager, JobRunner
 from runtime.models.cache import Lease, ModelCache
 from runtime.models.estimate import Estimator
@@ -76,18 +80,6 @@ class Completed:
 class Accepted:
     job: Job
     retry_after_s: float
-
-
-def _result(outcome: asyncio.Future[Any]) -> Any:
-    """The work's output for its waiting caller; work cut off by a drain is `drained`."""
-    if outcome.cancelled():
-        raise Draining("the instance drained before this request finished; send it again")
-    return outcome.result()
-
-
-def _settle(settled: asyncio.Future[None]) -> None:
-    if not settled.done():
-        settled.set_result(None)
 
 
 class Dispatcher:
@@ -210,8 +202,12 @@ class Dispatcher:
                 answer_by -= FRAMEWORK_STALL_S
             if respond_async or estimate_s > answer_by - self._now():
                 # Record the job before starting the work, so the answer is not
-                # delayed by what the work does first (a cold load imports torch).
-                job = await self._record(spec, event, work, key_id)
+                # delayed by what the work does first (a cold load imports torch);
+                # queued if another instance may start it sooner (claims.py).
+                queued = self.jobs.shared_queue and claims.waits(spec, self.calls, self.cache)
+                job = await self._record(spec, event, work, key_id, queued=queued)
+                if queued:
+                    work.claim = partial(claims.claim_job, self.jobs, self.streams, job.id, work)
                 self._start(work, event)
                 started = True
                 self._follow(spec, job, work)
@@ -231,7 +227,7 @@ class Dispatcher:
                 stats.count("sync")
                 return Streaming(items, work.timings_ms)
         elif outcome.done() or await self._settled_by(work, answer_by):
-            output = _result(outcome)
+            output = result_of(outcome)
             stats.count("sync")
             return Completed(output, work.timings_ms, work.batch_size)
         # The estimate was wrong: answer 202 now; the same work goes on.
@@ -253,18 +249,23 @@ class Dispatcher:
     async def _started_by(self, stream: Stream, answer_by: float) -> bool:
         """Wait until `answer_by` at the latest for the handler to begin; True when it has."""
         waiter = asyncio.get_running_loop().create_future()
-        stream.started.add_done_callback(lambda _: _settle(waiter))
+        stream.started.add_done_callback(partial(wake, waiter))
         await self.deadlines.wait(waiter, answer_by)
         return stream.started.done()
 
-    async def _record(self, spec: HandlerSpec, event: Any, work: Work, key_id: str | None) -> Job:
-        job = await self.jobs.record(spec.name, event, phase=work.phase, key_id=key_id)
+    async def _record(
+        self, spec: HandlerSpec, event: Any, work: Work, key_id: str | None, queued: bool = False
+    ) -> Job:
+        phase = work.phase
+        job = await self.jobs.record(spec.name, event, phase=phase, key_id=key_id, queued=queued)
         self.handler_stats(spec.name).count("async")
         return job
 
     def _follow(self, spec: HandlerSpec, job: Job, work: Work) -> None:
-        self.jobs.follow(job, work.outcome, lambda: (work.phase, self._progress(spec, work)))
-        if work.stream is not None:
+        self.jobs.follow(
+            job, work.outcome, lambda: (work.phase, self._progress(spec, work)), items=work.stream
+        )
+        if work.stream is not None and job.status is not JobStatus.QUEUED:  # else on its claim
             self.streams.hold(job.id, work.stream)
 
     async def _ready_s(self, spec: HandlerSpec) -> float:
@@ -326,6 +327,9 @@ class Dispatcher:
         (whose callback settles it), and an async one is the coroutine returned,
         for the caller to drive."""
         spec = work.spec
+        if work.claim is not None and (spec.batch is not None or spec.is_async):
+            run = partial(self._run, work, event, models, started, load_ms)
+            return claims.claimed_then(work, run)
         if spec.batch is not None:
             work.mark_queued(started, load_ms)
             work.phase = "batching"
@@ -334,8 +338,9 @@ class Dispatcher:
         work.mark_running(started, load_ms)
         if spec.is_async:
             return self._run_async(work, event, models)
+        gate, work.claim = work.claim, None  # a queued job's claim, on its thread (claims.py)
         try:
-            self.calls.submit(spec, event, models, work.ctx, work.ran_in_thread)
+            self.calls.submit(spec, event, models, work.ctx, work.ran_in_thread, gate)
         except Draining as exc:
             work.fail(exc)
         return None
@@ -380,15 +385,15 @@ class Dispatcher:
                 for phase in LOAD_PHASES:
                     load_ms[phase] = load_ms.get(phase, 0.0) + phases.get(phase, 0.0)
         except asyncio.CancelledError:
-            _release(leases)
+            release(leases)
             work.cancel()
             raise
         except Exception as exc:  # the runtime's own (load-failed, ...): as they are
-            _release(leases)
+            release(leases)
             work.fail(exc)
             return
         if work.outcome.done():  # cut off while it waited: nobody runs it
-            _release(leases)
+            release(leases)
             return
         work.leases = leases
         run = self._run(work, event, [lease.model for lease in leases], started, load_ms)
@@ -400,13 +405,22 @@ class Dispatcher:
         return handler in self.registry.handlers
 
     def run_job(self, job: Job) -> asyncio.Future[Any]:
-        """Run a recovered job's stored input on this instance (the JobRunner protocol)."""
+        """Run a recovered (or queued) job's stored input here (the JobRunner protocol);
+        a generator handler's items are kept for followers (`items_of`)."""
         spec = self.registry.handler(job.handler)
-        ctx = Context(
-            request_id=job.id, handler=job.handler, logger=HANDLER_LOG, clock=self.clock
-        )
+        ctx = Context(request_id=job.id, handler=job.handler, logger=HANDLER_LOG, clock=self.clock)
         self.pending[spec.name] += 1
-        return self._start(Work(self.books, spec, ctx, self.handler_stats(spec.name)), job.input)
+        items = Stream(spec) if spec.streams else None
+        run_spec = spec if items is None else items.bind(spec)
+        work = Work(self.books, run_spec, ctx, self.handler_stats(spec.name), stream=items)
+        outcome = self._start(work, job.input)
+        if items is not None:
+            self.streams.hold(job.id, items)
+        return outcome
+
+    def items_of(self, job_id: str) -> Stream | None:
+        """The items of a job's run here, as they come (the JobRunner protocol)."""
+        return self.streams.get(job_id)
 
     # ---- drain ------------------------------------------------------------------
 
@@ -433,8 +447,3 @@ class Dispatcher:
         await self.books.quiet_by(self._now() + ABORT_WAIT_S)
         self.abort_in_flight()
         await self.cache.unload_all()
-
-
-def _release(leases: list[Lease]) -> None:
-    for lease in leases:
-        lease.release()

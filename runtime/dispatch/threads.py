@@ -64,6 +64,10 @@ class HandlerThreads:
                 self._waiting.append(call)
         return future
 
+    def saturated(self) -> bool:
+        """Whether a call submitted now would wait for a thread (a hint: no lock taken)."""
+        return not self._idle and self.started >= self.max_threads
+
     def _after(self, worker: _Worker) -> tuple[bool, _Call | None]:
         """A worker is done with its call: (keep running, the next call for it).
         With no call waiting it is idle from now on, before its call completes."""

@@ -32,10 +32,10 @@ from typing import Any
 
 from runtime.clock import Clock
 from runtime.context import Context
-from runtime.dispatch.calls import ThreadOutcome, user_error
+from runtime.dispatch.calls import Gate, ThreadOutcome, user_error
 from runtime.dispatch.overruns import Overruns
 from runtime.dispatch.streams import Stream
-from runtime.errors import HandlerTimeout, ThawError
+from runtime.errors import Draining, HandlerTimeout, ThawError
 from runtime.models.cache import Lease
 from runtime.models.estimate import Estimator
 from runtime.registry import HandlerSpec
@@ -81,12 +81,12 @@ class Books:
             if until is not None and self.now() >= until:
                 return False
             waiter: asyncio.Future[None] = loop.create_future()
-            wake = partial(_wake, waiter)
+            wake_it = partial(wake, waiter)
             if self.admitting:
                 self.admitted = waiter
             watched = list(self.in_flight)
             for outcome in watched:
-                outcome.add_done_callback(wake)
+                outcome.add_done_callback(wake_it)
             try:
                 if until is None:
                     await waiter
@@ -96,13 +96,26 @@ class Books:
                 if self.admitted is waiter:
                     self.admitted = None
                 for outcome in watched:
-                    outcome.remove_done_callback(wake)
+                    outcome.remove_done_callback(wake_it)
         return True
 
 
-def _wake(waiter: asyncio.Future[None], _: object = None) -> None:
+def wake(waiter: asyncio.Future[None], _: object = None) -> None:
+    """Set `waiter` unless it is done (also as a done callback)."""
     if not waiter.done():
         waiter.set_result(None)
+
+
+def result_of(outcome: asyncio.Future[Any]) -> Any:
+    """The work's output for its waiting caller; work cut off by a drain is `drained`."""
+    if outcome.cancelled():
+        raise Draining("the instance drained before this request finished; send it again")
+    return outcome.result()
+
+
+def release(leases: list[Lease]) -> None:
+    for lease in leases:
+        lease.release()
 
 
 class Work:
@@ -116,6 +129,7 @@ class Work:
     __slots__ = (
         "batch_size",
         "books",
+        "claim",
         "ctx",
         "handler",
         "leases",
@@ -168,6 +182,9 @@ class Work:
         self.batch_size: int | None = None
         # A generator handler's items (runtime/dispatch/streams.py).
         self.stream = stream
+        # A job recorded queued (its instance could not start it at once) is claimed
+        # by id just before its handler runs: the claim, True when this instance won.
+        self.claim: Gate | None = None
 
     # ---- on its way ---------------------------------------------------------------
 

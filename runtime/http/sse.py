@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -105,6 +105,30 @@ async def stream_events(
         yield error_event(exc, path)
         return
     yield result_event(body)
+
+
+async def stored_events(
+    stored: AsyncGenerator[list[Any] | Job, None], start: int, path: str
+) -> AsyncGenerator[bytes, None]:
+    """A followed job's events read from the store (runtime/jobs/items.py): its items
+    from index `start`, heartbeats in the gaps, then its end."""
+    index = start
+    # A comment at once, as the store is read: the follower (and a proxy) knows the
+    # stream is open before the first item, however long that takes.
+    yield HEARTBEAT
+    async with contextlib.aclosing(stored):  # a follower gone stops watching at once
+        async for read in stored:
+            if isinstance(read, Job):
+                yield job_final_event(read, path)
+                return
+            if not read:
+                yield HEARTBEAT
+                continue
+            chunk = bytearray()
+            for item in read:
+                chunk += item_event(index, item)
+                index += 1
+            yield bytes(chunk)
 
 
 class EventStreamResponse:

@@ -4,6 +4,10 @@ and that holds their liveness (PostgreSQL, docs/fleet.md).
 - Wake-ups (runtime/jobs/wakeups.py): the manager's long polls wake when the job
   changes on any instance, and a cancel that reached another instance stops
   the work here at once (the manager subscribes to the events).
+- Shared queue and items: with such a store the manager records jobs this
+  instance cannot start soon as queued (`shared_queue`, runtime/dispatch/
+  claims.py), and writes streaming jobs' items for followers anywhere
+  (`items.store`, runtime/jobs/items.py).
 - Queued work (`take_queued`): while this instance is idle, it claims the
   fleet's oldest queued job (`claim_next`, rows others hold skipped) and runs
   it: first of the handlers whose models are READY here, and of the others
@@ -81,6 +85,9 @@ class Fleet:
         when the store is not one a fleet shares."""
         self.jobs.wakeups.start(store)
         self._store = store
+        self.jobs.shared_queue = self.jobs.wakeups.supported and hasattr(store, "claim_next")
+        if self.jobs.wakeups.supported and hasattr(store, "items_after"):
+            self.jobs.items.store = store
         if not has_owners_table(store):
             return self.jobs.wakeups.supported
         self.liveness = Liveness(

@@ -8,6 +8,15 @@ the job is no longer this instance's (a client cancelled it, another instance
 claimed it): its work is stopped and its output discarded. A held job whose
 record vanished (a database deleted or replaced under the instance) is written
 again by `restore`.
+
+Heartbeats and phases are fenced by the run: they carry the `attempts` the
+claim returned, so a run whose lease lapsed and that was claimed again (by
+another instance, or by this very owner) is refused, and stops. A job recorded
+queued (its instance could not start it at once, runtime/dispatch/claims.py) is
+held unclaimed, with no lease to renew, until `claim` takes it by id. `on_event`
+stops at once the work of a held job cancelled on any instance, and after a gap
+in the notifications reads the held jobs again. `outcome_of` is what a held
+job's ended work is recorded as.
 """
 
 from __future__ import annotations
@@ -18,13 +27,17 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from runtime.clock import Clock
-from runtime.errors import Conflict, StorageUnavailable
-from runtime.jobs.calls import StoreCalls
+from runtime.errors import Conflict, Draining, HandlerError, StorageUnavailable, ThawError
+from runtime.jobs.calls import RETRY_FIRST_S, RETRY_MAX_S, StoreCalls
 from runtime.jobs.job import Job, JobStatus
+from runtime.jobs.wakeups import Event
 from runtime.telemetry.logs import REQUEST_ID
+from runtime.wire.outputs import encode_output
+from runtime.wire.render import job_error
 
 log = logging.getLogger("thaw.jobs")
 
@@ -32,6 +45,39 @@ log = logging.getLogger("thaw.jobs")
 Probe = Callable[[], tuple[str, dict[str, Any] | None]]
 # A job's final (status, output, error).
 Outcome = tuple[JobStatus, Any, dict[str, Any] | None]
+
+
+def holds(job: Job, owner: str, attempt: int) -> bool:
+    """Whether `job` (as read) is still run `attempt` of `owner`'s, running."""
+    return job.owner == owner and job.attempts == attempt and job.status is JobStatus.RUNNING
+
+
+def outcome_of(work: asyncio.Future[Any], handler: str) -> Outcome:
+    try:
+        output = work.result()
+        # Checked before it is recorded: a store would write NaN as null, silently.
+        encode_output(handler, output)
+        return JobStatus.SUCCEEDED, output, None
+    except asyncio.CancelledError:
+        # Work is cancelled only by a drain (or by losing the job, whose outcome is discarded).
+        drained = Draining("the instance drained before the job finished; submit it again")
+        return JobStatus.FAILED, None, job_error(drained)
+    except ThawError as exc:
+        return JobStatus.FAILED, None, job_error(exc)
+    except Exception as exc:
+        # The dispatcher maps what user code raises; what is left came from the work all the same.
+        return JobStatus.FAILED, None, job_error(HandlerError(f"{type(exc).__name__}: {exc}"))
+
+
+async def wait_set(clock: Clock, event: asyncio.Event, timeout_s: float) -> bool:
+    """Whether `event` is set within `timeout_s` (on the clock, not the loop's)."""
+    if event.is_set():
+        return True
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        return await clock.wait_until(waiter, clock.monotonic() + timeout_s)
+    finally:
+        waiter.cancel()
 
 
 @dataclass(slots=True)
@@ -50,6 +96,13 @@ class LocalJob:
     # The id of the request that made the job (the job's own id for a recovered
     # one): the log context of every line about it (runtime.telemetry.logs.REQUEST_ID).
     request_id: str | None = None
+    # False while the job is recorded queued (its instance could not start it at
+    # once): not leased yet, so not heartbeated; `Leases.claim` takes it by id.
+    claimed: bool = True
+    # Writing its items to the store, for followers anywhere (runtime/jobs/items.py).
+    writer: asyncio.Task[None] | None = None
+    # Its run's items as they are made (a generator handler's), to write.
+    source: Any = None
 
 
 class Leases:
@@ -63,6 +116,7 @@ class Leases:
         self.clock = clock
         self.local: dict[str, LocalJob] = {}
         self._heartbeats: asyncio.Task[None] | None = None
+        self._recheck: asyncio.Task[None] | None = None
 
     def hold(self, local: LocalJob) -> None:
         """Renew `local`'s lease from now on (until `drop`)."""
@@ -116,6 +170,73 @@ class Leases:
         )
         return True
 
+    async def claim(self, job_id: str, max_attempts: int, give_up: asyncio.Event) -> bool:
+        """Claim a held job recorded queued, by id (one winner: `claim` locks the row);
+        tried again while the store cannot serve, until `give_up`. False when another
+        instance took it first or it was cancelled: it is released here."""
+        local = self.local.get(job_id)
+        if local is None or local.released:
+            return False
+        delay = RETRY_FIRST_S
+        while not local.claimed:
+            try:
+                claimed = await self.calls.write(
+                    self.store.claim, job_id, self.owner, self.lease_s, max_attempts
+                )
+            except StorageUnavailable:
+                if not await wait_set(self.clock, give_up, delay):
+                    delay = min(2 * delay, RETRY_MAX_S)
+                    continue
+                claimed = None
+            if claimed is None:
+                log.info("job %s was taken by another instance (or cancelled) first", job_id)
+                local.released = True
+                return False
+            local.job, local.claimed = claimed, True
+        return True
+
+    def on_event(self, event: Event | None) -> None:
+        """A job changed on some instance: one cancelled (on any instance, this one
+        included) that runs here stops now, instead of at its next heartbeat."""
+        if event is None:
+            # Notifications may have been lost: read the held jobs again.
+            if self.local and self._recheck is None:
+                self._recheck = asyncio.get_running_loop().create_task(
+                    self._recheck_held(), context=contextvars.Context()
+                )
+            return
+        if event.status != JobStatus.CANCELLED:
+            return
+        local = self.local.get(event.job_id)
+        if local is not None and not local.work.done():
+            log.info("job %s was cancelled: stopping its work here", event.job_id)
+            local.released = True
+            local.work.cancel()
+
+    async def _recheck_held(self) -> None:
+        """After a gap in the notifications: stop the work of held jobs that were
+        cancelled or taken over meanwhile (else their next heartbeat would)."""
+        try:
+            for local in list(self.local.values()):
+                if local.work.done() or local.released or not local.claimed:
+                    continue  # (a queued one's claim finds out)
+                try:
+                    current = await self.calls.read(self.store.get, local.job.id)
+                except StorageUnavailable:
+                    return  # the heartbeats find out once the store serves
+                if current is None:
+                    continue  # vanished: the heartbeat restores it
+                if not holds(current, self.owner, local.job.attempts):
+                    log.info("job %s changed while notifications were lost: stopping", current.id)
+                    local.released = True
+                    local.work.cancel()
+        finally:
+            self._recheck = None
+
+    def close(self) -> None:
+        if self._recheck is not None:
+            self._recheck.cancel()
+
     async def _beat_while_running(self) -> None:
         """Every third of a lease, renew the lease and the phase of each held job
         (including one whose outcome waits for the store)."""
@@ -123,7 +244,7 @@ class Leases:
         try:
             while self.local:
                 await self.clock.sleep(interval)
-                held = [lj for lj in self.local.values() if not lj.released]
+                held = [lj for lj in self.local.values() if lj.claimed and not lj.released]
                 if held:
                     await asyncio.gather(*map(self._beat, held))
         finally:
@@ -134,17 +255,22 @@ class Leases:
         # Each beat is a task of its own (gather): the id is set for this job only.
         REQUEST_ID.set(local.request_id)
         job, calls, store = local.job, self.calls, self.store
+        # Fenced by the run (the claim's `attempts`), not only by owner: a later run
+        # of this very job, by this owner too, refuses this one's writes.
+        attempt = job.attempts
         try:
-            if await calls.write(store.heartbeat, job.id, self.owner, self.lease_s):
+            heartbeat = partial(store.heartbeat, attempt=attempt)
+            if await calls.write(heartbeat, job.id, self.owner, self.lease_s):
                 if not local.work.done():
                     phase, progress = local.probe()
-                    await calls.write(store.set_phase, job.id, self.owner, phase, progress)
+                    set_phase = partial(store.set_phase, attempt=attempt)
+                    await calls.write(set_phase, job.id, self.owner, phase, progress)
                 return
             current = await calls.read(store.get, job.id)
             if current is None:
                 await self.restore(local)
                 return
-            if current.owner == self.owner and current.status is JobStatus.RUNNING:
+            if holds(current, self.owner, job.attempts):
                 return  # restored meanwhile by the finisher or a poll
         except StorageUnavailable:
             # The store cannot serve (the health condition says so, once): keep

@@ -24,35 +24,31 @@ its timers, so a test moves them all with a `ManualClock`.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
+from collections.abc import AsyncGenerator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from runtime.clock import SYSTEM, Clock
 from runtime.errors import (
-    Draining,
-    HandlerError,
     StorageUnavailable,
-    ThawError,
     UnknownJob,
 )
 from runtime.jobs.batch import CreateBatcher
 from runtime.jobs.calls import RETRY_FIRST_S, RETRY_MAX_S, STORE_CONDITION, StoreCalls
 from runtime.jobs.finished import FinishedJobs
+from runtime.jobs.items import ItemSource, JobItems
 from runtime.jobs.job import Job, JobStatus, new_job_id
-from runtime.jobs.leases import Leases, LocalJob, Outcome, Probe
+from runtime.jobs.leases import Leases, LocalJob, Probe, outcome_of, wait_set
 from runtime.jobs.owners import OwnerLock
 from runtime.jobs.quota import JobQuota, json_size
 from runtime.jobs.recovery import JobRunner, Recovery
 from runtime.jobs.store import JobStore
-from runtime.jobs.wakeups import Event, Wakeups
+from runtime.jobs.wakeups import Wakeups
 from runtime.telemetry.health import Health
 from runtime.telemetry.logs import REQUEST_ID
 from runtime.telemetry.metrics import Metrics
-from runtime.wire.outputs import encode_output
-from runtime.wire.render import job_error
 
 __all__ = ["STORE_CONDITION", "JobManager", "JobRunner", "LocalJob", "Probe", "outcome_of"]
 
@@ -64,34 +60,6 @@ FINAL_WRITE_GRACE_S = 5.0
 # A long poll woken by notifications still reads the job this often: its owner may
 # have died without a word, and the poll is what recovers a lapsed lease.
 RECHECK_S = 5.0
-
-
-def outcome_of(work: asyncio.Future[Any], handler: str) -> Outcome:
-    try:
-        output = work.result()
-        # Checked before it is recorded: a store would write NaN as null, silently.
-        encode_output(handler, output)
-        return JobStatus.SUCCEEDED, output, None
-    except asyncio.CancelledError:
-        # Work is cancelled only by a drain (or by losing the job, whose outcome is discarded).
-        drained = Draining("the instance drained before the job finished; submit it again")
-        return JobStatus.FAILED, None, job_error(drained)
-    except ThawError as exc:
-        return JobStatus.FAILED, None, job_error(exc)
-    except Exception as exc:
-        # The dispatcher maps what user code raises; what is left came from the work all the same.
-        return JobStatus.FAILED, None, job_error(HandlerError(f"{type(exc).__name__}: {exc}"))
-
-
-async def wait_set(clock: Clock, event: asyncio.Event, timeout_s: float) -> bool:
-    """Whether `event` is set within `timeout_s` (on the clock, not the loop's)."""
-    if event.is_set():
-        return True
-    waiter = asyncio.ensure_future(event.wait())
-    try:
-        return await clock.wait_until(waiter, clock.monotonic() + timeout_s)
-    finally:
-        waiter.cancel()
 
 
 class JobManager:
@@ -141,13 +109,18 @@ class JobManager:
         self._creates = CreateBatcher(store.create_many)
         # Set when a drain stops waiting for the store: pending outcomes are given up.
         self._give_up = asyncio.Event()
+        # Streaming jobs' items in the store, when it keeps them (runtime/jobs/items.py).
+        self.items = JobItems(self.calls, owner=owner, clock=clock, give_up=self._give_up)
         self._abandoned = 0
         self._running = metrics.jobs.labels(str(JobStatus.RUNNING))
+        self._queued = metrics.jobs.labels(str(JobStatus.QUEUED))
         # Changes of jobs made by other instances of a fleet, when the store tells
         # them (runtime/jobs/wakeups.py; started by runtime/jobs/fleet.py).
         self.wakeups = Wakeups(clock)
-        self.wakeups.subscribe(self._on_event)
-        self._recheck: asyncio.Task[None] | None = None
+        self.wakeups.subscribe(self.leases.on_event)
+        # Whether jobs recorded queued are taken by the fleet's idle instances (set
+        # by runtime/jobs/fleet.py): only then does the dispatcher record any.
+        self.shared_queue = False
 
     @property
     def runner(self) -> JobRunner | None:
@@ -159,9 +132,12 @@ class JobManager:
 
     # ---- this instance's jobs ----------------------------------------------------
 
-    async def record(self, handler: str, event: Any, *, phase: str, key_id: str | None) -> Job:
-        """Write a new job, running and leased to this instance; returns once durable.
-        Refused past the key's or the instance's stored-job quota (runtime/jobs/quota.py)."""
+    async def record(
+        self, handler: str, event: Any, *, phase: str, key_id: str | None, queued: bool = False
+    ) -> Job:
+        """Write a new job, running and leased to this instance (or `queued`: for any
+        instance to claim, this one by `claim_queued` when it gets to it); returns once
+        durable. Refused past the key's or the instance's stored-job quota (quota.py)."""
         quota = self.quota
         size = 0
         if quota is not None:
@@ -172,13 +148,13 @@ class JobManager:
             id=new_job_id(),
             handler=handler,
             input=event,
-            status=JobStatus.RUNNING,
+            status=JobStatus.QUEUED if queued else JobStatus.RUNNING,
             phase=phase,
-            attempts=1,
+            attempts=0 if queued else 1,
             created_at=now,
             updated_at=now,
-            owner=self.owner,
-            lease_until=now + self.lease_s,
+            owner=None if queued else self.owner,
+            lease_until=None if queued else now + self.lease_s,
             key_id=key_id,
         )
         try:
@@ -187,20 +163,31 @@ class JobManager:
             self.calls.failing(exc)
             raise
         self.calls.serving()
-        self._running.inc()
+        (self._queued if queued else self._running).inc()
         if quota is not None:
             quota.add(job.id, key_id, size)
         return job
 
-    def follow(self, job: Job, work: asyncio.Future[Any], probe: Probe) -> None:
-        """Renew `job`'s lease while `work` runs, then record its outcome.
+    def follow(
+        self,
+        job: Job,
+        work: asyncio.Future[Any],
+        probe: Probe,
+        items: ItemSource | None = None,
+    ) -> None:
+        """Renew `job`'s lease while `work` runs (writing its `items` where the store
+        keeps them), then record its outcome.
 
         One heartbeat loop serves every local job, and the outcome is written
         from `work`'s done callback: a 202 under a burst then costs a callback,
         not a task of its own that wakes up for each job.
         """
         local = LocalJob(job, work, probe, request_id=REQUEST_ID.get())
+        local.claimed = job.status is JobStatus.RUNNING
+        local.source = items
         self.leases.hold(local)
+        if local.claimed:
+            self.items.start(local, items)
         self._idle.clear()
         # The done callback (and the task recording the outcome) run in the
         # context current here: the request's, so their lines carry its id.
@@ -210,8 +197,23 @@ class JobManager:
         local.outcome = outcome_of(work, local.job.handler)
         local.finisher = asyncio.get_running_loop().create_task(self._finish_local(local))
 
+    async def claim_queued(self, job_id: str) -> bool:
+        """Claim by id a job held here but recorded queued, as its work is about to run
+        here; False when another instance took it first (or it was cancelled): its
+        work must not run here, and its outcome is discarded."""
+        if not await self.leases.claim(job_id, self.max_attempts, self._give_up):
+            return False
+        local = self.local[job_id]
+        self._running.inc()
+        self.items.start(local, local.source)
+        return True
+
     async def _finish_local(self, local: LocalJob) -> None:
         try:
+            if not local.claimed and not local.work.cancelled():
+                # Ended before it ran (a load failed): recorded if this one wins the claim.
+                await self.claim_queued(local.job.id)
+            await self.items.flushed(local)
             await self._record_outcome(local)
         except Exception:
             log.exception("job %s: recording its outcome failed", local.job.id)
@@ -228,26 +230,29 @@ class JobManager:
         job, calls, store = local.job, self.calls, self.store
         status, output, error = local.outcome
         recorded, tries, delay = False, 0, RETRY_FIRST_S
+        run = (self.owner, job.attempts)
         while not local.released:
             tries += 1
             try:
-                if await calls.write(store.finish, job.id, self.owner, status, output, error):
+                finish = partial(store.finish, attempt=job.attempts)  # fenced by the run
+                if await calls.write(finish, job.id, self.owner, status, output, error):
                     recorded = True
                     break
                 current = await calls.read(store.get, job.id)
+                mine = current is not None and (current.owner, current.attempts) == run
                 if current is None:
                     if await self.leases.restore(local, final=True):
                         recorded = True
                         break
                     # else restored meanwhile (running) by a heartbeat: finish that record
-                elif current.owner == self.owner and current.status is status:
+                elif mine and current.status is status:
                     # Written by an earlier try whose answer was lost (the store
                     # refused to call it durable, a retried request found it done):
                     # only the owner can finish a job.
                     recorded = True
                     break
-                elif current.owner != self.owner or current.status is not JobStatus.RUNNING:
-                    break  # cancelled by a client, or claimed by another instance
+                elif not mine or current.status is not JobStatus.RUNNING:
+                    break  # cancelled by a client, or claimed again (elsewhere or here)
                 failure: Exception | None = None
             except Exception as exc:
                 failure = exc
@@ -329,43 +334,16 @@ class JobManager:
                 await clock.sleep(min(0.1, remaining))
             # else it finished here while the store was read: read its outcome at once
 
-    def _on_event(self, event: Event | None) -> None:
-        """A job changed on some instance: one cancelled (on any instance, this one
-        included) that runs here stops now, instead of at its next heartbeat."""
-        if event is None:
-            # Notifications may have been lost: read the held jobs again.
-            if self.local and self._recheck is None:
-                self._recheck = asyncio.get_running_loop().create_task(
-                    self._recheck_held(), context=contextvars.Context()
-                )
-            return
-        if event.status != JobStatus.CANCELLED:
-            return
-        local = self.local.get(event.job_id)
-        if local is not None and not local.work.done():
-            log.info("job %s was cancelled: stopping its work here", event.job_id)
-            local.released = True
-            local.work.cancel()
-
-    async def _recheck_held(self) -> None:
-        """After a gap in the notifications: stop the work of held jobs that were
-        cancelled or taken over meanwhile (else their next heartbeat would)."""
-        try:
-            for local in list(self.local.values()):
-                if local.work.done() or local.released:
-                    continue
-                try:
-                    current = await self.calls.read(self.store.get, local.job.id)
-                except StorageUnavailable:
-                    return  # the heartbeats find out once the store serves
-                if current is None:
-                    continue  # vanished: the heartbeat restores it
-                if current.status is JobStatus.CANCELLED or current.owner != self.owner:
-                    log.info("job %s changed while notifications were lost: stopping", current.id)
-                    local.released = True
-                    local.work.cancel()
-        finally:
-            self._recheck = None
+    def stored_items(
+        self, job_id: str, *, key_id: str | None, start: int, idle_s: float
+    ) -> AsyncGenerator[list[Any] | Job, None] | None:
+        """A follower's items of the job from index `start`, then the final job, read
+        from the store wherever the job runs (runtime/jobs/items.py); None when the
+        store keeps no items (SQLite, DynamoDB)."""
+        if self.items.store is None:
+            return None
+        get = partial(self.get, job_id, key_id=key_id)
+        return self.items.follow(job_id, start, idle_s, get, self.wakeups)
 
     async def _lookup(self, job_id: str, key_id: str | None) -> Job | None:
         """The job as remembered if it is finished and `key_id`'s, else as the store has it.
@@ -439,7 +417,6 @@ class JobManager:
         of this instance may still be running in the store (an outcome given up), so
         the next instance on this node takes that job at once."""
         self.calls.close()
-        if self._recheck is not None:
-            self._recheck.cancel()
+        self.leases.close()
         if self.owner_lock is not None:
             self.owner_lock.release(delete=self._abandoned == 0 and not self.local)

@@ -42,9 +42,14 @@ class JobRunner(Protocol):
         the store are left to their own instances."""
         ...
 
+    def items_of(self, job_id: str) -> Any:
+        """The items of the job's run started by `run_job`, as they come (an
+        `ItemSource`, runtime/jobs/items.py), or None for a handler that streams none."""
+        ...
 
-# Follows a claimed job's work here (the manager's `follow`).
-Follow = Callable[[Job, asyncio.Future[Any], Probe], None]
+
+# Follows a claimed job's work here, and its items (the manager's `follow`).
+Follow = Callable[[Job, asyncio.Future[Any], Probe, Any], None]
 
 
 class Recovery:
@@ -102,7 +107,7 @@ class Recovery:
         try:
             log.info("%s %s (attempt %d)", what, claimed.id, claimed.attempts)
             work = self.runner.run_job(claimed)
-            self.follow(claimed, work, lambda: ("running", None))
+            self.follow(claimed, work, lambda: ("running", None), self.runner.items_of(claimed.id))
         finally:
             REQUEST_ID.reset(token)
 

@@ -69,12 +69,24 @@ class JobStore(Protocol):
         while the store cannot write (how an instance learns it can again)."""
         ...
 
-    def heartbeat(self, job_id: str, owner: str, lease_s: float) -> bool:
-        """Renew the lease; False when `owner` no longer holds a running job."""
+    def heartbeat(
+        self, job_id: str, owner: str, lease_s: float, *, attempt: int | None = None
+    ) -> bool:
+        """Renew the lease; False when `owner` no longer holds a running job.
+
+        `attempt` (here and below): the `attempts` of the Job the claim returned,
+        the run's fencing token; given, the write succeeds only for that very run,
+        so a late write of an earlier run (the same owner's too) changes nothing."""
         ...
 
     def set_phase(
-        self, job_id: str, owner: str, phase: str, progress: dict[str, Any] | None = None
+        self,
+        job_id: str,
+        owner: str,
+        phase: str,
+        progress: dict[str, Any] | None = None,
+        *,
+        attempt: int | None = None,
     ) -> bool: ...
 
     def finish(
@@ -84,8 +96,10 @@ class JobStore(Protocol):
         status: JobStatus,
         output: Any = None,
         error: dict[str, Any] | None = None,
+        *,
+        attempt: int | None = None,
     ) -> bool:
-        """Record the final state, only if `owner` still holds the running job."""
+        """Record the final state, only if `owner` (and that `attempt`) holds the running job."""
         ...
 
     def cancel(self, job_id: str) -> Job | None:
@@ -182,13 +196,21 @@ class DeferredStore:
     def ping(self, owner: str) -> None:
         self.open().ping(owner)
 
-    def heartbeat(self, job_id: str, owner: str, lease_s: float) -> bool:
-        return self.open().heartbeat(job_id, owner, lease_s)
+    def heartbeat(
+        self, job_id: str, owner: str, lease_s: float, *, attempt: int | None = None
+    ) -> bool:
+        return self.open().heartbeat(job_id, owner, lease_s, attempt=attempt)
 
     def set_phase(
-        self, job_id: str, owner: str, phase: str, progress: dict[str, Any] | None = None
+        self,
+        job_id: str,
+        owner: str,
+        phase: str,
+        progress: dict[str, Any] | None = None,
+        *,
+        attempt: int | None = None,
     ) -> bool:
-        return self.open().set_phase(job_id, owner, phase, progress)
+        return self.open().set_phase(job_id, owner, phase, progress, attempt=attempt)
 
     def finish(
         self,
@@ -197,8 +219,10 @@ class DeferredStore:
         status: JobStatus,
         output: Any = None,
         error: dict[str, Any] | None = None,
+        *,
+        attempt: int | None = None,
     ) -> bool:
-        return self.open().finish(job_id, owner, status, output, error)
+        return self.open().finish(job_id, owner, status, output, error, attempt=attempt)
 
     def cancel(self, job_id: str) -> Job | None:
         return self.open().cancel(job_id)

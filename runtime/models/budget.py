@@ -200,15 +200,19 @@ class MemoryBudget:
 
     # ---- requests ---------------------------------------------------------------
 
-    def try_admit(self, name: str) -> bool:
-        """Admit one request of `name` now if that needs no wait (the warm path)."""
+    def admits_now(self, name: str) -> bool:
+        """Whether a request of `name` would be admitted now, with no wait (nothing taken)."""
         held = self._held.get(name)
         if held is None or held.closed:
             return False
         extra = held.extra_for_one_more()
-        if extra and (self._queue or not self._fits(extra)):
+        return not (extra and (self._queue or not self._fits(extra)))
+
+    def try_admit(self, name: str) -> bool:
+        """Admit one request of `name` now if that needs no wait (the warm path)."""
+        if not self.admits_now(name):
             return False
-        held.admitted += 1
+        self._held[name].admitted += 1
         return True
 
     async def admit(self, name: str) -> bool:

@@ -13,7 +13,8 @@ it is yielded, and the run's end appends `end <ticks yielded> <how>`: how is
 or `failed`. One write per line, O_APPEND.
 
 `model_ticks` is `ticks` using the bundle `tick-model`, whose builder sleeps
-its config's `sleep_s`: a stream that must wait for a load.
+its config's `sleep_s`, then waits while the file its config's `hold` names
+exists: a stream that must wait for a load.
 """
 
 from __future__ import annotations
@@ -101,6 +102,9 @@ async def aticks(event: Any, ctx: Context) -> AsyncIterator[dict[str, Any]]:
 @bundle("tick-model")
 def build_tick_model(config: dict[str, Any]) -> dict[str, Any]:
     time.sleep(float(config.get("sleep_s", 0.0)))
+    hold = config.get("hold")
+    while hold and Path(hold).exists():  # a test holds the load until it removes the file
+        time.sleep(0.01)
     return dict(config)
 
 

@@ -191,11 +191,13 @@ class FlakyHeartbeats(SQLiteJobStore):
 
     failed = False
 
-    def heartbeat(self, job_id: str, owner: str, lease_s: float) -> bool:
+    def heartbeat(
+        self, job_id: str, owner: str, lease_s: float, *, attempt: int | None = None
+    ) -> bool:
         if not self.failed:
             self.failed = True
             raise sqlite3.OperationalError("database is locked")
-        return super().heartbeat(job_id, owner, lease_s)
+        return super().heartbeat(job_id, owner, lease_s, attempt=attempt)
 
 
 async def test_a_failed_heartbeat_does_not_stop_the_job(tmp_path: Path, clock: ManualClock) -> None:

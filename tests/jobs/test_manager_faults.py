@@ -62,6 +62,9 @@ class Rerun:
     def can_run(self, handler: str) -> bool:
         return True
 
+    def items_of(self, job_id: str) -> None:
+        return None  # its runs stream no items
+
 
 def manager(
     store: SQLiteJobStore,

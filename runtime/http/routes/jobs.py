@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from urllib.parse import quote
 
 from starlette.requests import Request
@@ -95,8 +96,9 @@ async def get_job(request: Request) -> Response | sse.EventStreamResponse:
 
 
 async def follow_job(request: Request) -> sse.EventStreamResponse:
-    """A job as server-sent events: its items so far and then as they come (when
-    this instance runs it), then its output or error."""
+    """A job as server-sent events: its items so far and then as they come (from
+    this instance's memory when it runs it, else from a store that keeps them),
+    then its output or error."""
     instance = instance_of(request)
     job_id = request.path_params["job_id"]
     key_id = key_id_of(request)
@@ -115,7 +117,14 @@ async def follow_job(request: Request) -> sse.EventStreamResponse:
             async for chunk in sse.stream_events(stream, start, heartbeat_s, path):
                 yield chunk
             return
-        # Not streamed here (run by another instance, or finished): its end.
+        # Not streamed here: its items as the store has them, where it keeps them
+        # (a fleet's), wherever the job runs; else heartbeats and its end.
+        stored = instance.jobs.stored_items(job_id, key_id=key_id, start=start, idle_s=heartbeat_s)
+        if stored is not None:
+            async with aclosing(sse.stored_events(stored, start, path)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+            return
         while not current.status.final:
             yield sse.HEARTBEAT
             current = await instance.job(job_id, key_id=key_id, wait_s=heartbeat_s)

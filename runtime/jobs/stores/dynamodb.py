@@ -21,8 +21,7 @@ Same contract and semantics as the SQLite store; how they map here:
 - `owned()` lists the running jobs of one owner: the active index nominates
   the running ones, and a consistent `BatchGetItem` of their owners picks them.
   Only an instance that finds a dead owner on its node asks (at start-up).
-- `ping()` is an `UpdateItem` of an item that does not exist, conditional on its
-  existing: the service evaluates it (a write request) and changes nothing.
+- `ping()`: an `UpdateItem` of an absent item, conditional on its existing (a write).
 - Service errors become `StorageUnavailable`; a duplicate id in `create()` is `Conflict`.
 """
 
@@ -46,11 +45,11 @@ from runtime.jobs.stores.dynamodb_table import (
     LOST,
     ORPHAN_LOST,
     ORPHANED,
-    OWNED,
     PENDING,
     PING_KEY,
     STATES,
     TTL_ATTRIBUTE,
+    Fence,
     attribute,
     boto_client,
     condition_failed,
@@ -58,6 +57,7 @@ from runtime.jobs.stores.dynamodb_table import (
     expression_names,
     expression_values,
     job_of,
+    owned,
     table_spec,
 )
 from runtime.jobs.stores.payloads import FIELDS, Payloads, translated
@@ -159,12 +159,13 @@ class DynamoDBJobStore:
         return attributes
 
     def _owned_update(
-        self, job_id: str, owner: str, sets: dict[str, Any], removes: list[str]
+        self, job_id: str, owner: str, sets: dict[str, Any], removes: list[str], attempt: Fence
     ) -> bool:
-        """An update only the running job's owner may make; drops its S3 objects if refused."""
-        values = {":owner": owner} | STATES
+        """An update only the running job's owner (with `attempt`: that run of it) may
+        make; drops its S3 objects if refused."""
+        condition, values = owned(owner, attempt)
         try:
-            done = self._update(job_id, sets, removes, OWNED, values) is not None
+            done = self._update(job_id, sets, removes, condition, values) is not None
         except BaseException:
             self.payloads.drop(sets)
             raise
@@ -332,28 +333,24 @@ class DynamoDBJobStore:
     def ping(self, owner: str) -> None:
         self._update(PING_KEY, {"owner": owner}, [], "attribute_exists(#id)", {})
 
-    def heartbeat(self, job_id: str, owner: str, lease_s: float) -> bool:
+    def heartbeat(self, job_id: str, owner: str, lease_s: float, *, attempt: Fence = None) -> bool:
         # A job that is still being worked on must not expire under its worker.
         now = self.clock.wall()
         sets = {"lease_until": now + lease_s, TTL_ATTRIBUTE: float(math.ceil(now + self.ttl_s))}
-        return self._owned_update(job_id, owner, sets, [])
+        return self._owned_update(job_id, owner, sets, [], attempt)
 
     def set_phase(
-        self, job_id: str, owner: str, phase: str, progress: dict[str, Any] | None = None
+        self, job_id: str, owner: str, phase: str, progress: Any = None, *, attempt: Fence = None
     ) -> bool:
         sets: dict[str, Any] = {"phase": phase, "updated_at": self.clock.wall()}
         removes: list[str] = []
         self._set_payload(job_id, sets, removes, "progress", progress)
-        return self._owned_update(job_id, owner, sets, removes)
+        return self._owned_update(job_id, owner, sets, removes, attempt)
 
     def finish(
-        self,
-        job_id: str,
-        owner: str,
-        status: JobStatus,
-        output: Any = None,
-        error: dict[str, Any] | None = None,
-    ) -> bool:
+        self, job_id: str, owner: str, status: JobStatus, output: Any = None,
+        error: dict[str, Any] | None = None, *, attempt: Fence = None,
+    ) -> bool:  # fmt: skip
         if not status.final:
             raise ValueError(f"finish() needs a final status, got {status}")
         now = self.clock.wall()
@@ -371,7 +368,7 @@ class DynamoDBJobStore:
         except BaseException:
             self.payloads.drop(sets)
             raise
-        return self._owned_update(job_id, owner, sets, removes)
+        return self._owned_update(job_id, owner, sets, removes, attempt)
 
     def cancel(self, job_id: str) -> Job | None:
         self._update(

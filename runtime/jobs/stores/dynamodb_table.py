@@ -21,6 +21,18 @@ TTL_ATTRIBUTE = "expires_at"
 # The conditions of the store's writes.
 STATES = {":queued": "queued", ":running": "running"}
 OWNED = "#owner = :owner AND #status = :running"
+# A run's fencing token (the claim's `attempts`), or None: any run of the owner's.
+Fence = int | None
+
+
+def owned(owner: str, attempt: Fence) -> tuple[str, dict[str, Any]]:
+    """The condition (and its values) of a write only `owner`'s run `attempt` may make."""
+    values = {":owner": owner} | STATES
+    if attempt is None:
+        return OWNED, values
+    return f"{OWNED} AND #attempts = :attempt", values | {":attempt": attempt}
+
+
 # Queued, or running with a lapsed lease (the SQLite store's WHERE clauses).
 PENDING = (
     "#expires_at > :now AND (#status = :queued OR (#status = :running AND #lease_until < :now))"

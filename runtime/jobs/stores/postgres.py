@@ -16,6 +16,9 @@ Same contract as the SQLite and DynamoDB stores; how it maps here:
   owner still holds the running job and, when it passes `attempt=` (the
   attempts of the Job its claim returned), only for that very run. A late write
   of a presumed-dead owner, or of an earlier run of this one, changes nothing.
+- A streaming job's items (`append_items`, `items_after`) live in a table of
+  their own, per run, written by that run only and deleted with the job's row
+  (runtime/jobs/items.py says who writes and reads them).
 - Times (`created_at`, leases, expiry) are epoch seconds from the instance's
   `Clock.wall()`, sent as parameters; the server's `now()` is never used, so
   every instance's reading of a lease is its own clock's, as with SQLite, and
@@ -44,9 +47,11 @@ from runtime.jobs.stores.postgres_listen import JobEvent, Listener
 from runtime.jobs.stores.postgres_pool import Pool, Target, parse_url, translated
 from runtime.jobs.stores.postgres_schema import ensure_schema
 from runtime.jobs.stores.postgres_sql import (
+    APPEND_ITEMS,
     CLAIM,
     CLAIM_NEXT,
     CLAIM_ORPHAN,
+    ITEMS_AFTER,
     NOTIFY,
     PENDING,
     QUEUE_FIGURES,
@@ -380,6 +385,35 @@ class PostgresJobStore:
             {"before": before, "now": self.clock.wall(), "limit": limit},
         )
         return [row[0] for row in rows]
+
+    # ---- beyond the contract: a streaming job's items, for followers anywhere ------------
+
+    def append_items(
+        self, job_id: str, owner: str, attempt: int, start: int, items: Sequence[bytes]
+    ) -> bool:
+        """Add run `attempt`'s items (orjson bytes) from index `start`; False when that
+        run no longer holds the job (nothing written)."""
+        rows = self._rows(
+            f"writing the items of job {job_id}",
+            APPEND_ITEMS,
+            {"id": job_id, "owner": owner, "attempt": attempt, "start": start, "items": items},
+        )
+        return len(rows) == 1
+
+    def items_after(self, job_id: str, start: int, limit: int = 1000) -> list[Any]:
+        """The items of the job's current run from index `start` on, in order (up to
+        the first one not written yet)."""
+        rows = self._rows(
+            f"reading the items of job {job_id}",
+            ITEMS_AFTER,
+            {"id": job_id, "start": start, "now": self.clock.wall(), "limit": limit},
+        )
+        items: list[Any] = []
+        for seq, item in rows:
+            if seq != start + len(items):
+                break
+            items.append(orjson.loads(item))
+        return items
 
     # ---- beyond the contract: wake-ups ------------------------------------------------
 

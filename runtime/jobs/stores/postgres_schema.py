@@ -74,6 +74,21 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )
         """,
     ),
+    (
+        # Version 2. A streaming job's items, written by its owner in batches for
+        # followers on any instance (append_items / items_after), per run of the
+        # job (`attempt`: a run taken over starts its items again). They go with
+        # the job's row: a purge deletes them by the cascade, through the key.
+        """
+        CREATE TABLE thaw_job_items (
+            job_id text NOT NULL REFERENCES thaw_jobs (id) ON DELETE CASCADE,
+            attempt integer NOT NULL,
+            seq integer NOT NULL,
+            item bytea NOT NULL,
+            PRIMARY KEY (job_id, attempt, seq)
+        )
+        """,
+    ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 

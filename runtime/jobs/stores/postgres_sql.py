@@ -76,3 +76,22 @@ SILENT_OWNERS = (
     " (SELECT 1 FROM thaw_jobs j WHERE j.owner = o.owner AND j.status = 'running'"
     " AND j.expires_at > %(now)s) ORDER BY o.seen_at LIMIT %(limit)s"
 )
+
+# A batch of a run's items, from index `start`, only while that run holds the job
+# (fenced as a finish is); one notification per batch. Written again after a lost
+# answer, a batch changes nothing (ON CONFLICT). A data-modifying CTE runs whether
+# or not the SELECT reads it.
+APPEND_ITEMS = (
+    "WITH run AS (SELECT id, handler FROM thaw_jobs WHERE id = %(id)s AND owner = %(owner)s"
+    " AND status = 'running' AND attempts = %(attempt)s),"
+    " added AS (INSERT INTO thaw_job_items (job_id, attempt, seq, item)"
+    " SELECT run.id, %(attempt)s, %(start)s + i.n - 1, i.item FROM run,"
+    " unnest(%(items)s::bytea[]) WITH ORDINALITY AS i (item, n) ON CONFLICT DO NOTHING)"
+    f" SELECT pg_notify('{CHANNEL}', run.id || ' items ' || run.handler) FROM run"
+)
+# The items of the job's current run from index `start` on, in order.
+ITEMS_AFTER = (
+    "SELECT i.seq, i.item FROM thaw_job_items i JOIN thaw_jobs j ON j.id = i.job_id"
+    " AND i.attempt = j.attempts WHERE i.job_id = %(id)s AND i.seq >= %(start)s"
+    " AND j.expires_at > %(now)s ORDER BY i.seq LIMIT %(limit)s"
+)

@@ -165,24 +165,32 @@ class SQLiteJobStore:
             (owner, self.clock.wall()),
         )
 
-    def heartbeat(self, job_id: str, owner: str, lease_s: float) -> bool:
+    def heartbeat(
+        self, job_id: str, owner: str, lease_s: float, *, attempt: int | None = None
+    ) -> bool:
         now = self.clock.wall()
         changed = self.db.write(
             f"renewing the lease of job {job_id}",
             "UPDATE jobs SET lease_until = ?, expires_at = MAX(expires_at, ?)"
-            " WHERE id = ? AND owner = ? AND status = 'running'",
-            (now + lease_s, now + self.ttl_s, job_id, owner),
+            " WHERE id = ? AND owner = ? AND status = 'running'" + _fence(attempt),
+            (now + lease_s, now + self.ttl_s, job_id, owner, *_attempt(attempt)),
         )
         return changed == 1
 
     def set_phase(
-        self, job_id: str, owner: str, phase: str, progress: dict[str, Any] | None = None
+        self,
+        job_id: str,
+        owner: str,
+        phase: str,
+        progress: dict[str, Any] | None = None,
+        *,
+        attempt: int | None = None,
     ) -> bool:
         changed = self.db.write(
             f"updating job {job_id}",
             "UPDATE jobs SET phase = ?, progress = ?, updated_at = ?"
-            " WHERE id = ? AND owner = ? AND status = 'running'",
-            (phase, dump(progress), self.clock.wall(), job_id, owner),
+            " WHERE id = ? AND owner = ? AND status = 'running'" + _fence(attempt),
+            (phase, dump(progress), self.clock.wall(), job_id, owner, *_attempt(attempt)),
         )
         return changed == 1
 
@@ -193,6 +201,8 @@ class SQLiteJobStore:
         status: JobStatus,
         output: Any = None,
         error: dict[str, Any] | None = None,
+        *,
+        attempt: int | None = None,
     ) -> bool:
         if not status.final:
             raise ValueError(f"finish() needs a final status, got {status}")
@@ -201,7 +211,7 @@ class SQLiteJobStore:
             f"recording the outcome of job {job_id}",
             "UPDATE jobs SET status = ?, phase = ?, output = ?, error = ?, lease_until = NULL,"
             " progress = NULL, updated_at = ?, expires_at = ?"
-            " WHERE id = ? AND owner = ? AND status = 'running'",
+            " WHERE id = ? AND owner = ? AND status = 'running'" + _fence(attempt),
             (
                 str(status),
                 str(status),
@@ -211,6 +221,7 @@ class SQLiteJobStore:
                 now + self.ttl_s,
                 job_id,
                 owner,
+                *_attempt(attempt),
             ),
         )
         return changed == 1
@@ -242,3 +253,12 @@ class SQLiteJobStore:
 
     def close(self) -> None:
         self.db.close()
+
+
+def _fence(attempt: int | None) -> str:
+    """With `attempt` (the claim's `attempts`), a write only that run of the job may make."""
+    return "" if attempt is None else " AND attempts = ?"
+
+
+def _attempt(attempt: int | None) -> tuple[int, ...]:
+    return () if attempt is None else (attempt,)

@@ -1,0 +1,58 @@
+"""Jobs recorded queued in a fleet: claimed by id just before their handler runs.
+
+A job this instance accepts but cannot start soon (its models are not READY,
+or their memory budget is full, or a sync handler's threads are all busy) is
+recorded queued, not running and
+leased here, so that an idle warm instance of the fleet can take it
+(runtime/jobs/fleet.py). Its work still starts here as any other (a load
+starts, a thread is waited for), and `Work.claim` is the job's claim by id,
+made at the last moment: on the handler thread once one is free for it (a sync
+handler), or once the models are leased (async and batched ones). One winner:
+if another instance claimed the job first, the work ends here without running
+(cancelled: nothing is counted, its outcome is discarded), and whoever waits
+for the job here reads its row, as for a job another instance accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from runtime.dispatch.calls import HandlerCalls
+from runtime.dispatch.streams import Streams
+from runtime.dispatch.work import Work
+from runtime.jobs.manager import JobManager
+from runtime.models.cache import ModelCache
+from runtime.registry import HandlerSpec
+
+
+def waits(spec: HandlerSpec, calls: HandlerCalls, cache: ModelCache) -> bool:
+    """Whether `spec` would not start at once: for a load (its models are cold), for
+    memory (their budget is full: its memory limit) or, a sync handler, for a
+    handler thread (its concurrency limit)."""
+    uses = spec.uses
+    if not all(map(cache.is_ready, uses)) or not all(map(cache.budget.admits_now, uses)):
+        return True
+    return not spec.is_async and spec.batch is None and calls.saturated()
+
+
+async def claim_job(jobs: JobManager, streams: Streams, job_id: str, work: Work) -> bool:
+    """The claim of a queued job's work (`Work.claim`): True when this instance won it.
+    False when another took it first, it was cancelled, or its work was cut off
+    meanwhile: the work then ends here unrun."""
+    if not work.outcome.done() and await jobs.claim_queued(job_id) and not work.outcome.done():
+        if work.stream is not None:
+            # Followed here from now on (before, a follower read the store's items).
+            streams.hold(job_id, work.stream)
+        return True
+    work.cancel()
+    return False
+
+
+async def claimed_then(work: Work, run: Callable[[], Coroutine[Any, Any, None] | None]) -> None:
+    """Claim the job of async or batched `work`, then `run()` it if this instance won."""
+    claim, work.claim = work.claim, None
+    if claim is not None and await claim():
+        started = run()
+        if started is not None:
+            await started
