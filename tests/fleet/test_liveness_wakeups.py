@@ -17,6 +17,7 @@ from runtime.jobs.liveness import Liveness
 from runtime.jobs.stores.postgres import PostgresJobStore
 from runtime.jobs.wakeups import Event, Wakeups
 from tests.jobs import postgres_fixtures
+from tests.support import SAFETY_S
 
 pytestmark = pytest.mark.anyio
 
@@ -152,6 +153,15 @@ async def test_a_wait_wakes_when_the_job_changes_through_another_store(dsn: str)
         target, other = job("a"), job("a")
         await asyncio.to_thread(there.create, target)
         await asyncio.to_thread(there.create, other)
+        # The creates' own notifications first: heard late (a loaded machine), the
+        # target's would wake the wait below before the change it waits for.
+        created = {target.id, other.id}
+        for _ in range(int(SAFETY_S / 0.01)):
+            if created <= {e.job_id for e in heard if e is not None}:
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError(f"the creates were never heard: {heard}")
         waiting = asyncio.ensure_future(wakeups.wait(target.id, 30))
         await asyncio.sleep(0)
         assert wakeups.waiting(target.id) == 1
