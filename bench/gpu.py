@@ -103,6 +103,8 @@ def cuda_missing() -> str | None:
         import torch
     except ImportError:
         return "torch is not installed"
+    if torch.version.cuda is None:
+        return f"no CUDA device (torch {torch.__version__} is a CPU-only build)"
     if not torch.cuda.is_available():
         return "no CUDA device (torch.cuda.is_available() is False)"
     return None
