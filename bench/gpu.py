@@ -115,8 +115,11 @@ def share(part: float, whole: float) -> float | None:
     return part / whole if whole else None
 
 
+_STARTED = time.monotonic()
+
+
 def progress(message: str) -> None:
-    print(f"[gpu] {message}", file=sys.stderr, flush=True)
+    print(f"[gpu {time.monotonic() - _STARTED:6.1f} s] {message}", file=sys.stderr, flush=True)
 
 
 def fmt_bytes(n: float, *, signed: bool = True) -> str:
@@ -240,11 +243,12 @@ async def load_and_unload(table: Table, tmp: Path, source: Path, present: set[st
     if smollm2:
         copies["smollm2"] = host_copy_bps(safetensors_of(source / "smollm2"), plan)
     modules = "bench.gpu_probe" + (",handlers.generate" if smollm2 else "")
-    async with Server(tmp / "memory", source, modules, plan.device) as server:
+    async with Server(tmp / "node", "memory", source, modules, plan.device) as server:
         before = await server.memory()
         load_ms: list[float] = []
         loaded: list[dict[str, Any]] = []
         after: list[dict[str, Any]] = []
+        smi: list[int | None] = []  # nvidia-smi's figure for the server's pid
         for cycle in range(plan.unload_cycles):
             view = await server.load(SYNTHETIC)
             load_ms.append(view["phase_ms"]["load"])
@@ -254,6 +258,7 @@ async def load_and_unload(table: Table, tmp: Path, source: Path, present: set[st
                 progress(f"synthetic bundle held: {held}")
             await server.unload(SYNTHETIC)
             after.append(await server.memory())
+            smi.append(await server.driver_used())
         smollm2_ms: list[float] = []
         for _ in range(plan.smollm2_loads if smollm2 else 0):
             smollm2_ms.append((await server.load("smollm2"))["phase_ms"]["load"])
@@ -304,10 +309,13 @@ async def load_and_unload(table: Table, tmp: Path, source: Path, present: set[st
         max(reserved) <= ALLOCATED_SLACK,
     )
     used = [before["free"] - a["free"] for a in after]  # driver: more used = less free
+    by_pid = ""
+    if smi[0] is not None and smi[-1] is not None:
+        by_pid = f"; nvidia-smi, server pid: {smi[0] / MIB:.0f} -> {smi[-1] / MIB:.0f} MiB"
     table.add(
         f"unload x{n}: driver's used memory (mem_get_info) after DELETE 1 and {n}, vs before "
         f"the first load ({'MemAvailable, smoke' if plan.smoke else 'device-wide'})",
-        f"{fmt_bytes(used[0])} -> {fmt_bytes(used[-1])}",
+        f"{fmt_bytes(used[0])} -> {fmt_bytes(used[-1])}{by_pid}",
         f"{fmt_bytes(median([before['free'] - m['free'] for m in loaded]))} while loaded",
         None,
         f"growth <= {fmt_bytes(DRIVER_GROWTH_SLACK, signed=False)}",
@@ -402,8 +410,9 @@ async def per_handler(table: Table, tmp: Path, source: Path, present: set[str]) 
             continue
         for warm in (True, False):
             modules = f"handlers.{handler}" if warm else "bench.gpu_plain"
-            state = tmp / f"{handler}-{'on' if warm else 'off'}"
-            async with Server(state, source, modules + ",bench.gpu_probe", plan.device) as server:
+            name = f"{handler}-{'on' if warm else 'off'}"
+            modules += ",bench.gpu_probe"
+            async with Server(tmp / "node", name, source, modules, plan.device) as server:
                 view = await server.load(bundle_name)
                 first, steady = await first_and_steady(server, handler, plan)
                 warmup_s = view["phase_ms"].get("warmup", 0.0) / 1000

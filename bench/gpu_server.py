@@ -1,14 +1,15 @@
 """One `thaw serve` process for bench/gpu.py, and what the check asks of it over HTTP.
 
-The server is a real process (bench/common.py's `Proc`) with its own state
-directory, the given handler modules and device; it is always stopped on the
-way out of `async with`.
+The server is a real process (bench/common.py's `Proc`) with the given handler
+modules and device; it is always stopped on the way out of `async with`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,21 @@ POLL_S = 0.01
 
 def load_average() -> float:
     return os.getloadavg()[0]
+
+
+def driver_used_bytes(pid: int) -> int | None:
+    """Device memory the driver accounts to process `pid` (nvidia-smi), or None where
+    nvidia-smi is absent or does not list it (no device; another PID namespace)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    query = ["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+    done = subprocess.run([exe, *query], capture_output=True, text=True, timeout=60)
+    for line in done.stdout.splitlines() if done.returncode == 0 else []:
+        found, _, used_mib = line.partition(",")
+        if found.strip() == str(pid):
+            return int(used_mib.strip()) * 1024 * 1024
+    return None
 
 
 @dataclass
@@ -45,13 +61,16 @@ class Loop:
 
 
 class Server:
-    """`thaw serve` on a free port, serving `modules` from `source` on `device`."""
+    """`thaw serve` on a free port, serving `modules` from `source` on `device`; its
+    log is `node/{name}.log`."""
 
-    def __init__(self, state: Path, source: Path, modules: str, device: str) -> None:
+    def __init__(self, node: Path, name: str, source: Path, modules: str, device: str) -> None:
         self.device = device
         self.port = free_port()
+        # One node for every server of a run, one after another (as restarts on one
+        # machine): its cache and stamps spare each later start the files' hashing.
         env = runtime_env(
-            state,
+            node,
             HANDLERS=modules,
             BUNDLE_SOURCE=str(source),
             DEVICE=device,
@@ -59,7 +78,7 @@ class Server:
             WAIT_S="600",
             MAX_WAIT_S="600",
         )
-        self.proc = Proc(thaw_serve_argv(self.port), env, self.port, state / "server.log")
+        self.proc = Proc(thaw_serve_argv(self.port), env, self.port, node / f"{name}.log")
 
     async def __aenter__(self) -> Server:
         self.proc.start()
@@ -70,6 +89,15 @@ class Server:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await asyncio.to_thread(self.proc.stop)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc.proc is not None
+        return self.proc.proc.pid
+
+    async def driver_used(self) -> int | None:
+        """What nvidia-smi says this server holds on the device (None: it cannot say)."""
+        return await asyncio.to_thread(driver_used_bytes, self.pid)
 
     def _fail(self, what: str) -> RuntimeError:
         return RuntimeError(f"{what}\n--- server log ---\n{self.proc.log()}")
