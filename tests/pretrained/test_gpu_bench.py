@@ -103,3 +103,27 @@ def test_smoke_runs_every_measurement_on_the_cpu(bundles_dir: Path) -> None:
     assert re.search(r"[\d.]+ [MG]B/s", load[1]) and "host copy" in load[2], load
     allocated = next(r for r in rows if "allocated after each DELETE" in r[0])
     assert allocated[2].startswith("+") and allocated[2].endswith("while loaded"), allocated
+
+
+def test_the_plain_handlers_are_the_shipped_ones_without_accelerator_warmup() -> None:
+    """What bench/gpu.py's "warm-up off" rows serve differs from the shipped handlers
+    in the accelerator warm-up alone."""
+    from runtime.registry import discover
+
+    shipped = discover(["handlers.embed", "handlers.classify", "handlers.generate"])
+    plain = discover(["bench.gpu_plain"])
+    assert set(plain.handlers) == set(shipped.handlers) == {"embed", "classify", "generate"}
+    assert {b: s.fn for b, s in plain.builders.items()} == {
+        b: s.fn for b, s in shipped.builders.items()
+    }
+    for name, ours in plain.handlers.items():
+        theirs = shipped.handler(name)
+        assert theirs.accelerator_warmup, f"{name} ships no accelerator warm-up to leave out"
+        assert list(ours.accelerator_warmup) == []
+        assert ours.warmup_for("cuda") == list(theirs.warmup) == ours.warmup_for("cpu")
+        assert (ours.uses, ours.batch, ours.join, ours.streams) == (
+            theirs.uses,
+            theirs.batch,
+            theirs.join,
+            theirs.streams,
+        )
