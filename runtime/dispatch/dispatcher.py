@@ -11,7 +11,8 @@ The work of every invocation is started once, at admission, and a request
 that becomes a job keeps that same work, so nothing runs twice. Every kind of
 work takes one path (`_start`, then `_run` once its models are leased): a
 sync handler to a handler thread, an async one on the loop, a batched one to
-its queue (runtime/dispatch/batcher.py). It costs a task only where it must
+its queue (runtime/dispatch/batcher.py), a step-level one to the decode steps
+(runtime/dispatch/decode.py). It costs a task only where it must
 wait on the loop: work that needs a load, or an async handler that suspends
 (runtime/dispatch/eager.py). Each piece of work is a `Work`
 (runtime/dispatch/work.py), which records its own progress and ends through
@@ -37,6 +38,7 @@ from runtime.dispatch import eager
 from runtime.dispatch.batcher import Batcher
 from runtime.dispatch.calls import HandlerCalls, user_error
 from runtime.dispatch.deadlines import Deadlines
+from runtime.dispatch.decode import Decoder
 from runtime.dispatch.streams import Stream, Streaming, Streams
 from runtime.dispatch.work import Books, Work
 from runtime.errors import Draining, QueueFull
@@ -136,6 +138,7 @@ class Dispatcher:
             margin_s=settings.deadline_margin_s,
             clock=clock,
         )
+        self.decoder = Decoder(calls=calls, clock=clock)
         self.streams = Streams()
         for name in registry.handlers:
             self.handler_stats(name)
@@ -146,6 +149,8 @@ class Dispatcher:
             found = self.metrics.handler(name)
             # Read at scrape time, so the warm path does not take the gauge's lock twice.
             self.metrics.queue_depth.labels(name).set_function(lambda: self.pending[name])
+            if (spec := self.registry.handlers.get(name)) and spec.decode is not None:
+                self.decoder.export(name, self.metrics)
         return found
 
     # ---- the deadline rule ------------------------------------------------------
@@ -326,6 +331,11 @@ class Dispatcher:
         (whose callback settles it), and an async one is the coroutine returned,
         for the caller to drive."""
         spec = work.spec
+        if spec.decode is not None:
+            # Its sequence waits for a slot of the decode steps (decode.py) from here.
+            work.run_started = work.mark_queued(started, load_ms)
+            self.decoder.join(work, event, models)
+            return None
         if spec.batch is not None:
             work.mark_queued(started, load_ms)
             work.phase = "batching"
