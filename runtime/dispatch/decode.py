@@ -55,6 +55,8 @@ class _Member:
     event: Any
     # Its sequence, once prefilled (set on the handler thread).
     sequence: Any = None
+    # When the handler thread gave it a slot (on the instance's clock).
+    admitted_at: float = 0.0
     # Every item it yielded, for the output of a caller that asked for no stream.
     items: list[Any] = field(default_factory=list)
 
@@ -77,13 +79,14 @@ class _Lane:
     spec: HandlerSpec
     policy: Decode
     steps: Steps
-    waiting: deque[_Member] = field(default_factory=deque)
-    # Admitted and not yet ended: in the inbox or held by the thread.
-    admitted: set[_Member] = field(default_factory=set)
+    clock: Clock
+    # Every member not yet told its end (the loop's), for a thread that fails outside a step.
+    members: set[_Member] = field(default_factory=set)
     # Sequences the thread holds (their caches allocated), as of its last step.
     held: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
-    inbox: list[_Member] = field(default_factory=list)
+    # Waiting for a slot, in arrival order (appended on the loop, taken by the thread).
+    waiting: deque[_Member] = field(default_factory=deque)
     running: bool = False
 
 
@@ -119,37 +122,22 @@ class Decoder:
         key = (spec.name, tuple(map(id, models)))
         lane = self._lanes.get(key)
         if lane is None:
-            lane = self._lanes[key] = _Lane(spec, spec.decode, spec.make_steps(*models))
-        lane.waiting.append(_Member(work, event))
-        self._admit(key, lane)
+            steps = spec.make_steps(*models)
+            lane = self._lanes[key] = _Lane(spec, spec.decode, steps, self._clock)
+        member = _Member(work, event)
+        lane.members.add(member)
+        with lane.lock:
+            lane.waiting.append(member)
+            start = not lane.running
+            lane.running = True
+        if start:
+            self._start(key, lane)
 
     # ---- on the loop ------------------------------------------------------------
 
-    def _admit(self, key: tuple[str, tuple[int, ...]], lane: _Lane) -> None:
-        """Move waiting sequences into free slots, in arrival order; start the thread."""
-        admitted = lane.admitted
-        for member in [m for m in admitted if m.work.outcome.done()]:
-            admitted.discard(member)  # ended from outside: the thread drops it
-        new: list[_Member] = []
-        while lane.waiting and len(admitted) < lane.policy.max_sequences:
-            member = lane.waiting.popleft()
-            if member.work.outcome.done():  # cut off while it waited
-                continue
-            member.work.decode_started(self._clock.monotonic())
-            admitted.add(member)
-            new.append(member)
-        if not new:
-            if not lane.admitted and not lane.waiting and not lane.running:
-                self._lanes.pop(key, None)
-            return
-        with lane.lock:
-            lane.inbox.extend(new)
-            start = not lane.running
-            lane.running = True
-        if not start:
-            return
+    def _start(self, key: tuple[str, tuple[int, ...]], lane: _Lane) -> None:
         loop = asyncio.get_running_loop()
-        deliver = partial(self._deliver, key, lane)
+        deliver = partial(self._deliver, lane)
         try:
             self._calls.submit_call(
                 lane.spec,
@@ -157,87 +145,109 @@ class Decoder:
                 partial(self._stopped, key, lane),
             )
         except Draining as exc:
-            with lane.lock:
-                lane.running = False
-                lane.inbox.clear()
-            for member in new:
-                admitted.discard(member)
-                member.work.fail(exc)
+            self._fail_all(lane, exc)
 
-    def _deliver(
-        self, key: tuple[str, tuple[int, ...]], lane: _Lane, outs: list[_Out], held: int
-    ) -> None:
+    def _deliver(self, lane: _Lane, admitted: list[_Member], outs: list[_Out], held: int) -> None:
         """One step's outcome, on the loop: each member told what happened to it."""
         lane.held = held
+        for member in admitted:
+            if not member.work.outcome.done():
+                member.work.decode_started(member.admitted_at)
         join = lane.spec.join or list
         for out in outs:
             member = out.member
             work = member.work
             if work.outcome.done():  # ended from outside meanwhile
-                lane.admitted.discard(member)
-                continue
-            if out.error is not None:
-                lane.admitted.discard(member)
+                lane.members.discard(member)
+            elif out.error is not None:
+                lane.members.discard(member)
                 work.fail(user_error(lane.spec, work.ctx, out.error))
-                continue
-            if out.items:
-                member.items.extend(out.items)
-                if work.stream is not None:
-                    for item in out.items:
-                        work.stream.push(item)
-            if out.finished:
-                lane.admitted.discard(member)
-                work.ran()
-                work.succeed(join(member.items))
-        self._admit(key, lane)
+            else:
+                if out.items:
+                    member.items.extend(out.items)
+                    if work.stream is not None:
+                        for item in out.items:
+                            work.stream.push(item)
+                if out.finished:
+                    lane.members.discard(member)
+                    work.ran()
+                    work.succeed(join(member.items))
+        # Members cut off from outside need no more telling.
+        for member in [m for m in lane.members if m.work.outcome.done()]:
+            lane.members.discard(member)
 
     def _stopped(self, key: tuple[str, tuple[int, ...]], lane: _Lane, done: ThreadOutcome) -> None:
-        """The lane's thread returned: nothing was held, or it failed outside any step."""
-        lane.held = 0
+        """The lane's thread returned: nothing was left to step, or it failed outside a step."""
         exc = None if done.cancelled() else done.exception()
         if exc is not None or done.cancelled():
+            lane.held = 0
             with lane.lock:
                 lane.running = False
-                left, lane.inbox = lane.inbox, []
-            error = exc or Draining("this instance is shutting down and runs no more handlers")
-            for member in [*lane.admitted, *left]:
-                lane.admitted.discard(member)
-                if not member.work.outcome.done():
-                    member.work.fail(user_error(lane.spec, member.work.ctx, error))
-        self._admit(key, lane)
+                lane.waiting.clear()
+            self._fail_all(
+                lane, exc or Draining("this instance is shutting down and runs no more handlers")
+            )
+        with lane.lock:
+            idle = not lane.running and not lane.waiting
+        if idle and self._lanes.get(key) is lane:
+            del self._lanes[key]
+
+    def _fail_all(self, lane: _Lane, error: BaseException) -> None:
+        with lane.lock:
+            lane.running = False
+            lane.waiting.clear()
+        for member in list(lane.members):
+            lane.members.discard(member)
+            if not member.work.outcome.done():
+                member.work.fail(user_error(lane.spec, member.work.ctx, error))
 
 
 # ---- on the handler thread --------------------------------------------------------
 
 
-def _run_steps(lane: _Lane, post: Any) -> None:
-    """Take steps for as long as any sequence is held or waits in the inbox.
+def _admit(lane: _Lane, held: int) -> list[_Member] | None:
+    """Members given the free slots, in arrival order (those ended while they waited
+    are dropped); None when there is nothing left to step: the thread ends."""
+    new: list[_Member] = []
+    with lane.lock:
+        while lane.waiting and held + len(new) < lane.policy.max_sequences:
+            member = lane.waiting.popleft()
+            if not member.work.outcome.done():
+                new.append(member)
+        if not new and not held:
+            lane.running = False  # the next join starts a thread again
+            return None
+    now = lane.clock.monotonic()
+    for member in new:
+        member.admitted_at = now
+    return new
 
-    `post(outs, held)` hands each step's outcome to the loop.
+
+def _run_steps(lane: _Lane, post: Any) -> None:
+    """Take steps for as long as any sequence is held or waits for a slot.
+
+    `post(admitted, outs, held)` hands each step's outcome to the loop.
     """
     steps = lane.steps
     held: list[_Member] = []
     try:
         while True:
-            with lane.lock:
-                new, lane.inbox = lane.inbox, []
-                if not new and not held:
-                    lane.running = False  # a later admission starts a thread again
-                    return
-            outs: list[_Out] = []
             kept: list[_Member] = []
             for member in held:
-                if member.work.outcome.done():
+                if member.work.outcome.done():  # cancelled, gone, overran, drained
                     steps.release(member.sequence)
                 else:
                     kept.append(member)
             held = kept
-            if new:
-                live = [m for m in new if not m.work.outcome.done()]
-                held += _prefill(steps, live, outs)
+            new = _admit(lane, len(held))
+            if new is None:
+                post([], [], 0)
+                return
+            outs: list[_Out] = []
+            held += _prefill(steps, new, outs)
             if held:
                 held = _step(steps, held, outs)
-            post(outs, len(held))
+            post(new, outs, len(held))
     finally:
         for member in held:  # a failure outside any step: nothing is kept
             steps.release(member.sequence)
