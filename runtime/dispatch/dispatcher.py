@@ -412,9 +412,7 @@ class Dispatcher:
     def run_job(self, job: Job) -> asyncio.Future[Any]:
         """Run a recovered job's stored input on this instance (the JobRunner protocol)."""
         spec = self.registry.handler(job.handler)
-        ctx = Context(
-            request_id=job.id, handler=job.handler, logger=HANDLER_LOG, clock=self.clock
-        )
+        ctx = Context(request_id=job.id, handler=job.handler, logger=HANDLER_LOG, clock=self.clock)
         self.pending[spec.name] += 1
         return self._start(Work(self.books, spec, ctx, self.handler_stats(spec.name)), job.input)
 

@@ -43,7 +43,10 @@ class CountingSteps:
                 continue
             started.append(
                 Counting(
-                    event["name"], event["n"], event.get("fail_at"), event.get("hold_at"),
+                    event["name"],
+                    event["n"],
+                    event.get("fail_at"),
+                    event.get("hold_at"),
                     event.get("gate", ""),
                 )
             )
