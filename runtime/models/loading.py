@@ -56,6 +56,7 @@ log = logging.getLogger("thaw.cache")
 T = TypeVar("T")
 
 
+
 class WarmUp(Protocol):
     """Runs one warm-up example of a handler with its models, as a request of it runs.
 
