@@ -8,14 +8,14 @@ and hands it here once it holds them. This module only decides which
 sequences take the next step and tells each work what happened to it.
 
     loop                                         one handler thread per model
-    join(work) -> waiting (arrival order)
-       admit while fewer than max_sequences -->  inbox
-                                                 while anything is held or in the inbox:
+    join(work) -> waiting (arrival order) -->
+                                                 while anything is held or waiting:
                                                    drop sequences whose work ended
                                                      (cancelled, disconnected, overran,
                                                      drained): release() frees them
-                                                   prefill(inbox)
-                                                   step(every sequence held)
+                                                   admit waiting ones to free slots:
+                                                     each prefill([one]), step([one])
+                                                   step(every sequence held before)
                                                    release() the finished ones
     deliver(outs)  <-- call_soon_threadsafe ---  (one message per step)
        items -> each work's own stream
@@ -226,7 +226,12 @@ def _admit(lane: _Lane, held: int) -> list[_Member] | None:
 def _run_steps(lane: _Lane, post: Any) -> None:
     """Take steps for as long as any sequence is held or waits for a slot.
 
-    `post(admitted, outs, held)` hands each step's outcome to the loop.
+    Each iteration first starts the sequences given a slot, one at a time: each is
+    prefilled and takes its first step (its first token, sampled from its prompt's
+    logits) on its own, and is posted at once, so a new caller's first token waits
+    for its own prompt and those admitted with it, not for a decode step of the
+    others. Then every sequence held from before takes one step together.
+    `post(admitted, outs, held)` hands each outcome to the loop.
     """
     steps = lane.steps
     held: list[_Member] = []
@@ -243,11 +248,18 @@ def _run_steps(lane: _Lane, post: Any) -> None:
             if new is None:
                 post([], [], 0)
                 return
-            outs: list[_Out] = []
-            held += _prefill(steps, new, outs)
+            fresh: list[_Member] = []
+            for member in new:
+                outs: list[_Out] = []
+                if not member.work.outcome.done():
+                    began = _prefill(steps, [member], outs)
+                    fresh += _step(steps, began, outs) if began else []
+                post([member], outs, len(held) + len(fresh))
             if held:
+                outs = []
                 held = _step(steps, held, outs)
-            post(new, outs, len(held))
+                post([], outs, len(held) + len(fresh))
+            held += fresh
     finally:
         for member in held:  # a failure outside any step: nothing is kept
             steps.release(member.sequence)

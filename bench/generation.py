@@ -1,0 +1,412 @@
+"""Continuous batching (issue 26): `generate` under concurrent streaming callers.
+
+    .venv/bin/python bench/generation.py [--window S] [--bundles DIR] [--skip-transformers]
+
+One run, one `thaw serve` process, the same SmolLM2 bundle and loaded model for both:
+
+- Thaw: `generate` (continuous batching: every sequence shares each decode step,
+  runtime/dispatch/decode.py);
+- today: `generate_private` (bench/private_generate.py: the handler as it was,
+  one private decode loop per request on its own handler thread);
+- transformers' own continuous batching (`init_continuous_batching`, the manager
+  behind `generate_batch`, transformers 5) on the same weights, in this process,
+  fed the same requests with the same number in flight.
+
+Load: closed loop. Each of C callers (1, 8, 16) streams (`Accept: text/event-stream`)
+one request after another for `--window` seconds; every request is a prompt drawn
+from a fixed list of mixed lengths (a few tokens to ~330, raw and chat) and a
+`max_tokens` drawn from 16-128, greedy, the same seeded sequence for every server.
+Measured in the window: tokens/s (every token event that arrived), time to first
+token (request written -> first token event), inter-token gaps (between one
+request's token events). Lone callers run in alternating order, twice each;
+ratios are taken within the run. Prints one markdown table; progress on stderr.
+Every process it starts runs on 127.0.0.1 and is stopped before it returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (
+    ROOT,
+    Proc,
+    Row,
+    fmt_s,
+    fmt_x,
+    free_port,
+    median,
+    percentile,
+    render,
+    runtime_env,
+    stopping,
+    thaw_serve_argv,
+    verdict,
+)
+
+SSE = {"accept": "text/event-stream"}
+THROUGHPUT_TARGET = 3.0  # Thaw / today, tokens/s at 8 callers
+TTFT_TARGET = 1.5  # Thaw's TTFT p50 at 8 callers / a lone caller's
+LONE_TARGET = 1.05  # Thaw / today for a lone caller: TTFT (and today / Thaw tokens/s)
+PEER_TARGET = 1.0  # Thaw / transformers, tokens/s at 8 callers
+_LONG = "Thaw loads a model once and keeps it warm for the requests that follow. "
+PROMPTS: list[dict[str, Any]] = [
+    {"prompt": "Once upon a time"},
+    {"messages": [{"role": "user", "content": "What is the capital of France?"}]},
+    {"prompt": "def fibonacci(n):"},
+    {"messages": [{"role": "user", "content": "Write a short poem about the sea."}]},
+    {"prompt": "The history of the bicycle begins in"},
+    {"messages": [{"role": "user", "content": _LONG * 4 + "What does Thaw do?"}]},
+    {"prompt": "1, 2, 3, 4, 5, 6, 7, 8,"},
+    {"messages": [{"role": "user", "content": "Explain photosynthesis to a child."}]},
+    {"prompt": _LONG * 20 + "In short,"},
+    {"messages": [{"role": "user", "content": "List three uses of a paperclip."}]},
+]
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def workload(seed: int) -> list[dict[str, Any]]:
+    """The requests, in order: the same for every server and concurrency."""
+    rng = random.Random(seed)
+    return [{**rng.choice(PROMPTS), "max_tokens": rng.randint(16, 128)} for _ in range(2000)]
+
+
+@dataclass
+class Window:
+    """What the callers saw in one measurement window."""
+
+    seconds: float
+    tokens: int = 0
+    ttft_s: list[float] = field(default_factory=list)
+    gaps_s: list[float] = field(default_factory=list)
+    requests: int = 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+async def stream_one(
+    client: httpx.AsyncClient, handler: str, event: dict[str, Any], window: Window, end: float
+) -> None:
+    sent = time.perf_counter()
+    last: float | None = None
+    async with client.stream("POST", f"/invoke/{handler}", json=event, headers=SSE) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"{handler}: {response.status_code} {await response.aread()!r}")
+        async for line in response.aiter_lines():
+            if not line.startswith("id:"):  # one per token event
+                continue
+            now = time.perf_counter()
+            if now > end:
+                return
+            window.tokens += 1
+            if last is None:
+                window.ttft_s.append(now - sent)
+            else:
+                window.gaps_s.append(now - last)
+            last = now
+    window.requests += 1
+
+
+async def measure(url: str, handler: str, callers: int, window_s: float, seed: int) -> Window:
+    requests = iter(workload(seed))
+    window = Window(window_s)
+    limits = httpx.Limits(max_connections=callers + 2)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        end = time.perf_counter() + window_s
+
+        async def caller() -> None:
+            while time.perf_counter() < end:
+                await stream_one(client, handler, next(requests), window, end)
+
+        tasks = [asyncio.ensure_future(caller()) for _ in range(callers)]
+        await asyncio.wait(tasks, timeout=window_s)
+        for task in tasks:
+            task.cancel()  # the callers still streaming go away: their slots free
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for task in tasks:
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        # Settle: nothing of this window still runs when the next one starts.
+        for _ in range(6000):
+            models = (await client.get("/models")).json()["models"]
+            if all(m["in_flight"] == 0 for m in models):
+                break
+            await asyncio.sleep(0.05)
+    return window
+
+
+# ---- transformers' continuous batching, in this process -------------------------
+
+
+def transformers_tokens_per_s(
+    bundle: Path, callers: int, requests: int, seed: int
+) -> tuple[float, str]:
+    """Its manager fed the workload's first `requests`, `callers` in flight at a time:
+    generated tokens over the elapsed time; or NaN and why it could not run."""
+    try:
+        import torch
+        from safetensors.torch import load_file
+        from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    except ImportError as exc:
+        return float("nan"), f"not installed ({exc}; pip install 'thaw[bench]')"
+    from handlers.models.chat import ChatLM
+
+    config = json.loads((bundle / "bundle.json").read_text())["config"]
+    weights = load_file(str(bundle / "model.safetensors"))
+    lm = ChatLM(config, weights, bundle / "tokenizer.json", "cpu")  # its tokenizer and stops
+    hf = LlamaConfig(
+        vocab_size=config["vocab_size"],
+        hidden_size=config["hidden_size"],
+        intermediate_size=config["intermediate_size"],
+        num_hidden_layers=config["num_layers"],
+        num_attention_heads=config["num_heads"],
+        num_key_value_heads=config["num_kv_heads"],
+        head_dim=config["head_dim"],
+        rope_theta=config["rope_theta"],
+        rms_norm_eps=config["rms_norm_eps"],
+        tie_word_embeddings=True,
+        max_position_embeddings=config["max_context_tokens"],
+    )
+    model = LlamaForCausalLM(hf)
+    model.load_state_dict({k: v.float() for k, v in weights.items()}, strict=False)
+    model = model.float().eval()
+    events = workload(seed)[:requests]
+    ids = [
+        lm.encode_prompt(e["prompt"])
+        if "prompt" in e
+        else lm.encode_chat([(m["role"], m["content"]) for m in e["messages"]])
+        for e in events
+    ]
+    stops = sorted(lm.stop_ids)
+    generation = GenerationConfig(
+        do_sample=False, max_new_tokens=128, eos_token_id=stops, pad_token_id=stops[0]
+    )
+    try:
+        with torch.inference_mode():
+            manager = model.init_continuous_batching(generation_config=generation)
+            manager.start()
+            try:
+                # One request of the same shape first: the manager's own set-up is not timed.
+                manager.add_request(ids[0], max_new_tokens=2)
+                manager.get_result(timeout=600)
+                started = time.perf_counter()
+                queue = list(zip(ids, events, strict=True))
+                in_flight = 0
+                tokens = 0
+                while queue or in_flight:
+                    while queue and in_flight < callers:
+                        prompt, event = queue.pop(0)
+                        manager.add_request(prompt, max_new_tokens=event["max_tokens"])
+                        in_flight += 1
+                    result = manager.get_result(timeout=600)
+                    if result is None:
+                        raise RuntimeError("its generation thread stopped")
+                    if result.is_finished():
+                        in_flight -= 1
+                        tokens += len(result.generated_tokens)
+                elapsed = time.perf_counter() - started
+            finally:
+                manager.stop(block=True, timeout=60)
+    except Exception as exc:  # a CPU it cannot run on: say why, the run goes on
+        return float("nan"), f"failed: {type(exc).__name__}: {exc}"[:200]
+    return tokens / elapsed, f"{requests} requests, {tokens} tokens"
+
+
+# ---- the run ------------------------------------------------------------------------
+
+
+def build_bundle(bundles: Path) -> Path:
+    if not (bundles / "smollm2" / "bundle.json").exists():
+        progress(f"building the smollm2 bundle into {bundles} ...")
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "scripts" / "build_model_bundles.py"),
+                "--out",
+                str(bundles),
+                "--only",
+                "smollm2",
+            ],
+            check=True,
+        )
+    return bundles / "smollm2"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--window", type=float, default=30.0, help="seconds per measurement")
+    parser.add_argument("--bundles", default=str(ROOT / "bundles"))
+    parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--seed", type=int, default=26)
+    args = parser.parse_args()
+    bundle = build_bundle(Path(args.bundles))
+    memory = json.loads((bundle / "bundle.json").read_text())["memory"]
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp, stopping([]) as procs:
+        port = free_port()
+        env = runtime_env(
+            Path(tmp),
+            bundle_source=str(bundle.parent),
+            handlers="handlers.generate,bench.private_generate",
+            prewarm="smollm2",
+            # 16 sequences beside the weights; THAW_MAX_QUEUE past the callers.
+            memory_budget=str(memory["weights_bytes"] + 17 * memory["per_request_bytes"]),
+            log_level="WARNING",
+        )
+        server = Proc(thaw_serve_argv(port), env, port, Path(tmp) / "server.log")
+        procs.append(server)
+        server.start()
+        server.wait_healthy(120)
+        url = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=url, timeout=30) as client:
+            for _ in range(6000):
+                try:
+                    if client.get("/readyz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.1)
+            else:
+                raise RuntimeError("the server never became ready")
+        plan: list[tuple[str, int]] = [
+            ("generate_private", 1),
+            ("generate", 1),
+            ("generate", 1),
+            ("generate_private", 1),
+            ("generate_private", 8),
+            ("generate", 8),
+            ("generate_private", 16),
+            ("generate", 16),
+        ]
+        results: dict[tuple[str, int], list[Window]] = {}
+        for handler, callers in plan:
+            progress(f"{handler} x{callers} for {args.window:g} s ...")
+            window = asyncio.run(measure(url, handler, callers, args.window, args.seed))
+            results.setdefault((handler, callers), []).append(window)
+            progress(
+                f"  {window.tokens_per_s:.1f} tokens/s, {window.requests} requests, "
+                f"TTFT p50 {fmt_s(median(window.ttft_s))}"
+            )
+    peer: dict[int, tuple[float, str]] = {}
+    if not args.skip_transformers:
+        for callers in (8, 16):
+            progress(f"transformers continuous batching, {callers} in flight ...")
+            peer[callers] = transformers_tokens_per_s(bundle, callers, 3 * callers, args.seed)
+            progress(f"  {peer[callers]}")
+    load_after = os.getloadavg()
+    print(render(rows(results, peer)))
+    print(
+        f"\nload average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after; "
+        f"{os.cpu_count()} CPUs; window {args.window:g} s"
+    )
+    return 0
+
+
+def rows(
+    results: dict[tuple[str, int], list[Window]], peer: dict[int, tuple[float, str]]
+) -> list[Row]:
+    def rate(handler: str, callers: int) -> float:
+        return median([w.tokens_per_s for w in results[(handler, callers)]])
+
+    def pooled(handler: str, callers: int, what: str) -> list[float]:
+        return [x for w in results[(handler, callers)] for x in getattr(w, what)]
+
+    out: list[Row] = []
+    for callers in (8, 16):
+        thaw, today = rate("generate", callers), rate("generate_private", callers)
+        ratio = thaw / today
+        target = THROUGHPUT_TARGET if callers == 8 else None
+        out.append(
+            Row(
+                f"tokens/s, {callers} streaming callers (vs today's per-request generation)",
+                f"{thaw:.1f}",
+                f"{today:.1f}",
+                fmt_x(ratio),
+                f">= {target:g}x" if target else "—",
+                verdict(ratio >= target) if target else "info",
+            )
+        )
+    lone_ttft = median(pooled("generate", 1, "ttft_s"))
+    for callers in (8, 16):
+        ttft = median(pooled("generate", callers, "ttft_s"))
+        ratio = ttft / lone_ttft
+        out.append(
+            Row(
+                f"TTFT p50, {callers} callers (vs a lone caller's; today at {callers}: "
+                f"{fmt_s(median(pooled('generate_private', callers, 'ttft_s')))})",
+                fmt_s(ttft),
+                fmt_s(lone_ttft),
+                fmt_x(ratio),
+                f"<= {TTFT_TARGET:g}x" if callers == 8 else "—",
+                verdict(ratio <= TTFT_TARGET) if callers == 8 else "info",
+            )
+        )
+    for callers in (8, 16):
+        out.append(
+            Row(
+                f"inter-token p99, {callers} callers (vs today's)",
+                fmt_s(percentile(pooled("generate", callers, "gaps_s"), 99)),
+                fmt_s(percentile(pooled("generate_private", callers, "gaps_s"), 99)),
+            )
+        )
+    thaw, today = rate("generate", 1), rate("generate_private", 1)
+    out.append(
+        Row(
+            "tokens/s, a lone caller (vs today)",
+            f"{thaw:.2f}",
+            f"{today:.2f}",
+            fmt_x(thaw / today),
+            f">= {1 / LONE_TARGET:.2f}x",
+            verdict(thaw / today >= 1 / LONE_TARGET),
+        )
+    )
+    today_ttft = median(pooled("generate_private", 1, "ttft_s"))
+    out.append(
+        Row(
+            "TTFT p50, a lone caller (vs today)",
+            fmt_s(lone_ttft),
+            fmt_s(today_ttft),
+            fmt_x(lone_ttft / today_ttft),
+            f"<= {LONE_TARGET:g}x",
+            verdict(lone_ttft / today_ttft <= LONE_TARGET),
+        )
+    )
+    for callers, (tokens_per_s, note) in peer.items():
+        thaw = rate("generate", callers)
+        ok = tokens_per_s == tokens_per_s  # not NaN
+        out.append(
+            Row(
+                f"tokens/s, {callers} in flight vs transformers continuous batching ({note})",
+                f"{thaw:.1f}",
+                f"{tokens_per_s:.1f}" if ok else "n/a",
+                fmt_x(thaw / tokens_per_s) if ok else "n/a",
+                f">= {PEER_TARGET:g}x" if callers == 8 else "—",
+                (verdict(thaw / tokens_per_s >= PEER_TARGET) if ok else "skipped")
+                if callers == 8
+                else "info",
+            )
+        )
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
