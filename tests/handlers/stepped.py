@@ -6,6 +6,9 @@ alone; `{"refuse": true}`: prefill refuses it (InvalidInput, a 400);
 `{"hold_at": k, "gate": NAME}`: its k-th step (and with it the whole step) waits
 in the handler thread until the test sets `GATES[NAME]`.
 
+`{"hold_file": PATH, "hold_at": k}`: the same, until PATH exists (for a test in
+another process); `{"sizes": true}`: each item is `[step, sequences in that step]`.
+
 `STEPS` records the names of the sequences in every step, and `RELEASED` every
 sequence released, in order, for the tests to read.
 """
@@ -13,8 +16,10 @@ sequence released, in order, for the tests to read.
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from runtime import Context, Decode, InvalidInput, handler
@@ -31,6 +36,8 @@ class Counting:
     fail_at: int | None
     hold_at: int | None
     gate: str
+    hold_file: str | None
+    sizes: bool
     done: int = 0
 
 
@@ -48,6 +55,8 @@ class CountingSteps:
                     event.get("fail_at"),
                     event.get("hold_at"),
                     event.get("gate", ""),
+                    event.get("hold_file"),
+                    bool(event.get("sizes")),
                 )
             )
         return started
@@ -57,10 +66,12 @@ class CountingSteps:
         out: list[Any] = []
         for s in sequences:
             s.done += 1
-            if s.hold_at == s.done and not GATES[s.gate].wait(timeout=120):
-                raise TimeoutError("the test never opened the gate")
+            if s.hold_at == s.done:
+                _hold(s)
             if s.fail_at == s.done:
                 out.append(RuntimeError(f"{s.name} failed at step {s.done}"))
+            elif s.sizes:
+                out.append([[s.done - 1, len(sequences)]])
             else:
                 out.append([f"{s.name}:{s.done - 1}"])
         return out
@@ -70,6 +81,18 @@ class CountingSteps:
 
     def release(self, sequence: Counting) -> None:
         RELEASED.append(sequence.name)
+
+
+def _hold(s: Counting) -> None:
+    if s.hold_file is None:
+        if not GATES[s.gate].wait(timeout=120):
+            raise TimeoutError("the test never opened the gate")
+        return
+    for _ in range(12000):  # a hang guard, not a time bound
+        if Path(s.hold_file).exists():
+            return
+        time.sleep(0.01)
+    raise TimeoutError("the test never made the hold file")
 
 
 @handler("stepped", decode=Decode(max_sequences=3))
