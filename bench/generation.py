@@ -1,6 +1,7 @@
 """Continuous batching (issue 26): `generate` under concurrent streaming callers.
 
     .venv/bin/python bench/generation.py [--window S] [--bundles DIR] [--skip-transformers]
+    .venv/bin/python bench/generation.py --identity N [--identity-tokens T]
 
 One run, one `thaw serve` process, the same SmolLM2 bundle and loaded model for both:
 
@@ -21,6 +22,10 @@ token (request written -> first token event), inter-token gaps (between one
 request's token events). Lone callers run in alternating order, twice each;
 ratios are taken within the run. Prints one markdown table; progress on stderr.
 Every process it starts runs on 127.0.0.1 and is stopped before it returns.
+
+`--identity N` only checks greedy output: N prompts (the list above, each made
+distinct), run in one batch whose size changes at every step, against each
+prompt alone; it prints how many completions are identical.
 """
 
 from __future__ import annotations
@@ -260,6 +265,61 @@ def transformers_tokens_per_s(
     return tokens / elapsed, f"{requests} requests, {tokens} tokens"
 
 
+# ---- greedy identity, in this process ------------------------------------------------
+
+
+def identity(bundle: Path, prompts: int, max_tokens: int, seed: int) -> int:
+    """`prompts` greedy completions run in a batch that changes size at every step
+    (two admitted, then one more per step, finished ones dropped) against each alone
+    (the per-request loop): prints how many differ, and where."""
+    from safetensors.torch import load_file
+
+    from handlers.models.chat import ChatLM, Completion, TextSequence
+    from handlers.models.llama import Sampling
+
+    config = json.loads((bundle / "bundle.json").read_text())["config"]
+    lm = ChatLM(
+        config, load_file(str(bundle / "model.safetensors")), bundle / "tokenizer.json", "cpu"
+    )
+    rng = random.Random(seed)
+    events = [rng.choice(PROMPTS) for _ in range(prompts)]
+    ids = [
+        lm.encode_prompt(f"{e['prompt']} ({i})")
+        if "prompt" in e
+        else lm.encode_chat([("user", f"{e['messages'][0]['content']} ({i})")])
+        for i, e in enumerate(events)
+    ]
+    greedy = Sampling()
+    started = time.perf_counter()
+    alone = [lm.complete(p, max_tokens, greedy, []) for p in ids]
+    alone_s = time.perf_counter() - started
+    done: dict[int, Completion] = {}
+    waiting = list(enumerate(ids))
+    active: list[tuple[int, TextSequence]] = []
+    admit, sizes = 2, []
+    started = time.perf_counter()
+    while waiting or active:
+        active += [(i, lm.begin(p, max_tokens, greedy, [])) for i, p in waiting[:admit]]
+        waiting, admit = waiting[admit:], 1
+        sizes.append(len(active))
+        for (i, sequence), out in zip(active, lm.advance([s for _, s in active]), strict=True):
+            if sequence.finished:
+                done[i] = out[-1]  # type: ignore[assignment]
+                sequence.release()
+        active = [(i, s) for i, s in active if not s.finished]
+    batched_s = time.perf_counter() - started
+    differ = [i for i in range(prompts) if done[i] != alone[i]]
+    tokens = sum(c.completion_tokens for c in alone)
+    print(
+        f"greedy identity: {prompts - len(differ)} of {prompts} completions identical "
+        f"({tokens} tokens; prompts {min(map(len, ids))}-{max(map(len, ids))} tokens; batch "
+        f"sizes {min(sizes)}-{max(sizes)}); alone {alone_s:.1f} s, batched {batched_s:.1f} s"
+    )
+    for i in differ:
+        print(f"  prompt {i}: alone {alone[i].text!r}\n  batched {done[i].text!r}")
+    return 1 if differ else 0
+
+
 # ---- the run ------------------------------------------------------------------------
 
 
@@ -287,8 +347,14 @@ def main() -> int:
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--seed", type=int, default=26)
     parser.add_argument("--pairs", type=int, default=10, help="lone-caller request pairs")
+    parser.add_argument(
+        "--identity", type=int, metavar="N", help="only: N greedy prompts, batched vs alone"
+    )
+    parser.add_argument("--identity-tokens", type=int, default=64)
     args = parser.parse_args()
     bundle = build_bundle(Path(args.bundles))
+    if args.identity:
+        return identity(bundle, args.identity, args.identity_tokens, args.seed)
     memory = json.loads((bundle / "bundle.json").read_text())["memory"]
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp, stopping([]) as procs:
