@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/generation.py [--window S] [--bundles DIR] [--skip-transformers]
     .venv/bin/python bench/generation.py --identity N [--identity-tokens T]
+    .venv/bin/python bench/generation.py --steps THREADS
 
 One run, one `thaw serve` process, the same SmolLM2 bundle and loaded model for both:
 
@@ -25,7 +26,9 @@ Every process it starts runs on 127.0.0.1 and is stopped before it returns.
 
 `--identity N` only checks greedy output: N prompts (the list above, each made
 distinct), run in one batch whose size changes at every step, against each
-prompt alone; it prints how many completions are identical.
+prompt alone; it prints how many completions are identical. `--steps THREADS`
+only times one decode step of 1, 2, 8 and 16 sequences with that many intra-op
+threads.
 """
 
 from __future__ import annotations
@@ -320,6 +323,38 @@ def identity(bundle: Path, prompts: int, max_tokens: int, seed: int) -> int:
     return 1 if differ else 0
 
 
+def step_costs(bundle: Path, threads: int) -> int:
+    """One decode step of B sequences (`Llama.decode`, 64-token contexts) with `threads`
+    intra-op threads: ms per step and tokens/s, B = 1, 2, 8, 16 (medians of 8 steps)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from handlers.models.llama import Llama, LlamaConfig
+
+    torch.set_num_threads(threads)
+    config = json.loads((bundle / "bundle.json").read_text())["config"]
+    model = Llama(
+        LlamaConfig.from_config(config), load_file(str(bundle / "model.safetensors")), "cpu"
+    )
+    with torch.inference_mode():
+        for size in (1, 2, 8, 16):
+            caches = [model.new_cache(128) for _ in range(size)]
+            for cache in caches:
+                model.prefill(torch.arange(1, 65), cache)
+            times = []
+            for _ in range(10):
+                started = time.perf_counter()
+                model.decode([5] * size, caches)
+                times.append(time.perf_counter() - started)
+            step_s = median(times[2:])
+            print(
+                f"threads {threads}, {size:2d} sequences: {step_s * 1000:7.1f} ms per step, "
+                f"{size / step_s:6.1f} tokens/s",
+                flush=True,
+            )
+    return 0
+
+
 # ---- the run ------------------------------------------------------------------------
 
 
@@ -351,10 +386,15 @@ def main() -> int:
         "--identity", type=int, metavar="N", help="only: N greedy prompts, batched vs alone"
     )
     parser.add_argument("--identity-tokens", type=int, default=64)
+    parser.add_argument(
+        "--steps", type=int, metavar="THREADS", help="only: decode step costs, B = 1-16"
+    )
     args = parser.parse_args()
     bundle = build_bundle(Path(args.bundles))
     if args.identity:
         return identity(bundle, args.identity, args.identity_tokens, args.seed)
+    if args.steps:
+        return step_costs(bundle, args.steps)
     memory = json.loads((bundle / "bundle.json").read_text())["memory"]
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp, stopping([]) as procs:

@@ -82,20 +82,20 @@ def test_greedy_in_a_changing_batch_is_each_prompt_alone(smollm2: ChatLM) -> Non
     lengths = [len(p) for p in ids]
     assert min(lengths) < 8 and max(lengths) > 100  # mixed lengths
     greedy = Sampling()
-    requests = [(p, 10 + 3 * (i % 4), greedy) for i, p in enumerate(ids)]  # 10..19 tokens
+    requests = [(p, 8 + 2 * (i % 3), greedy) for i, p in enumerate(ids)]  # 8..12 tokens
     alone = [smollm2.complete(p, n, opts, []) for p, n, opts in requests]
     together = run_together(smollm2, requests)
     for a, t in zip(alone, together, strict=True):
         assert t == a  # text, token counts and finish reason
-    assert sum(c.completion_tokens for c in together) > 100
+    assert sum(c.completion_tokens for c in together) > 60
 
 
 def test_a_seed_samples_the_same_text_whoever_else_is_in_the_batch(smollm2: ChatLM) -> None:
     ids = prompts(smollm2)
     sampled = Sampling(temperature=0.9, top_p=0.95, seed=11)
-    mine = (ids[4], 16, sampled)
+    mine = (ids[4], 12, sampled)
     alone = smollm2.complete(*mine, [])
-    company = [(ids[i], 12, Sampling(temperature=0.8, seed=i)) for i in (0, 5, 9)]
+    company = [(ids[i], 8, Sampling(temperature=0.8, seed=i)) for i in (0, 5, 9)]
     in_batch = run_together(smollm2, [company[0], mine, *company[1:]], admit_per_step=2)[1]
     assert in_batch == alone
     again = run_together(smollm2, [mine, company[2]])[0]
