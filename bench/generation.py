@@ -1,6 +1,7 @@
 """Continuous batching (issue 26): `generate` under concurrent streaming callers.
 
-    .venv/bin/python bench/generation.py [--window S] [--bundles DIR] [--skip-transformers]
+    .venv/bin/python bench/generation.py [--window S] [--pairs N] [--threads N]
+                                         [--bundles DIR] [--skip-transformers]
     .venv/bin/python bench/generation.py --identity N [--identity-tokens T]
     .venv/bin/python bench/generation.py --steps THREADS
 
@@ -383,6 +384,12 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=26)
     parser.add_argument("--pairs", type=int, default=10, help="lone-caller request pairs")
     parser.add_argument(
+        "--threads",
+        type=int,
+        help="intra-op threads of the server and of transformers (OMP_NUM_THREADS; default: "
+        "torch's, one per core)",
+    )
+    parser.add_argument(
         "--identity", type=int, metavar="N", help="only: N greedy prompts, batched vs alone"
     )
     parser.add_argument("--identity-tokens", type=int, default=64)
@@ -408,6 +415,8 @@ def main() -> int:
             memory_budget=str(memory["weights_bytes"] + 17 * memory["per_request_bytes"]),
             log_level="WARNING",
         )
+        if args.threads:
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
         server = Proc(thaw_serve_argv(port), env, port, Path(tmp) / "server.log")
         procs.append(server)
         server.start()
@@ -443,6 +452,10 @@ def main() -> int:
                 f"TTFT p50 {fmt_s(median(window.ttft_s))}"
             )
     peer: dict[int, tuple[float, str]] = {}
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     if not args.skip_transformers:
         for callers in (8, 16):
             progress(f"transformers continuous batching, {callers} in flight ...")
@@ -452,7 +465,8 @@ def main() -> int:
     print(render(rows(results, peer, lone)))
     print(
         f"\nload average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after; "
-        f"{os.cpu_count()} CPUs; window {args.window:g} s"
+        f"{os.cpu_count()} CPUs; window {args.window:g} s; intra-op threads "
+        f"{args.threads or 'default'}"
     )
     return 0
 
