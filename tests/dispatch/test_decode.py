@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from tests.handlers import stepped
-from tests.inproc import serving, settings_for, until
-from tests.sse import read_events
+from tests.inproc import listening, serving, settings_for, until
+from tests.sse import SSE, aread_events, read_events
 
 pytestmark = pytest.mark.anyio
 
@@ -165,3 +165,40 @@ async def test_drain_ends_a_sequence_past_its_grace_with_the_drain_error(
         await until(lambda: stepped.RELEASED == ["held"], "the cut-off sequence released")
         await until(lambda: decoder.running("stepped") == 0, "no sequence held")
     assert sum("held" in step for step in stepped.STEPS) == 2  # no step after the cut
+
+
+async def test_a_job_shows_its_sequence_so_far_and_follows_it(tmp_path: Path) -> None:
+    async with listening(settings(tmp_path)) as served, served.client() as client:
+        event = {"name": "j", "n": 3, "hold_at": 3, "gate": "j"}
+        accepted = await client.post(
+            "/invoke/stepped", json=event, headers={"Prefer": "respond-async"}
+        )
+        assert accepted.status_code == 202, accepted.text
+        location = accepted.headers["location"]
+
+        async def two_items() -> Any:
+            job = (await client.get(location)).json()
+            return job if (job.get("progress") or {}).get("items") == 2 else None
+
+        job = await until(two_items, "two items delivered")  # its third step holds
+        assert job["status"] == "running"
+        assert job["progress"]["partial_output"] == ["j:0", "j:1"]
+        async with client.stream("GET", location, headers=SSE) as followed:
+            events = aread_events(followed.aiter_lines())
+            replayed = [e async for e in _items(events, 2)]
+            stepped.GATES["j"].set()
+            rest = [e async for e in events if "comment" not in e]
+        done = (await client.get(f"{location}?wait=30")).json()
+    assert [e["data"] for e in replayed] == ['"j:0"', '"j:1"']
+    assert [e["data"] for e in rest if "id" in e] == ['"j:2"']
+    assert rest[-1]["event"] == "result"
+    assert done["status"] == "succeeded" and done["output"] == ["j:0", "j:1", "j:2"]
+
+
+async def _items(events: Any, count: int) -> Any:
+    async for event in events:
+        if "id" in event:
+            yield event
+            count -= 1
+            if not count:
+                return
