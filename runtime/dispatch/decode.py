@@ -17,11 +17,11 @@ sequences take the next step and tells each work what happened to it.
                                                      each prefill([one]), step([one])
                                                    step(every sequence held before)
                                                    release() the finished ones
-    deliver(outs)  <-- call_soon_threadsafe ---  (one message per step)
+    deliver(outs)  <-- call_soon_threadsafe ---  (one post per new sequence and per step)
+       admitted -> work.decode_started() (its stream begins)
        items -> each work's own stream
        finished -> work.ran(), work.succeed(join(items))
        an exception -> work.fail(), that caller only
-       free slots -> admit the next waiting
 
 The steps run back to back on one handler thread for as long as any sequence
 is held, so a lone sequence runs as today's private decode loop did: the
