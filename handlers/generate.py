@@ -7,7 +7,12 @@
     -> {"text", "finish_reason": "stop" | "length",
         "usage": {"prompt_tokens", "completion_tokens", "total_tokens"}}
 
-A given seed gives the same sampled text every time.
+A given seed gives the same sampled text every time, whoever else is in the batch.
+
+Concurrent calls share every decode step (continuous batching): the handler is
+its `GenerateSteps`, run by the runtime's decode scheduler
+(runtime/dispatch/decode.py, docs/generation.md). An empty prompt, or a prompt
+and `max_tokens` beyond the context, is a 400.
 
 Streamed (`Accept: text/event-stream`), it yields `{"text": delta}` as tokens
 are sampled and a last item `{"text": "", "finish_reason", "usage"}`; a
@@ -17,20 +22,24 @@ answer above.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from handlers.models.fields import check_event, get_float, get_int, get_str, get_str_list
-from runtime import Context, InvalidInput, bundle, handler
+from runtime import Context, Decode, InvalidInput, bundle, handler
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Mapping
 
     import torch
 
-    from handlers.models.chat import ChatLM
+    from handlers.models.chat import ChatLM, Completion, TextSequence
+    from handlers.models.llama import Sampling
 
 DEFAULT_MAX_TOKENS = 128
+# Sequences sharing one decode step; later callers wait for a slot, in arrival order.
+MAX_SEQUENCES = 16
 MAX_TOKENS = 512
 # Prompt plus completion; the bundle's KV-cache memory plan is sized for this.
 MAX_CONTEXT_TOKENS = 2048
@@ -141,16 +150,18 @@ def join_completion(items: list[dict[str, Any]]) -> dict[str, Any]:
     return joined
 
 
-@handler(
-    "generate",
-    uses=["smollm2"],
-    warmup=_WARMUP,
-    accelerator_warmup=_ACCELERATOR_WARMUP,
-    join=join_completion,
-)
-def generate(event: dict[str, Any], smollm2: ChatLM, ctx: Context) -> Iterator[dict[str, Any]]:
-    """Complete a prompt or a chat; greedy by default, seeded sampling on request."""
-    from handlers.models.chat import Completion
+@dataclass(frozen=True)
+class Request:
+    """One `generate` event, checked and tokenized."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    opts: Sampling
+    stop: list[str]
+
+
+def parse_request(event: Any, lm: ChatLM) -> Request:
+    """`event` checked against the model: InvalidInput (400) names what is wrong."""
     from handlers.models.llama import Sampling
 
     fields = check_event(event, _FIELDS)
@@ -158,30 +169,75 @@ def generate(event: dict[str, Any], smollm2: ChatLM, ctx: Context) -> Iterator[d
     stop = _stops(fields.get("stop", []))
     opts = Sampling(
         temperature=get_float(fields, "temperature", 0.0, 0.0, MAX_TEMPERATURE),
-        top_k=get_int(fields, "top_k", 0, 0, smollm2.vocab_size),
+        top_k=get_int(fields, "top_k", 0, 0, lm.vocab_size),
         top_p=get_float(fields, "top_p", 1.0, 0.0, 1.0),
         seed=get_int(fields, "seed", 0, 0, 2**63 - 1) if "seed" in fields else None,
     )
     if opts.top_p <= 0.0:
         raise InvalidInput("top_p", "must be above 0")
-    source, prompt_ids = _prompt_ids(fields, smollm2)  # tokenizes: checked last
-    context = min(MAX_CONTEXT_TOKENS, smollm2.max_context_tokens)
+    source, prompt_ids = _prompt_ids(fields, lm)  # tokenizes: checked last
+    if not prompt_ids:
+        raise InvalidInput(source, "is empty: there is nothing to complete")
+    context = min(MAX_CONTEXT_TOKENS, lm.max_context_tokens)
     if len(prompt_ids) + max_tokens > context:
         raise InvalidInput(
             source,
             f"prompt is {len(prompt_ids)} tokens; with max_tokens {max_tokens} it exceeds "
             f"the {context}-token context",
         )
-    for piece in smollm2.stream(prompt_ids, max_tokens, opts, stop):
-        if not isinstance(piece, Completion):
-            yield {"text": piece}
-            continue
-        yield {
-            "text": "",
-            "finish_reason": piece.finish_reason,
-            "usage": {
-                "prompt_tokens": piece.prompt_tokens,
-                "completion_tokens": piece.completion_tokens,
-                "total_tokens": piece.prompt_tokens + piece.completion_tokens,
-            },
-        }
+    return Request(prompt_ids, max_tokens, opts, stop)
+
+
+def _item(piece: str | Completion) -> dict[str, Any]:
+    if isinstance(piece, str):
+        return {"text": piece}
+    return {
+        "text": "",
+        "finish_reason": piece.finish_reason,
+        "usage": {
+            "prompt_tokens": piece.prompt_tokens,
+            "completion_tokens": piece.completion_tokens,
+            "total_tokens": piece.prompt_tokens + piece.completion_tokens,
+        },
+    }
+
+
+class GenerateSteps:
+    """`generate` as decode steps (runtime.Steps): concurrent callers share every
+    forward pass of the model (runtime/dispatch/decode.py), each with its own KV
+    cache, sampler and stop conditions."""
+
+    def __init__(self, lm: ChatLM) -> None:
+        self.lm = lm
+
+    def prefill(self, events: list[Any], ctxs: list[Context]) -> list[Any]:
+        started: list[Any] = []
+        for event in events:
+            try:
+                r = parse_request(event, self.lm)
+                started.append(self.lm.begin(r.prompt_ids, r.max_tokens, r.opts, r.stop))
+            except Exception as exc:  # this caller's alone (InvalidInput: 400)
+                started.append(exc)
+        return started
+
+    def step(self, sequences: list[TextSequence]) -> list[Any]:
+        return [[_item(p) for p in pieces] for pieces in self.lm.advance(sequences)]
+
+    def finished(self, sequence: TextSequence) -> bool:
+        return sequence.finished
+
+    def release(self, sequence: TextSequence) -> None:
+        sequence.release()
+
+
+@handler(
+    "generate",
+    uses=["smollm2"],
+    warmup=_WARMUP,
+    accelerator_warmup=_ACCELERATOR_WARMUP,
+    join=join_completion,
+    decode=Decode(max_sequences=MAX_SEQUENCES),
+)
+def generate(smollm2: ChatLM) -> GenerateSteps:
+    """Complete a prompt or a chat; greedy by default, seeded sampling on request."""
+    return GenerateSteps(smollm2)

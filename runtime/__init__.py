@@ -6,7 +6,7 @@ its own module. Importing this package must stay cheap (no torch).
 
 from runtime.context import Context
 from runtime.errors import InvalidInput
-from runtime.registry import Batch, bundle, handler
+from runtime.registry import Batch, Decode, bundle, handler
 from runtime.version import __version__
 
-__all__ = ["Batch", "Context", "InvalidInput", "__version__", "bundle", "handler"]
+__all__ = ["Batch", "Context", "Decode", "InvalidInput", "__version__", "bundle", "handler"]

@@ -23,8 +23,9 @@ from typing import Any
 
 from runtime.bundles.sources import open_source
 from runtime.clock import SYSTEM, Clock
+from runtime.dispatch.answers import Accepted, Completed
 from runtime.dispatch.calls import HandlerCalls
-from runtime.dispatch.dispatcher import Accepted, Completed, Dispatcher
+from runtime.dispatch.dispatcher import Dispatcher
 from runtime.dispatch.streams import Stream, Streaming
 from runtime.errors import Draining, ThawError, UnknownBundle
 from runtime.jobs.fleet import Fleet
@@ -184,10 +185,8 @@ class Instance:
 
     def prepare(self) -> None:
         """Take this instance's owner lock and open the job store (blocking; idempotent).
-
-        Nothing has to wait for it: a store call arriving first opens the
-        store itself, or waits for the open in progress.
-        """
+        Nothing waits for it: a store call arriving first opens the store itself,
+        or waits for the open in progress."""
         self.jobs.hold_owner_lock()
         self.store.open()
 

@@ -20,6 +20,19 @@ declares (default: the list of items). One handler serves both:
         for i in range(event["n"]):
             yield str(i)
 
+A handler may instead declare its work as decode steps (`decode=Decode(...)`):
+concurrent calls then share every step (continuous batching,
+runtime/dispatch/decode.py). Its function takes the models only and returns
+the `Steps` that run them:
+
+    @handler("generate", uses=["smollm2"], decode=Decode(max_sequences=16), join=...)
+    def generate(smollm2):
+        return GenerateSteps(smollm2)
+
+Such a handler streams (each step's items reach their own caller), and any
+path that runs one call on its own (a warm-up example, a direct call of
+`spec.fn`) runs the same steps for one sequence (`alone`).
+
 `warmup` may also be a function returning the examples, called on first use:
 for examples that take a while to build (discovery runs before the server
 listens).
@@ -46,7 +59,7 @@ import inspect
 import pkgutil
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from runtime.errors import ConfigError, UnknownHandler
 
@@ -121,6 +134,73 @@ class Batch:
 
 
 @dataclass(frozen=True)
+class Decode:
+    """A step-level handler's scheduling policy (runtime/dispatch/decode.py): at most
+    `max_sequences` sequences share a step; later callers wait, in arrival order,
+    and are admitted between steps as sequences end."""
+
+    max_sequences: int = 16
+
+    def __post_init__(self) -> None:
+        value = self.max_sequences
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"Decode.max_sequences must be an int >= 1, not {value!r}")
+
+    def describe(self) -> dict[str, Any]:
+        return {"max_sequences": self.max_sequences}
+
+
+class Steps(Protocol):
+    """Generation as steps, called on a handler thread, one call at a time per model.
+
+    A sequence is whatever object the handler keeps per caller (its tokens, its
+    cache, its sampler). Where a list is returned, it has one entry per input, in
+    order, and an entry may be an exception: it fails only that caller (InvalidInput:
+    400). An exception raised by the call itself fails every sequence in it.
+    """
+
+    def prefill(self, events: list[Any], ctxs: list[Any]) -> list[Any]:
+        """Start one sequence per event (check it, run its prompt): the sequences."""
+        ...
+
+    def step(self, sequences: list[Any]) -> list[Any]:
+        """Advance each by one token: per sequence, the list of items it yields now
+        (maybe none: text held back), or an exception."""
+        ...
+
+    def finished(self, sequence: Any) -> bool:
+        """It ended (a stop condition): it takes no more steps."""
+        ...
+
+    def release(self, sequence: Any) -> None:
+        """Free what it holds (its KV cache); called once for every sequence started."""
+        ...
+
+
+def alone(make_steps: Callable[..., Steps]) -> Callable[..., Any]:
+    """A step-level handler as a generator for one call: the same steps, one sequence."""
+
+    def run(event: Any, *args: Any) -> Any:
+        *models, ctx = args
+        steps = make_steps(*models)
+        [sequence] = steps.prefill([event], [ctx])
+        if isinstance(sequence, BaseException):
+            raise sequence
+        try:
+            while True:
+                [items] = steps.step([sequence])
+                if isinstance(items, BaseException):
+                    raise items
+                yield from items
+                if steps.finished(sequence):
+                    return
+        finally:
+            steps.release(sequence)
+
+    return run
+
+
+@dataclass(frozen=True)
 class HandlerSpec:
     name: str
     fn: Callable[..., Any]
@@ -136,6 +216,9 @@ class HandlerSpec:
     # `stream_fn` the generator itself, and `join` the rule between them.
     stream_fn: Callable[..., Any] | None = None
     join: Callable[[list[Any]], Any] | None = None
+    # Set: a step-level handler; `make_steps(*models)` is its `Steps`.
+    decode: Decode | None = None
+    make_steps: Callable[..., Steps] | None = None
 
     @property
     def streams(self) -> bool:
@@ -181,6 +264,7 @@ def handler(
     accelerator_warmup: Examples = (),
     batch: Batch | None = None,
     join: Callable[[list[Any]], Any] | None = None,
+    decode: Decode | None = None,
 ) -> Callable[[F], F]:
     """Declare `fn(event, *models, ctx)` as handler `name`.
 
@@ -192,10 +276,14 @@ def handler(
     A generator `fn` streams its items; `join(items)` is the output of a call
     that asked for no stream (default: the list of items). A handler streams
     or batches, not both: a stream is one caller's.
+
+    With `decode`, `fn(*models)` returns the handler's `Steps` (see the module doc).
     """
 
     def decorate(fn: F) -> F:
         uses_t = tuple(uses)
+        if decode is not None:
+            return _decode_handler(fn, name, uses_t, decode, warmup, accelerator_warmup, join)
         arity = len(inspect.signature(fn).parameters)
         if arity != len(uses_t) + 2:
             first, last = ("events", "ctxs") if batch is not None else ("event", "ctx")
@@ -227,6 +315,43 @@ def handler(
         return fn
 
     return decorate
+
+
+def _decode_handler(
+    fn: F,
+    name: str,
+    uses: tuple[str, ...],
+    decode: Decode,
+    warmup: Examples,
+    accelerator_warmup: Examples,
+    join: Callable[[list[Any]], Any] | None,
+) -> F:
+    if not isinstance(decode, Decode):
+        raise TypeError(f"handler {name!r}: decode must be a runtime.Decode, not {decode!r}")
+    arity = len(inspect.signature(fn).parameters)
+    if arity != len(uses):
+        raise TypeError(
+            f"handler {name!r} declares decode= and takes {arity} parameters; expected "
+            f"{len(uses)} model(s) for {list(uses)}"
+        )
+    if inspect.iscoroutinefunction(fn) or inspect.isgeneratorfunction(fn):
+        raise TypeError(f"handler {name!r} declares decode=: it must return its Steps")
+    rule = join or list
+    one = alone(fn)
+    spec = HandlerSpec(
+        name=name,
+        fn=joined(one, rule),
+        uses=uses,
+        warmup=_examples(warmup),
+        accelerator_warmup=_examples(accelerator_warmup),
+        description=(inspect.getdoc(fn) or "").split("\n")[0],
+        stream_fn=one,
+        join=rule,
+        decode=decode,
+        make_steps=fn,
+    )
+    setattr(fn, _SPEC_ATTR, spec)
+    return fn
 
 
 def joined(fn: Callable[..., Any], join: Callable[[list[Any]], Any]) -> Callable[..., Any]:

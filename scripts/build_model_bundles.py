@@ -89,6 +89,7 @@ def _build_smollm2(pkg: Path, stage: Path, version: str) -> Manifest:
         config=converted.config,
         per_request_bytes=converted.per_request_bytes,
         weights_bytes=converted.weights_bytes,
+        kv_bytes_per_token=converted.kv_bytes_per_token,
     )
 
 

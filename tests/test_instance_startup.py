@@ -15,7 +15,7 @@ import pytest
 
 from runtime.bundles.sources.local import LocalSource
 from runtime.clock import ManualClock
-from runtime.dispatch.dispatcher import Accepted, Completed
+from runtime.dispatch.answers import Accepted, Completed
 from runtime.instance import Instance
 from runtime.jobs.job import JobStatus
 from runtime.jobs.store import DeferredStore

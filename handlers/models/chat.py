@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from handlers.models.llama import Llama, LlamaConfig, Sampling, generate_steps
+from handlers.models.llama import KVCache, Llama, LlamaConfig, Sampling, generate_steps, sample
 
 
 @dataclass(frozen=True)
@@ -85,46 +85,146 @@ class ChatLM:
     def stream(
         self, prompt_ids: Sequence[int], max_tokens: int, opts: Sampling, stop: Sequence[str]
     ) -> Iterator[str | Completion]:
-        """The completion's text in pieces as tokens are sampled, then its `Completion`.
-
-        The pieces join to exactly the Completion's text. A piece is held back
-        while it could still change: a trailing U+FFFD is half a UTF-8
-        character whose next bytes are in the next token, and the last
-        `longest stop - 1` characters could begin a stop string.
-        """
-
-        def hit_stop(ids: list[int]) -> bool:
-            text = self.tokenizer.decode(ids)
-            return any(s in text for s in stop)
-
-        hold = max((len(s) for s in stop), default=1) - 1
+        """The completion's text in pieces as tokens are sampled, then its `Completion`,
+        from a private decode loop (`generate_steps`): the per-request path that
+        `begin`/`advance` batch. The pieces join to exactly the Completion's text
+        (see `TextPieces`)."""
+        pieces = TextPieces(self.tokenizer, stop)
         steps = generate_steps(
-            self.model, prompt_ids, max_tokens, opts, self.stop_ids, hit_stop if stop else _never
+            self.model, prompt_ids, max_tokens, opts, self.stop_ids, pieces.hit_stop
         )
-        ids: list[int] = []
-        sent = 0
         while True:
             try:
-                ids.append(next(steps))
+                token = next(steps)
             except StopIteration as end:
                 stopped: bool = end.value
                 break
-            text = self.tokenizer.decode(ids)
-            safe = len(text.rstrip("\ufffd")) - hold
-            if safe > sent and not any(s in text for s in stop):
-                yield text[sent:safe]
-                sent = safe
+            if (piece := pieces.add(token)) is not None:
+                yield piece
+        yield from pieces.end(len(prompt_ids), stopped)
+
+    # ---- one sequence among many (continuous batching: handlers/generate.py) --------
+
+    def begin(
+        self, prompt_ids: Sequence[int], max_tokens: int, opts: Sampling, stop: Sequence[str]
+    ) -> TextSequence:
+        """A sequence with its prompt prefilled into its own KV cache."""
+        sequence = TextSequence(self, prompt_ids, max_tokens, opts, stop)
+        ids = torch.tensor(list(prompt_ids), dtype=torch.long, device=self.model.embed.device)
+        assert sequence.cache is not None
+        sequence.logits = self.model.prefill(ids, sequence.cache)
+        return sequence
+
+    def advance(self, sequences: Sequence[TextSequence]) -> list[list[str | Completion]]:
+        """One token for each sequence: the pieces each yields now.
+
+        Sequences whose last token has no logits yet share one batched forward pass
+        (`Llama.decode`); each then samples with its own generator, so a seed gives
+        the same tokens whoever else is in the step.
+        """
+        waiting = [s for s in sequences if s.logits is None]
+        if waiting:
+            caches = [s.cache for s in waiting]
+            if any(cache is None for cache in caches):
+                raise ValueError("a released sequence cannot take another step")
+            rows = self.model.decode([s.ids[-1] for s in waiting], caches)  # type: ignore[arg-type]
+            for sequence, row in zip(waiting, rows, strict=True):
+                sequence.logits = row
+        return [s.take(sample(s.logits, s.opts, s.generator)) for s in sequences]  # type: ignore[arg-type]
+
+
+class TextPieces:
+    """Token ids to text pieces for one completion, with its stop strings.
+
+    A piece is held back while it could still change: a trailing U+FFFD is half
+    a UTF-8 character whose next bytes are in the next token, and the last
+    `longest stop - 1` characters could begin a stop string.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str]) -> None:
+        self.tokenizer = tokenizer
+        self.stop = list(stop)
+        self.hold = max((len(s) for s in stop), default=1) - 1
+        self.ids: list[int] = []
+        self.sent = 0
+
+    def hit_stop(self, ids: list[int]) -> bool:
+        if not self.stop:
+            return False
         text = self.tokenizer.decode(ids)
-        cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))
-        if cut > sent:
-            yield text[sent:cut]
+        return any(s in text for s in self.stop)
+
+    def add(self, token: int) -> str | None:
+        """Take one sampled token: the text that is now safe to send, if any."""
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        safe = len(text.rstrip("\ufffd")) - self.hold
+        if safe > self.sent and not any(s in text for s in self.stop):
+            piece = text[self.sent : safe]
+            self.sent = safe
+            return piece
+        return None
+
+    def end(self, prompt_tokens: int, stopped: bool) -> Iterator[str | Completion]:
+        """The rest of the text (cut at the first stop string), then the Completion."""
+        text = self.tokenizer.decode(self.ids)
+        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=len(text))
+        if cut > self.sent:
+            yield text[self.sent : cut]
         yield Completion(
             text=text[:cut],
-            prompt_tokens=len(prompt_ids),
-            completion_tokens=len(ids),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=len(self.ids),
             finish_reason="stop" if stopped else "length",
         )
 
 
-def _never(_ids: list[int]) -> bool:
-    return False
+class TextSequence:
+    """One caller's completion as steps: its cache, sampler, text and stop conditions
+    (the stop tokens, its stop strings, `max_tokens`), exactly as `generate_steps`
+    and `ChatLM.stream` apply them."""
+
+    def __init__(
+        self,
+        lm: ChatLM,
+        prompt_ids: Sequence[int],
+        max_tokens: int,
+        opts: Sampling,
+        stop: Sequence[str],
+    ) -> None:
+        self.prompt_tokens = len(prompt_ids)
+        self.max_tokens = max_tokens
+        self.opts = opts
+        self.stop_ids = lm.stop_ids
+        self.generator: torch.Generator | None = None
+        if opts.temperature > 0:
+            self.generator = torch.Generator(device="cpu")
+            self.generator.manual_seed(opts.seed if opts.seed is not None else torch.seed())
+        self.cache: KVCache | None = lm.model.new_cache(len(prompt_ids) + max_tokens)
+        self.logits: torch.Tensor | None = None
+        self.pieces = TextPieces(lm.tokenizer, stop)
+        self.finished = False
+
+    @property
+    def ids(self) -> list[int]:
+        return self.pieces.ids
+
+    def take(self, token: int) -> list[str | Completion]:
+        """One sampled token: the pieces it makes (and, at the end, the Completion)."""
+        self.logits = None
+        pieces = self.pieces
+        stopped = token in self.stop_ids
+        out: list[str | Completion] = []
+        if not stopped:
+            if (piece := pieces.add(token)) is not None:
+                out.append(piece)
+            stopped = pieces.hit_stop(pieces.ids)
+        if stopped or len(pieces.ids) == self.max_tokens:
+            self.finished = True
+            out += pieces.end(self.prompt_tokens, stopped)
+        return out
+
+    def release(self) -> None:
+        """Its KV cache freed (the sequence takes no more steps)."""
+        self.cache = None
+        self.logits = None

@@ -176,6 +176,50 @@ class Llama:
             cache.length = end
         return F.linear(self._rms_norm(x[-1], self.norm), self.lm_head)
 
+    def decode(self, tokens: Sequence[int], caches: Sequence[KVCache]) -> torch.Tensor:
+        """Logits (one row each) of the next token of several sequences, one new token
+        each, every sequence with its own cache (they may differ in length).
+
+        The linear layers run once for all rows (the weights are read once per step,
+        which is what a decode step on any device is bound by); attention runs per
+        sequence against its own cache, with exactly the shapes a lone sequence
+        has. One sequence goes through `forward`, today's path, so a lone caller
+        runs the very kernels it ran before batching existed.
+        """
+        if len(tokens) == 1:
+            step = torch.tensor([tokens[0]], dtype=torch.long, device=self.embed.device)
+            return self.forward(step, caches[0].length, caches[0])[None]
+        cfg = self.cfg
+        b = len(tokens)
+        groups = cfg.num_heads // cfg.num_kv_heads
+        q_rows, kv_rows = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        starts = [cache.length for cache in caches]
+        where = torch.tensor(starts, dtype=torch.long, device=self.embed.device)
+        cos, sin = self.cos[where][:, None], self.sin[where][:, None]  # (b, 1, head_dim)
+        ids = torch.tensor(list(tokens), dtype=torch.long, device=self.embed.device)
+        x = self.embed[ids]
+        for i, layer in enumerate(self.layers):
+            h = self._rms_norm(x, layer.attn_norm)
+            q, k, v = torch.split(F.linear(h, layer.qkv), [q_rows, kv_rows, kv_rows], dim=-1)
+            q = self._rope(q.view(b, cfg.num_heads, cfg.head_dim), cos, sin)
+            k = self._rope(k.view(b, cfg.num_kv_heads, cfg.head_dim), cos, sin)
+            v = v.view(b, cfg.num_kv_heads, cfg.head_dim)
+            outs = []
+            for j, (cache, start) in enumerate(zip(caches, starts, strict=True)):
+                cache.k[i, :, start] = k[j]
+                cache.v[i, :, start] = v[j]
+                qg = q[j].reshape(1, cfg.num_kv_heads, groups, cfg.head_dim)
+                kj, vj = cache.k[i, :, : start + 1], cache.v[i, :, : start + 1]
+                outs.append(F.scaled_dot_product_attention(qg, kj[None], vj[None]))
+            out = torch.cat(outs).view(b, q_rows)
+            x = x + F.linear(out, layer.o)
+            h = self._rms_norm(x, layer.mlp_norm)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        for cache, start in zip(caches, starts, strict=True):
+            cache.length = start + 1
+        return F.linear(self._rms_norm(x, self.norm), self.lm_head)
+
     def prefill(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Run the prompt through the cache in chunks; logits of its last token."""
         chunk = self.cfg.prefill_chunk_tokens

@@ -66,6 +66,8 @@ class Converted:
 
     config: dict[str, Any] = field(default_factory=dict)
     per_request_bytes: int = 0
+    # A generation model's KV cache per token (float32 keys and values of every layer).
+    kv_bytes_per_token: int = 0
     # Resident bytes once loaded, when that differs from the safetensors size: float16
     # files are computed in float32 on CPU. None: the file size is right.
     weights_bytes: int | None = None
@@ -175,7 +177,10 @@ def _convert_gguf(src: Path, out_dir: Path, progress: Progress) -> Converted:
     _write_atomic(out_dir, TOKENIZER_FILE, lambda p: _gguf_tokenizer(reader, src).save(str(p)))
     resident = sum(int(t.size) for t in tensors.values()) * _COMPUTE_ELEMENT_BYTES
     return Converted(
-        config=config, per_request_bytes=_llama_request_bytes(config), weights_bytes=resident
+        config=config,
+        per_request_bytes=_llama_request_bytes(config),
+        weights_bytes=resident,
+        kv_bytes_per_token=_llama_kv_bytes_per_token(config),
     )
 
 
@@ -218,10 +223,16 @@ def _llama_config(reader: Any, src: Path) -> dict[str, Any]:
     }
 
 
+def _llama_kv_bytes_per_token(config: Mapping[str, Any]) -> int:
+    """Keys and values of every layer for one token: what a sequence's cache grows by."""
+    kv = 2 * config["num_layers"] * config["num_kv_heads"] * config["head_dim"]
+    return int(_COMPUTE_ELEMENT_BYTES * kv)
+
+
 def _llama_request_bytes(config: Mapping[str, Any]) -> int:
     """KV cache for the full context plus one prefill chunk's activations."""
     ctx, chunk = config["max_context_tokens"], config["prefill_chunk_tokens"]
-    kv_per_token = 2 * config["num_layers"] * config["num_kv_heads"] * config["head_dim"]
+    kv_per_token = _llama_kv_bytes_per_token(config) // _COMPUTE_ELEMENT_BYTES
     hidden, ffn = config["hidden_size"], config["intermediate_size"]
     activations = chunk * (8 * hidden + 4 * ffn) + config["num_heads"] * chunk * ctx
     vocab = config["vocab_size"]

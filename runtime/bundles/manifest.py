@@ -38,7 +38,7 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _TOP_FIELDS = {"format", "name", "version", "files", "config", "memory"}
 _FILE_FIELDS = {"path", "size", "sha256"}
-_MEMORY_FIELDS = {"weights_bytes", "per_request_bytes"}
+_MEMORY_FIELDS = {"weights_bytes", "per_request_bytes", "kv_bytes_per_token"}
 _HASH_CHUNK = 4 * 1024 * 1024
 
 
@@ -57,6 +57,9 @@ class Manifest:
     config: dict[str, Any] = field(default_factory=dict)
     weights_bytes: int = 0
     per_request_bytes: int = 0
+    # A generation model's KV cache per token of a sequence (prompt and completion);
+    # per_request_bytes holds a whole context of it. 0: not a generation model.
+    kv_bytes_per_token: int = 0
 
     # `id` and `total_bytes` are cached (a manifest is immutable): the one hashes the
     # canonical form, the other is read by the estimate of every cold request.
@@ -83,6 +86,12 @@ class Manifest:
             "memory": {
                 "weights_bytes": self.weights_bytes,
                 "per_request_bytes": self.per_request_bytes,
+                # Written only where declared: the ids of other bundles stay as they were.
+                **(
+                    {"kv_bytes_per_token": self.kv_bytes_per_token}
+                    if self.kv_bytes_per_token
+                    else {}
+                ),
             },
         }
 
@@ -193,7 +202,10 @@ def parse_manifest(raw: bytes | str) -> Manifest:
     per_request = _non_negative_int(
         memory.get("per_request_bytes", 0), f"{MANIFEST}: memory.per_request_bytes"
     )
-    return Manifest(name, version, tuple(files), config, weights_bytes, per_request)
+    kv_per_token = _non_negative_int(
+        memory.get("kv_bytes_per_token", 0), f"{MANIFEST}: memory.kv_bytes_per_token"
+    )
+    return Manifest(name, version, tuple(files), config, weights_bytes, per_request, kv_per_token)
 
 
 def read_manifest(bundle_dir: Path) -> Manifest:
@@ -340,6 +352,7 @@ def build_bundle(
     per_request_bytes: int = 0,
     weights_bytes: int | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    kv_bytes_per_token: int = 0,
 ) -> Manifest:
     """Write a bundle from a directory (or one file) of safetensors/JSON/text files.
 
@@ -390,6 +403,7 @@ def build_bundle(
         config=dict(config or {}),
         weights_bytes=weights_bytes,
         per_request_bytes=per_request_bytes,
+        kv_bytes_per_token=kv_bytes_per_token,
     )
     write_manifest(out_dir, manifest)
     return manifest

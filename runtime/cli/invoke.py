@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from runtime.dispatch.dispatcher import Completed
+from runtime.dispatch.answers import Completed
 from runtime.dispatch.streams import Stream, Streaming
 from runtime.instance import Instance
 from runtime.settings import Settings

@@ -112,6 +112,7 @@ def _cmd_bundle_build(args: argparse.Namespace) -> int:
                 config=config,
                 per_request_bytes=per_request or 0,
                 weights_bytes=converted.weights_bytes,
+                kv_bytes_per_token=converted.kv_bytes_per_token,
                 on_progress=hashing,
             )
         else:

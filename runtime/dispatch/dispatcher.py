@@ -14,7 +14,8 @@ The work of every invocation is started once, at admission, and a request
 that becomes a job keeps that same work, so nothing runs twice. Every kind of
 work takes one path (`_start`, then `_run` once its models are leased): a
 sync handler to a handler thread, an async one on the loop, a batched one to
-its queue (runtime/dispatch/batcher.py). It costs a task only where it must
+its queue (runtime/dispatch/batcher.py), a step-level one to the decode steps
+(runtime/dispatch/decode.py). It costs a task only where it must
 wait on the loop: work that needs a load, or an async handler that suspends
 (runtime/dispatch/eager.py). Each piece of work is a `Work`
 (runtime/dispatch/work.py), which records its own progress and ends through
@@ -31,16 +32,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from runtime.clock import Clock
 from runtime.context import CLIENT_CONTEXT, Context
 from runtime.dispatch import claims, eager
+from runtime.dispatch.answers import Accepted, Completed
 from runtime.dispatch.batcher import Batcher
 from runtime.dispatch.calls import HandlerCalls, user_error
 from runtime.dispatch.deadlines import Deadlines
+from runtime.dispatch.decode import Decoder
 from runtime.dispatch.streams import Stream, Streaming, Streams
 from runtime.dispatch.work import Books, Work, release, result_of, wake
 from runtime.errors import Draining, QueueFull
@@ -66,20 +68,6 @@ HANDLER_LOG = logging.getLogger("thaw.handler")
 FRAMEWORK_STALL_S = 0.4
 # After a drain's grace, how long cut-off work gets to reach its next step and end.
 ABORT_WAIT_S = 5.0
-
-
-@dataclass
-class Completed:
-    output: Any
-    timings_ms: dict[str, float]
-    # How many requests shared its handler call (None: the handler does not batch).
-    batch_size: int | None = None
-
-
-@dataclass
-class Accepted:
-    job: Job
-    retry_after_s: float
 
 
 class Dispatcher:
@@ -128,6 +116,7 @@ class Dispatcher:
             margin_s=settings.deadline_margin_s,
             clock=clock,
         )
+        self.decoder = Decoder(calls=calls, clock=clock)
         self.streams = Streams()
         for name in registry.handlers:
             self.handler_stats(name)
@@ -138,6 +127,8 @@ class Dispatcher:
             found = self.metrics.handler(name)
             # Read at scrape time, so the warm path does not take the gauge's lock twice.
             self.metrics.queue_depth.labels(name).set_function(lambda: self.pending[name])
+            if (spec := self.registry.handlers.get(name)) and spec.decode is not None:
+                self.decoder.export(name, self.metrics)
         return found
 
     # ---- the deadline rule ------------------------------------------------------
@@ -327,9 +318,16 @@ class Dispatcher:
         (whose callback settles it), and an async one is the coroutine returned,
         for the caller to drive."""
         spec = work.spec
-        if work.claim is not None and (spec.batch is not None or spec.is_async):
+        if work.claim is not None and (
+            spec.batch is not None or spec.is_async or spec.decode is not None
+        ):
             run = partial(self._run, work, event, models, started, load_ms)
             return claims.claimed_then(work, run)
+        if spec.decode is not None:
+            # Its sequence waits for a slot of the decode steps (decode.py) from here.
+            work.run_started = work.mark_queued(started, load_ms)
+            self.decoder.join(work, event, models)
+            return None
         if spec.batch is not None:
             work.mark_queued(started, load_ms)
             work.phase = "batching"

@@ -119,6 +119,10 @@ class Stream:
         self.items.append(item)
         self._wake()
 
+    # Called on the loop by whoever runs the work elsewhere (runtime/dispatch/decode.py).
+    begin = _begin
+    push = _push
+
     def _wake(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()

@@ -9,6 +9,7 @@ through the work's own methods:
     queued        mark_queued()   queue (and load) times recorded
     running       mark_running()  phase, and its run watched for THAW_RUN_TIMEOUT_S
                   batch_started() the same for a member of a batch, with its wait
+                  decode_started() the same for a sequence admitted to the decode steps
     ran           ran()           run time: Server-Timing, estimator, stats
                   batch_ran()
     ended         succeed() / fail() / cancel(), or its outcome cancelled from
@@ -206,6 +207,18 @@ class Work:
         self.running = True
         self.books.overruns.watch(self, self.run_started)
 
+    def decode_started(self, started: float) -> None:
+        """Its sequence was admitted to the decode steps (runtime/dispatch/decode.py) at
+        `started`: it runs from there, its run watched, and its stream begins. Its wait
+        for a slot shows as Server-Timing's `batch`."""
+        self.timings_ms["batch"] = max(0.0, started - self.run_started) * 1000
+        self.phase = "running"
+        self.running = True
+        self.run_started = started
+        self.books.overruns.watch(self, started)
+        if self.stream is not None:
+            self.stream.begin()
+
     def ran(self) -> None:
         """Its own handler call returned: the run's time, for Server-Timing, the
         estimate and the stats."""
@@ -275,8 +288,9 @@ class Work:
             return
         books = self.books
         limit_s = books.run_timeout_s
-        if not self.spec.is_async:
-            # Its thread cannot be stopped, and keeps the model and memory it holds.
+        if not self.spec.is_async and self.spec.decode is None:
+            # Its thread cannot be stopped, and keeps the model and memory it holds (a
+            # sequence of the decode steps is dropped at the next step instead).
             books.health.wedge(f"handler {self.handler!r} ran past THAW_RUN_TIMEOUT_S={limit_s:g}")
         self.fail(
             HandlerTimeout(

@@ -384,6 +384,8 @@ class ModelCache:
             "per_request_bytes": entry.per_request_bytes,
             "budget_bytes": budget.limit,
         }
+        if entry.manifest.kv_bytes_per_token:
+            plan["kv_bytes_per_token"] = entry.manifest.kv_bytes_per_token
         if budget.limit is not None and entry.per_request_bytes > 0:
             plan["admitted_concurrency"] = budget.admitted_concurrency(
                 entry.name, entry.weights_bytes, entry.per_request_bytes

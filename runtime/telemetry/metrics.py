@@ -354,6 +354,13 @@ class Metrics:
             ["handler"],
             registry=self.registry,
         )
+        self.decode_sequences = Gauge(
+            "thaw_decode_sequences",
+            "Sequences of a step-level handler: running (their KV caches held, as of the "
+            "last decode step) and waiting for a slot.",
+            ["handler", "state"],
+            registry=self.registry,
+        )
         self.jobs = Counter(
             "thaw_jobs",
             "Jobs reaching each status in this instance.",

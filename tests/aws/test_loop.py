@@ -224,3 +224,25 @@ def test_concurrent_slots_are_batched_together(
     assert {o["size"] for o in outputs} == {3}
     assert sorted(outputs[0]["batch"]) == [1, 2, 3]
     assert [o["id"] for o in outputs] == [1, 2, 3], "each slot gets its own output"
+
+
+def test_concurrent_slots_share_decode_steps(
+    start_runtime: Start, runtime_api: FakeRuntimeAPI, tmp_path: Path
+) -> None:
+    """Sequences of a step-level handler from one process's slots share its decode
+    steps (runtime/dispatch/decode.py), each slot answered with its own output."""
+    start_runtime(THAW_HANDLERS="tests.handlers.stepped", AWS_LAMBDA_MAX_CONCURRENCY="4")
+    opened = tmp_path / "open"
+    first = {"name": "a", "n": 3, "hold_at": 1, "hold_file": str(opened), "sizes": True}
+    held = runtime_api.push({"handler": "stepped", "input": first})
+    _until_queue_depth(runtime_api, "stepped", 1)  # its first step holds
+    rest = [
+        runtime_api.push({"handler": "stepped", "input": {"name": n, "n": 3, "sizes": True}})
+        for n in "bc"
+    ]
+    _until_queue_depth(runtime_api, "stepped", 3)  # the two wait for the step to end
+    opened.touch()
+    outputs = [runtime_api.result(r).json()["output"] for r in (held, *rest)]
+    assert [[step for step, _ in o] for o in outputs] == [[0, 1, 2]] * 3  # each its own
+    # Each one's first step is its own (after its prefill); then one step held all three.
+    assert all(o[0][1] == 1 and 3 in [size for _, size in o] for o in outputs), outputs

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
+from runtime.dispatch.answers import Accepted, Completed
 from runtime.dispatch.batcher import Member, due_at
-from runtime.dispatch.dispatcher import Accepted, Completed, Dispatcher
+from runtime.dispatch.dispatcher import Dispatcher
 from runtime.errors import HandlerError, InvalidInput
 from runtime.instance import Instance
 from runtime.jobs.job import JobStatus

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from runtime.dispatch.dispatcher import Accepted, Completed
+from runtime.dispatch.answers import Accepted, Completed
 from runtime.errors import Draining, HandlerError
 from runtime.instance import Instance
 from runtime.jobs.job import JobStatus

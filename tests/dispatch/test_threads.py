@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from runtime.dispatch.dispatcher import Completed
+from runtime.dispatch.answers import Completed
 from runtime.dispatch.threads import HandlerThreads
 from runtime.settings import Settings
 from tests.support import make_bundle, running_instance

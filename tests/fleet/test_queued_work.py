@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from runtime.dispatch.dispatcher import Accepted
+from runtime.dispatch.answers import Accepted
 from runtime.jobs.job import JobStatus
 from runtime.settings import Settings
 from tests.fleet.conftest import MakeFleet

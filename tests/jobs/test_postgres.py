@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from runtime.clock import ManualClock
-from runtime.dispatch.dispatcher import Accepted
+from runtime.dispatch.answers import Accepted
 from runtime.errors import ConfigError, Conflict, StorageUnavailable
 from runtime.jobs.job import Job, JobStatus, new_job_id
 from runtime.jobs.store import open_store

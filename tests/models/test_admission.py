@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from runtime.dispatch.dispatcher import Accepted, Completed
+from runtime.dispatch.answers import Accepted, Completed
 from runtime.errors import QueueFull
 from runtime.instance import Instance
 from runtime.jobs.job import JobStatus

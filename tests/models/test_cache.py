@@ -14,7 +14,7 @@ import pytest
 
 from runtime.bundles.manifest import MANIFEST, Manifest
 from runtime.clock import SYSTEM, Clock, ManualClock
-from runtime.dispatch.dispatcher import Completed
+from runtime.dispatch.answers import Completed
 from runtime.errors import BundleError, InsufficientMemory, IntegrityError, LoadFailed
 from runtime.instance import Instance
 from runtime.models.lifecycle import State

@@ -36,7 +36,7 @@ import pytest
 from runtime.bundles.manifest import MANIFEST, Manifest, build_bundle
 from runtime.bundles.sources.local import LocalSource
 from runtime.clock import ManualClock
-from runtime.dispatch.dispatcher import Completed
+from runtime.dispatch.answers import Completed
 from runtime.errors import BundleError, IntegrityError, LoadFailed
 from runtime.instance import Instance
 from runtime.models import weights as weights_mod

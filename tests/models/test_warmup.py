@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from runtime.dispatch.dispatcher import Completed
+from runtime.dispatch.answers import Completed
 from runtime.instance import Instance
 from runtime.registry import discover
 from runtime.settings import Settings

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from handlers.generate import MAX_CONTEXT_TOKENS, MAX_TOKENS, generate, join_completion
+from handlers.generate import MAX_CONTEXT_TOKENS, MAX_TOKENS, join_completion
 from handlers.models.chat import ChatLM
 from handlers.models.llama import Llama, Sampling
 from handlers.models.llama import generate as generate_ids
@@ -18,6 +18,9 @@ from runtime.registry import discover
 
 CTX = Context(request_id="t", handler="generate")
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+# The handler run for one call on its own: its decode steps, one sequence (runtime.registry.alone).
+generate = discover(["handlers.generate"]).handler("generate").stream_fn
+assert generate is not None
 
 
 def run(model: ChatLM, **event: Any) -> dict[str, Any]:
@@ -140,6 +143,7 @@ LONG = "word " * (MAX_CONTEXT_TOKENS - 100)
         ({}, "prompt"),
         ({"prompt": "a", "messages": FRANCE}, "prompt"),
         ({"prompt": 5}, "prompt"),
+        ({"prompt": ""}, "prompt"),
         ({"messages": []}, "messages"),
         ({"messages": "hi"}, "messages"),
         ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),

@@ -87,3 +87,22 @@ def test_generate_declares_its_largest_request(smollm2_bundle: Path) -> None:
         "generate",
         {"prompt": prompt, "max_tokens": tokens},
     )
+
+
+def test_generate_declares_its_kv_cache_per_token(smollm2_bundle: Path, smollm2: Any) -> None:
+    """A sequence's KV cache, as allocated, is the bytes per token the plan declares
+    times its tokens; and the request slot a sequence reserves holds a whole
+    context of it (a sequence is never cut short for want of cache)."""
+    from handlers.generate import MAX_CONTEXT_TOKENS
+    from handlers.models.llama import Sampling
+
+    manifest = read_manifest(smollm2_bundle)
+    per_token = manifest.kv_bytes_per_token
+    assert per_token > 0
+    prompt = smollm2.encode_prompt("Once upon a time")
+    sequence = smollm2.begin(prompt, 10, Sampling(), [])
+    cache = sequence.cache
+    measured = cache.k.numel() * cache.k.element_size() + cache.v.numel() * cache.v.element_size()
+    assert measured == per_token * (len(prompt) + 10)
+    sequence.release()
+    assert manifest.per_request_bytes >= per_token * MAX_CONTEXT_TOKENS

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from runtime.clock import ManualClock
-from runtime.dispatch.dispatcher import Completed
+from runtime.dispatch.answers import Completed
 from runtime.errors import LoadFailed
 from runtime.instance import Instance
 from runtime.models.lifecycle import State

@@ -10,7 +10,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from runtime.dispatch.dispatcher import Accepted, Completed
+from runtime.dispatch.answers import Accepted, Completed
 from runtime.dispatch.streams import Streaming
 from runtime.errors import ThawError
 from runtime.http import sse

@@ -1,0 +1,204 @@
+"""The decode scheduler (runtime/dispatch/decode.py) with a model-less step handler
+(tests/handlers/stepped.py), over the HTTP contract in-process: sequences share
+steps up to the declared maximum, later ones join between steps, each caller gets
+its own items, a fault or a refusal is one caller's, and a drain lets running
+sequences finish within its grace and ends the rest with the drain error."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.handlers import stepped
+from tests.inproc import listening, serving, settings_for, until
+from tests.sse import SSE, aread_events, read_events
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def fresh_logs() -> Iterator[None]:
+    stepped.STEPS.clear()
+    stepped.RELEASED.clear()
+    stepped.GATES.clear()
+    yield
+    for gate in stepped.GATES.values():  # never leave a handler thread waiting
+        gate.set()
+
+
+def settings(tmp_path: Path, **overrides: Any) -> Any:
+    return settings_for(tmp_path, handlers=("tests.handlers.stepped",), **overrides)
+
+
+async def test_sequences_share_steps_and_later_ones_join_between_them(tmp_path: Path) -> None:
+    lengths = {"a": 2, "b": 4, "c": 4, "d": 2, "e": 2}
+    async with serving(settings(tmp_path)) as served:
+        decoder = served.instance.dispatcher.decoder
+
+        def call(name: str) -> Any:
+            event: dict[str, Any] = {"name": name, "n": lengths[name]}
+            if name == "a":  # holds its first step until the others queued behind it
+                event.update(hold_at=1, gate="a")
+            return asyncio.ensure_future(served.client.post("/invoke/stepped", json=event))
+
+        first = call("a")
+        await until(lambda: stepped.STEPS, "the first step began")
+        others = [call(name) for name in "bcde"]
+        # They wait for the step to end: b and c then take the two free slots (of
+        # max_sequences=3), and d and e wait on.
+        await until(lambda: decoder.waiting("stepped") == 4, "four sequences waiting")
+        stepped.GATES["a"].set()
+        responses = [await first, *[await other for other in others]]
+    for (name, n), response in zip(lengths.items(), responses, strict=True):
+        assert response.status_code == 200, response.text
+        assert response.json() == [f"{name}:{i}" for i in range(n)]
+    steps = stepped.STEPS
+    # A sequence given a slot takes its first step on its own, right after its
+    # prefill; then those held from before step together.
+    assert steps[:4] == [["a"], ["b"], ["c"], ["a"]]
+    # a ended after its second step: d took its slot, beside b and c still running
+    # (admitted between steps, not after the others ended).
+    assert steps[4:7] == [["d"], ["b", "c"], ["b", "c", "d"]]
+    assert max(len(step) for step in steps) == 3  # Decode(max_sequences=3)
+    assert sum(len(step) > 1 for step in steps) >= 3  # shared
+    assert sorted(stepped.RELEASED) == sorted(lengths)  # each freed, once
+    for name, n in lengths.items():
+        assert sum(name in step for step in steps) == n
+
+
+async def test_a_sequence_that_raises_fails_only_its_own_caller(tmp_path: Path) -> None:
+    async with serving(settings(tmp_path)) as served:
+        bad, good = await asyncio.gather(
+            served.client.post("/invoke/stepped", json={"name": "bad", "n": 4, "fail_at": 2}),
+            served.client.post("/invoke/stepped", json={"name": "good", "n": 4}),
+        )
+    assert bad.status_code == 500, bad.text
+    assert bad.json()["type"].endswith("/handler-error")
+    assert "bad failed at step 2" in bad.json()["detail"]
+    assert good.status_code == 200 and good.json() == [f"good:{i}" for i in range(4)]
+    assert sorted(stepped.RELEASED) == ["bad", "good"]  # its sequence freed all the same
+
+
+async def test_a_refused_sequence_is_a_400_and_the_others_run(tmp_path: Path) -> None:
+    async with serving(settings(tmp_path)) as served:
+        refused, fine = await asyncio.gather(
+            served.client.post("/invoke/stepped", json={"name": "no", "n": 2, "refuse": True}),
+            served.client.post("/invoke/stepped", json={"name": "yes", "n": 2}),
+        )
+        streamed = await served.client.post(
+            "/invoke/stepped",
+            json={"name": "no", "n": 2, "refuse": True},
+            headers={"Accept": "text/event-stream"},
+        )
+    assert refused.status_code == 400 and refused.json()["field"] == "refuse"
+    assert streamed.status_code == 400  # refused before its first item: no 200 stream
+    assert fine.status_code == 200 and fine.json() == ["yes:0", "yes:1"]
+    assert stepped.RELEASED == ["yes"]  # a refused sequence never started
+
+
+async def test_each_streaming_caller_gets_its_own_items(tmp_path: Path) -> None:
+    async with serving(settings(tmp_path)) as served:
+        responses = await asyncio.gather(
+            *(
+                served.client.post(
+                    "/invoke/stepped",
+                    json={"name": name, "n": 3},
+                    headers={"Accept": "text/event-stream"},
+                )
+                for name in ("x", "y")
+            )
+        )
+    for name, response in zip(("x", "y"), responses, strict=True):
+        events = [e for e in read_events(response.text.splitlines()) if "comment" not in e]
+        items = [e["data"] for e in events if "id" in e]
+        assert items == [f'"{name}:{i}"' for i in range(3)], response.text
+        assert events[-1]["event"] == "result"
+
+
+async def test_drain_lets_a_running_sequence_finish_within_its_grace(tmp_path: Path) -> None:
+    async with serving(settings(tmp_path, drain_grace_s=60.0)) as served:
+        dispatcher = served.instance.dispatcher
+        call = asyncio.ensure_future(
+            served.client.post(
+                "/invoke/stepped", json={"name": "held", "n": 3, "hold_at": 2, "gate": "g"}
+            )
+        )
+        await until(lambda: len(stepped.STEPS) >= 2, "the second step began")
+        drain = asyncio.ensure_future(dispatcher.drain(60.0))
+        await until(lambda: dispatcher.draining, "the drain began", every_s=0)
+        refused = await served.client.post("/invoke/stepped", json={"name": "late", "n": 1})
+        assert refused.status_code == 503  # no new sequence is admitted
+        stepped.GATES["g"].set()
+        response = await call
+        await drain
+    assert response.status_code == 200 and response.json() == ["held:0", "held:1", "held:2"]
+
+
+async def test_drain_ends_a_sequence_past_its_grace_with_the_drain_error(
+    tmp_path: Path,
+) -> None:
+    async with serving(settings(tmp_path)) as served:
+        dispatcher = served.instance.dispatcher
+        decoder = dispatcher.decoder
+        call = asyncio.ensure_future(
+            served.client.post(
+                "/invoke/stepped", json={"name": "held", "n": 3, "hold_at": 2, "gate": "g"}
+            )
+        )
+        await until(lambda: len(stepped.STEPS) >= 2, "the second step began")
+        assert decoder.running("stepped") == 1
+        drain = asyncio.ensure_future(dispatcher.drain(0.0))
+        response = await call
+        assert response.status_code == 503, response.text
+        assert response.json()["type"].endswith("/drained")
+        stepped.GATES["g"].set()  # the step it was in ends; the next one drops it
+        await drain
+        await until(lambda: stepped.RELEASED == ["held"], "the cut-off sequence released")
+        await until(lambda: decoder.running("stepped") == 0, "no sequence held")
+    assert sum("held" in step for step in stepped.STEPS) == 2  # no step after the cut
+
+
+async def test_a_job_shows_its_sequence_so_far_and_follows_it(tmp_path: Path) -> None:
+    async with listening(settings(tmp_path)) as served, served.client() as client:
+        event = {"name": "j", "n": 3, "hold_at": 3, "gate": "j"}
+        accepted = await client.post(
+            "/invoke/stepped", json=event, headers={"Prefer": "respond-async"}
+        )
+        assert accepted.status_code == 202, accepted.text
+        location = accepted.headers["location"]
+
+        async def two_items() -> Any:
+            job = (await client.get(location)).json()
+            return job if (job.get("progress") or {}).get("items") == 2 else None
+
+        job = await until(two_items, "two items delivered")  # its third step holds
+        assert job["status"] == "running"
+        assert job["progress"]["partial_output"] == ["j:0", "j:1"]
+        async with client.stream("GET", location, headers=SSE) as followed:
+            events = aread_events(followed.aiter_lines())
+            replayed = [e async for e in _items(events, 2)]
+            stepped.GATES["j"].set()
+            rest = [e async for e in events if "comment" not in e]
+        done = (await client.get(f"{location}?wait=30")).json()
+    assert [e["data"] for e in replayed] == ['"j:0"', '"j:1"']
+    assert [e["data"] for e in rest if "id" in e] == ['"j:2"']
+    assert rest[-1]["event"] == "result"
+    assert done["status"] == "succeeded" and done["output"] == ["j:0", "j:1", "j:2"]
+
+
+async def _items(events: Any, count: int) -> Any:
+    async for event in events:
+        if "id" in event:
+            yield event
+            count -= 1
+            if not count:
+                return
