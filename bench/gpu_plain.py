@@ -8,7 +8,6 @@ unchanged; only the accelerator's large shapes are left out.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from handlers import classify as _classify
@@ -48,7 +47,8 @@ def classify(events: list[Any], efficientnet: Any, ctxs: list[Context]) -> list[
     uses=["smollm2"],
     warmup=lambda: list(_GENERATE.warmup),
     join=_GENERATE.join,
+    decode=_GENERATE.decode,
 )
-def generate(event: dict[str, Any], smollm2: Any, ctx: Context) -> Iterator[dict[str, Any]]:
-    """`generate`, without its accelerator warm-up."""
-    yield from _generate.generate(event, smollm2, ctx)
+def generate(smollm2: Any) -> Any:
+    """`generate`, without its accelerator warm-up: the same decode steps."""
+    return _generate.generate(smollm2)
