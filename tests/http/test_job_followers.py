@@ -35,7 +35,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("THAW_", "AWS_LAMBDA"))}
     env.update(
         {
-            "THAW_HANDLERS": "tests.handlers.ticks",
+            "THAW_HANDLERS": "tests.handlers.ticks,tests.handlers.stepped",
             "THAW_BUNDLE_SOURCE": str(root / "bundles"),
             "THAW_CACHE_DIR": str(root / "cache"),
             "THAW_STATE_DIR": str(root / "state"),
@@ -48,8 +48,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         yield started
 
 
-def submit(client: httpx.Client, event: dict[str, Any]) -> str:
-    accepted = client.post("/handlers/ticks/jobs", json=event)
+def submit(client: httpx.Client, event: dict[str, Any], handler: str = "ticks") -> str:
+    accepted = client.post(f"/handlers/{handler}/jobs", json=event)
     assert accepted.status_code == 202, accepted.text
     location: str = accepted.headers["location"]
     return location
@@ -62,13 +62,18 @@ def at_items(client: httpx.Client, location: str, count: int) -> None:
     )
 
 
+@pytest.mark.parametrize("handler", ["ticks", "stepped"], ids=["generator", "step-level"])
 def test_a_live_follower_of_a_cancelled_job_gets_the_cancel_as_a_later_one(
-    server: ServerProcess, tmp_path: Path
+    server: ServerProcess, tmp_path: Path, handler: str
 ) -> None:
     hold = tmp_path / "hold"
-    hold.touch()
+    if handler == "ticks":  # waits at tick 2 while the file exists
+        hold.touch()
+        event: dict[str, Any] = {"n": 100_000, "hold": str(hold), "hold_at": 2}
+    else:  # its third step waits until the file exists
+        event = {"name": "j", "n": 100_000, "hold_file": str(hold), "hold_at": 3}
     with server.client() as client, server.client() as canceller:
-        location = submit(client, {"n": 100_000, "hold": str(hold), "hold_at": 2})
+        location = submit(client, event, handler)
         at_items(client, location, 2)
         with client.stream("GET", location, headers=SSE) as followed:
             assert followed.status_code == 200
@@ -84,7 +89,10 @@ def test_a_live_follower_of_a_cancelled_job_gets_the_cancel_as_a_later_one(
             rest = [e for e in events if "comment" not in e]
         with client.stream("GET", location, headers=SSE) as later:
             after = [e for e in read_events(later.iter_lines()) if "comment" not in e]
-    hold.unlink()
+    if handler == "ticks":
+        hold.unlink()
+    else:
+        hold.touch()
     assert [e["id"] for e in seen] == ["0", "1"]
     assert [e.get("event") for e in rest] == ["error"]
     assert [e.get("event") for e in after] == ["error"]
