@@ -26,6 +26,7 @@
     ├── BundleError                500 bundle-invalid  (manifest or layout defect)
     │   └── IntegrityError         500 integrity       (size or sha256 mismatch)
     ├── WorkerLost                 500 worker-lost     (a job's instance died, attempts used up)
+    ├── ResponseTooLarge           500 response-too-large (on Lambda: over a buffered answer's 6 MB)
     └── Unavailable                503 unavailable
         ├── LoadFailed             503 load-failed     (a load failed; retried after back-off)
         ├── Draining               503 drained         (retryable: submit it again)
@@ -257,6 +258,14 @@ class WorkerLost(ThawError):
 
     slug = "worker-lost"
     title = "Worker lost"
+
+
+class ResponseTooLarge(ThawError):
+    """On Lambda: an answer larger than a buffered response may be (runtime/aws/limits.py);
+    a stream carries it."""
+
+    slug = "response-too-large"
+    title = "Response too large"
 
 
 class Unavailable(ThawError):

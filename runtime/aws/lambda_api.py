@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import httpx
 import orjson
 
+from runtime.aws import limits
 from runtime.wire.render import LambdaError
 
 VERSION = "2018-06-01"
@@ -64,10 +65,12 @@ class RuntimeAPI:
     async def respond(self, request_id: str, payload: bytes) -> None:
         response = await self._client.post(f"/invocation/{request_id}/response", content=payload)
         if response.status_code == 413:
-            # Lambda refuses responses over 6 MB; the caller still gets an answer.
-            message = f"response of {len(payload)} bytes exceeds the Runtime API limit"
+            # Lambda refuses responses over 6 MB (the loop posts none: runtime/aws/limits.py);
+            # the caller still gets an answer.
             too_large = LambdaError(
-                errorType="Function.ResponseSizeTooLarge", errorMessage=message, stackTrace=[]
+                errorType=limits.RESPONSE_TOO_LARGE,
+                errorMessage=limits.response_message(len(payload)),
+                stackTrace=[],
             )
             await self.fail(request_id, too_large)
             return

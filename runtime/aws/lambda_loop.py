@@ -32,6 +32,12 @@ is the problem slug, except for an exception raised by a handler's own code:
 its class (`ValueError`), with its user frames as stackTrace, as AWS's Python
 runtime reports it.
 
+A buffered answer Lambda would refuse (over 6 MB, runtime/aws/limits.py) is
+never posted: a Function URL's caller gets 500 `response-too-large` saying
+so, a direct invocation the Lambda error `response-too-large`; both name what
+carries it (a stream, up to 200 MB). Posted, Lambda would only fail it as
+Function.ResponseSizeTooLarge, a Function URL's caller seeing a bare 502.
+
 The deadline handed to the app (`Prefer: wait`) is the smaller of the caller's
 and the time left before `Lambda-Runtime-Deadline-Ms` less a margin of 5 % of
 that time, clamped to [0.2 s, 1 s]: enough to create a job and post the 202
@@ -59,6 +65,7 @@ import httpx
 import orjson
 
 from runtime import process
+from runtime.aws import limits
 from runtime.aws.events import HttpRequest, HttpResponse, is_http_event, request_from_event
 from runtime.aws.events import result_from_response as proxy_result
 from runtime.aws.lambda_api import RuntimeAPI
@@ -70,7 +77,7 @@ from runtime.http.edge import INVOCATION_ID
 from runtime.http.problems import ERROR_SINK, ErrorSink
 from runtime.settings import Settings
 from runtime.telemetry.logs import configure_logging
-from runtime.wire.render import LambdaError, lambda_error
+from runtime.wire.render import LambdaError, lambda_error, problem
 
 if TYPE_CHECKING:
     from runtime.instance import Instance
@@ -183,7 +190,12 @@ class Invoker:
             if self.streamer is not None and self.settings.invoke_mode == "RESPONSE_STREAM":
                 return None, await self.streamer.http(request, request_id)
             response = await self.send(request)
-            return orjson.dumps(proxy_result(response)), response.status
+            payload = orjson.dumps(proxy_result(response))
+            if len(payload) > limits.MAX_RESPONSE_BYTES:
+                # Lambda would refuse it, and the URL's caller see a bare 502: say why.
+                response = problem_response(limits.too_large(len(payload)), request)
+                payload = orjson.dumps(proxy_result(response))
+            return payload, response.status
         if isinstance(event, dict) and isinstance(event.get("handler"), str):
             if event.get("stream") is True and self.streamer is not None:
                 wait_s = min(self._caller_wait(event, limit_s), limit_s)
@@ -198,6 +210,8 @@ class Invoker:
             )
             if response.status != 200:
                 raise error
+            if len(response.body) > limits.MAX_RESPONSE_BYTES:
+                raise limits.too_large(len(response.body))
             return response.body, response.status
         raise InvalidEvent(
             'expected a Function URL / HTTP API v2 event, {"handler": NAME, "input": {...}}'
@@ -227,10 +241,22 @@ class Invoker:
         response, error = await self.send_for_error(HttpRequest("POST", path, "", headers, body))
         if response.status == 200:
             # The body is the handler's JSON already; wrap it without a re-parse.
-            return b'{"output":' + (response.body or b"null") + b"}", 200
+            payload = b'{"output":' + (response.body or b"null") + b"}"
+            if len(payload) > limits.MAX_RESPONSE_BYTES:
+                raise limits.too_large(len(payload))  # a Lambda error that says why
+            return payload, 200
         if response.status == 202:
             return response.body, 202
         raise error
+
+
+def problem_response(exc: ThawError, request: HttpRequest) -> HttpResponse:
+    """`exc` as the app would answer it: problem+json, the request's id kept."""
+    headers = [("content-type", "application/problem+json")]
+    if (request_id := request.header("x-request-id")) is not None:
+        headers.append(("x-request-id", request_id))
+    body = orjson.dumps(problem(exc, request.path.split("?")[0]))
+    return HttpResponse(exc.status, headers, body)
 
 
 def _client_context(text: str | None) -> Any:

@@ -28,8 +28,9 @@ is held, so a lone sequence runs as today's private decode loop did: the
 thread never waits for the event loop, it posts each step's items to it. New
 sequences join between two steps, never in the middle of one, and a sequence
 that ends from outside is dropped, and its cache released, before the next
-step begins. A sequence waiting for a slot has not begun: a streaming caller's
-deadline turns it into a 202 job like any work that has not started.
+step begins. A streaming caller's stream began when its models were leased
+(the dispatcher's `_run`): a sequence waiting for a slot is a stream of
+heartbeats, never a 202 job.
 """
 
 from __future__ import annotations

@@ -22,9 +22,10 @@ wait on the loop: work that needs a load, or an async handler that suspends
 its one settlement, however it ran.
 
 A generator handler's work runs bound to a `Stream` (runtime/dispatch/streams.py).
-For a caller that asked for the stream the rule waits for the handler to
-begin, not to end: READY models start the stream at once, and only a load
-that would pass the deadline makes the usual 202 job.
+For a caller that asked for the stream the rule waits for the work to hold its
+models, not to end: READY models start the stream at once, whatever kind of
+handler it is and whatever it then waits for (a thread, a batch, a decode
+slot), and only a load that would pass the deadline makes the usual 202 job.
 """
 
 from __future__ import annotations
@@ -323,6 +324,8 @@ class Dispatcher:
         ):
             run = partial(self._run, work, event, models, started, load_ms)
             return claims.claimed_then(work, run)
+        if work.stream is not None:  # models leased: a READY stream answers now, never a job
+            work.stream.begin()
         if spec.decode is not None:
             # Its sequence waits for a slot of the decode steps (decode.py) from here.
             work.run_started = work.mark_queued(started, load_ms)

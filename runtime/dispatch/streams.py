@@ -45,7 +45,8 @@ class Stream:
         self.spec = spec
         self.loop = asyncio.get_running_loop()
         self.items: list[Any] = []
-        # Set when the handler begins to run (its models are ready), or when the work ends.
+        # Set when the work holds its models and goes to run (the dispatcher's `_run`),
+        # or when the work ends: a streaming caller is answered from then on.
         self.started: asyncio.Future[None] = self.loop.create_future()
         self.ended = False
         self.result: Any = None
@@ -53,28 +54,24 @@ class Stream:
         # Set by `close()`: read by a handler thread after each item.
         self.closed = False
         self.outcome: asyncio.Future[Any] | None = None
+        # Set when the work was cut off (its outcome cancelled: a drain, a cancelled
+        # job, a caller gone) rather than ending by itself; see `_end`.
+        self.cut_off = False
         self._changed = asyncio.Event()
 
     # ---- the producer side -------------------------------------------------
 
     def bind(self, spec: HandlerSpec) -> HandlerSpec:
-        """`spec` as run for this stream: its items pushed here, its output their join."""
+        """`spec` as run for this stream: its items pushed here, its output their join.
+
+        A plain handler asked for a stream runs as it is (one final event, its
+        output), a batched one included: a batch is shared by many callers, and
+        binding its call to one caller's stream would begin that stream alone
+        (the batch queue keeps the spec of whichever request created it). Every
+        stream begins where its work gets its models (the dispatcher's `_run`).
+        """
         if spec.stream_fn is None:
-            # A plain handler asked for a stream: one final event, its output.
-            plain = spec.fn
-            if spec.is_async:
-
-                async def run_plain_async(*args: Any) -> Any:
-                    self._begin()
-                    return await plain(*args)
-
-                return replace(spec, fn=run_plain_async)
-
-            def run_plain(*args: Any) -> Any:
-                self.loop.call_soon_threadsafe(self._begin)
-                return plain(*args)
-
-            return replace(spec, fn=run_plain)
+            return spec
         return replace(spec, fn=self._run_async if spec.is_async else self._run_sync)
 
     def _join(self, items: list[Any]) -> Any:
@@ -139,7 +136,7 @@ class Stream:
         if outcome.cancelled():
             # Cut off (a drain, a cancelled job, a caller gone): a handler thread
             # still running stops at its next item.
-            self.closed = True
+            self.closed = self.cut_off = True
             self.error = Draining("the stream was cut off before it finished; send it again")
         elif (exc := outcome.exception()) is not None:
             self.error = exc

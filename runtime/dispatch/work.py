@@ -209,15 +209,13 @@ class Work:
 
     def decode_started(self, started: float) -> None:
         """Its sequence was admitted to the decode steps (runtime/dispatch/decode.py) at
-        `started`: it runs from there, its run watched, and its stream begins. Its wait
-        for a slot shows as Server-Timing's `batch`."""
+        `started`: it runs from there, its run watched (its stream began when its
+        models were leased). Its wait for a slot shows as Server-Timing's `batch`."""
         self.timings_ms["batch"] = max(0.0, started - self.run_started) * 1000
         self.phase = "running"
         self.running = True
         self.run_started = started
         self.books.overruns.watch(self, started)
-        if self.stream is not None:
-            self.stream.begin()
 
     def ran(self) -> None:
         """Its own handler call returned: the run's time, for Server-Timing, the

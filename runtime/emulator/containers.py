@@ -85,7 +85,7 @@ class ContainerLauncher:
 
     def command(self, sandbox: Sandbox, api_address: str) -> tuple[list[str], dict[str, str]]:
         function = sandbox.function
-        env = sandbox_env(function, {}, self.local_env, api_address)
+        env = sandbox_env(function, {}, self.local_env, api_address, sandbox.version)
         # Values travel in the engine's own environment, `-e NAME` only on its command
         # line: nothing the function is configured with shows up in `ps`.
         argv = [self.engine, "run", "--rm", "--pull=never", "--name", self.name(sandbox)]

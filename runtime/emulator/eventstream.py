@@ -32,12 +32,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from runtime.emulator.invocation import Outcome, Throttled
-from runtime.emulator.invoke_api import (
-    MAX_SYNC_PAYLOAD_BYTES,
-    _resolve,
-    aws_error,
-    read_payload,
-)
+from runtime.emulator.invoke_api import _resolve, aws_error, read_payload
 from runtime.emulator.pool import Pool
 from runtime.emulator.streaming import error_message
 
@@ -108,13 +103,15 @@ async def invoke_with_response_stream(request: Request) -> Response:
     resolved = _resolve(request)
     if isinstance(resolved, Response):
         return resolved
-    function, _, version = resolved
-    read = await read_payload(request, MAX_SYNC_PAYLOAD_BYTES, "InvokeWithResponseStream")
+    function, qualifier, version = resolved
+    read = await read_payload(request, "InvokeWithResponseStream")
     if isinstance(read, Response):
         return read
     body, client_context = read
     try:
-        outcome = await pool.invoke(function, body, client_context=client_context)
+        outcome = await pool.invoke(
+            function, body, client_context=client_context, version=version, qualifier=qualifier
+        )
     except Throttled as exc:
         return aws_error(429, "TooManyRequestsException", "Rate Exceeded.", Reason=exc.reason)
     headers = {"X-Amz-Executed-Version": version, "x-amzn-RequestId": outcome.request_id}

@@ -1,8 +1,9 @@
 """Every path that is not the Invoke API: the HTTP contract, as a Function URL serves it.
 
 The request becomes a Function URL event (payload format 2.0) for the
-template's URL function, runs on a sandbox, and the proxy result becomes
-the response. As with a real Function URL: past the sandbox limit 429, a
+template's URL function (its AutoPublishAlias's version, where it has one,
+as SAM puts the URL on that alias), runs on a sandbox, and the proxy result
+becomes the response. As with a real Function URL: past the sandbox limit 429, a
 function error or an invalid proxy result 502.
 """
 
@@ -16,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from runtime.aws import limits
 from runtime.aws.events import HttpRequest, event_from_request, response_from_payload
 from runtime.emulator.invocation import Throttled
 from runtime.emulator.pool import Pool
@@ -23,7 +25,6 @@ from runtime.emulator.streaming import url_response
 from runtime.emulator.template import Template
 from runtime.errors import InvalidEvent
 
-MAX_BODY_BYTES = 6 * 1024 * 1024
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
@@ -33,7 +34,7 @@ async def forward(request: Request) -> Response:
     request_id = str(uuid.uuid4())
     ids = {"x-amzn-RequestId": request_id}
     body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
+    if len(body) > limits.MAX_SYNC_REQUEST_BYTES:  # a buffered URL's request: Invoke's limit
         return JSONResponse({"Message": "Request Entity Too Large"}, 413, headers=ids)
     scope = request.scope
     http_request = HttpRequest(
@@ -50,8 +51,17 @@ async def forward(request: Request) -> Response:
         source_ip=request.client.host if request.client else "127.0.0.1",
         now_s=time.time(),
     )
+    function = template.url_function()
+    qualifier = function.url_qualifier  # the alias SAM puts the URL on, if any
+    version = function.version_of(qualifier) or "$LATEST"
     try:
-        outcome = await pool.invoke(template.url_function(), orjson.dumps(event))
+        outcome = await pool.invoke(
+            function,
+            orjson.dumps(event),
+            request_id=request_id,  # the URL's x-amzn-RequestId is the invocation's
+            version=version,
+            qualifier=qualifier,
+        )
     except Throttled:
         return JSONResponse({"Message": "Rate Exceeded."}, 429, headers=ids)
     if outcome.stream is not None:

@@ -62,6 +62,8 @@ class Invocation:
     trace_id: str
     function_arn: str
     client_context: str | None = None
+    # The version invoked (START's `Version:`), as its sandbox runs it.
+    version: str = "$LATEST"
     result: asyncio.Future[Outcome] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -76,6 +78,13 @@ class Invocation:
     # "error" (the runtime died) or "timeout", and the error type beside it.
     status: str | None = None
     error_type: str | None = None
+    # Its streamed response, while the runtime sends it.
+    stream: ResponseChunks | None = None
+
+
+def timed_out_message(request_id: str, timeout_s: float) -> str:
+    """Lambda's words for an invocation that passed its Timeout, streamed or not."""
+    return f"{request_id} Task timed out after {timeout_s:.2f} seconds"
 
 
 def error_payload(error_type: str, message: str) -> bytes:
@@ -95,6 +104,7 @@ def answer(
     # The REPORT names an error type only beside a Status, as Lambda's does.
     invocation.status = status
     invocation.error_type = error_type if status is not None else None
+    invocation.stream = stream
     outcome = Outcome(invocation.request_id, payload, error_type, invocation.finished, stream)
     invocation.result.set_result(outcome)
     return True
@@ -131,7 +141,7 @@ def finish(
     output = sandbox.log.since(invocation.log_offset) if invocation.delivered_at else b""
     log = b"".join(
         (
-            start_line(invocation.request_id).encode() + b"\n",
+            start_line(invocation.request_id, invocation.version).encode() + b"\n",
             output,
             end_line(invocation.request_id).encode() + b"\n",
             report.line().encode() + b"\n",

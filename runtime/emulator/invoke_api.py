@@ -19,6 +19,10 @@ Invoke:
                             capacity, retried twice on a function error, every
                             attempt under the request id the 202 gave
                             DryRun: 204
+    limits                  Lambda's (runtime/aws/limits.py): a payload over 6 MB (1 MB
+                            for Event) is 413 RequestEntityTooLargeException with the
+                            message of its invocation type; a response over 6 MB is
+                            200 + Unhandled, Function.ResponseSizeTooLarge
     errors                  as Lambda: {"Type": "User", "message": ...} with
                             x-amzn-ErrorType (ResourceNotFoundException 404,
                             TooManyRequestsException 429, ...)
@@ -32,7 +36,9 @@ version or an alias the template publishes; any other is
 ResourceNotFoundException, and a name's qualifier other than the parameter's is
 InvalidParameterValueException, as on Lambda. Every version runs the
 template's code; X-Amz-Executed-Version (and a configuration's `Version`) is
-the version the qualifier names, `$LATEST` without one. X-Amz-Client-Context
+the version the qualifier names, `$LATEST` without one, and so are the START
+line and the sandbox's AWS_LAMBDA_FUNCTION_VERSION: each version runs in
+sandboxes of its own. X-Amz-Client-Context
 (base64 of a JSON object; ClientContext in boto3) reaches a synchronous
 invocation's handler as `ctx.client_context`, as on Lambda (an Event
 invocation's is not passed on).
@@ -58,7 +64,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Match, Route
 from starlette.types import Scope
 
-from runtime.emulator.invocation import Throttled
+from runtime.aws import limits
+from runtime.emulator.invocation import Throttled, error_payload
 from runtime.emulator.pool import Pool
 from runtime.emulator.template import (
     ACCOUNT,
@@ -71,8 +78,6 @@ from runtime.emulator.template import (
 
 log = logging.getLogger("thaw.emulator")
 
-MAX_SYNC_PAYLOAD_BYTES = 6 * 1024 * 1024
-MAX_EVENT_PAYLOAD_BYTES = 1024 * 1024
 EVENT_RETRY_DELAYS_S = (0.5, 1.0)
 ARN_PREFIX = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:"
 INVOCATION_TYPES = frozenset({"RequestResponse", "Event", "DryRun"})
@@ -96,18 +101,38 @@ class EventQueue:
         self.retry_delays_s = retry_delays_s
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def submit(self, function: FunctionConfig, payload: bytes, request_id: str) -> None:
-        task = asyncio.ensure_future(self._run(function, payload, request_id))
+    def submit(
+        self,
+        function: FunctionConfig,
+        payload: bytes,
+        request_id: str,
+        version: str = "$LATEST",
+        qualifier: str | None = None,
+    ) -> None:
+        run = self._run(function, payload, request_id, version, qualifier)
+        task = asyncio.ensure_future(run)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, function: FunctionConfig, payload: bytes, request_id: str) -> None:
+    async def _run(
+        self,
+        function: FunctionConfig,
+        payload: bytes,
+        request_id: str,
+        version: str,
+        qualifier: str | None,
+    ) -> None:
         for attempt, delay_s in enumerate((0.0, *self.retry_delays_s), start=1):
             await asyncio.sleep(delay_s)
             try:
                 # Lambda retries an event under its original request id.
                 outcome = await self.pool.invoke(
-                    function, payload, wait_for_capacity=True, request_id=request_id
+                    function,
+                    payload,
+                    wait_for_capacity=True,
+                    request_id=request_id,
+                    version=version,
+                    qualifier=qualifier,
                 )
             except Throttled:
                 return  # shutting down
@@ -164,17 +189,18 @@ def _resolve(request: Request) -> tuple[FunctionConfig, str | None, str] | Respo
 
 
 async def read_payload(
-    request: Request, limit: int, operation: str
+    request: Request, operation: str, invocation_type: str = "RequestResponse"
 ) -> tuple[bytes, str | None] | Response:
-    """An invocation's payload (JSON, at most `limit` bytes) and its decoded
-    ClientContext, or the error Lambda answers for either."""
+    """An invocation's payload (JSON, within Lambda's limit for its invocation type)
+    and its decoded ClientContext, or the error Lambda answers for either."""
     body = await request.body() or b"{}"
-    if len(body) > limit:
-        return aws_error(
-            413,
-            "RequestTooLargeException",
-            f"Request must be smaller than {limit} bytes for the {operation} operation",
-        )
+    # Lambda quotas: 6 MB synchronous, 1 MB asynchronous (runtime/aws/limits.py).
+    if invocation_type == "Event" and len(body) > limits.MAX_EVENT_REQUEST_BYTES:
+        message = limits.event_request_message(len(body))
+        return aws_error(413, limits.REQUEST_TOO_LARGE, message)
+    if len(body) > limits.MAX_SYNC_REQUEST_BYTES:
+        message = limits.sync_request_message(operation)
+        return aws_error(413, limits.REQUEST_TOO_LARGE, message)
     try:
         orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -192,7 +218,7 @@ async def invoke(request: Request) -> Response:
     resolved = _resolve(request)
     if isinstance(resolved, Response):
         return resolved
-    function, _, version = resolved
+    function, qualifier, version = resolved
     invocation_type = request.headers.get("x-amz-invocation-type", "RequestResponse")
     if invocation_type not in INVOCATION_TYPES:
         return aws_error(
@@ -200,8 +226,7 @@ async def invoke(request: Request) -> Response:
             "InvalidParameterValueException",
             f"Unsupported invocation type {invocation_type!r}",
         )
-    limit = MAX_EVENT_PAYLOAD_BYTES if invocation_type == "Event" else MAX_SYNC_PAYLOAD_BYTES
-    read = await read_payload(request, limit, "InvokeFunction")
+    read = await read_payload(request, "InvokeFunction", invocation_type)
     if isinstance(read, Response):
         return read
     body, client_context = read
@@ -209,10 +234,12 @@ async def invoke(request: Request) -> Response:
         return Response(status_code=204)
     if invocation_type == "Event":
         request_id = str(uuid.uuid4())
-        request.app.state.events.submit(function, body, request_id)
+        request.app.state.events.submit(function, body, request_id, version, qualifier)
         return Response(status_code=202, headers={"x-amzn-RequestId": request_id})
     try:
-        outcome = await pool.invoke(function, body, client_context=client_context)
+        outcome = await pool.invoke(
+            function, body, client_context=client_context, version=version, qualifier=qualifier
+        )
     except Throttled as exc:
         return aws_error(429, "TooManyRequestsException", "Rate Exceeded.", Reason=exc.reason)
     headers = {"X-Amz-Executed-Version": version, "x-amzn-RequestId": outcome.request_id}
@@ -222,6 +249,9 @@ async def invoke(request: Request) -> Response:
         payload = await outcome.stream.read_all()
         if (error_type := outcome.stream.error_type) is not None:
             payload = outcome.stream.error_body
+        elif len(payload) > limits.MAX_RESPONSE_BYTES:  # buffered now: the buffered limit
+            error_type = limits.RESPONSE_TOO_LARGE
+            payload = error_payload(error_type, limits.response_message(len(payload)))
     if error_type is not None:
         headers["X-Amz-Function-Error"] = "Unhandled"
     if request.headers.get("x-amz-log-type") == "Tail":

@@ -10,7 +10,10 @@
   for capacity.
 - Init may take max(10 s, Timeout); the invocation's own Timeout starts when
   its event is delivered by `next`. Past it the sandbox's process group is
-  killed and the caller gets `Sandbox.Timedout`.
+  killed and the caller gets `Sandbox.Timedout`; a response still streaming
+  then ends with that same error (its InvokeComplete's ErrorCode, a plain
+  invoke's function error) and a REPORT of `Status: timeout`, never as a
+  truncated stream (`Runtime.TruncatedResponse`).
 - A sandbox that exits fails what it held (`Runtime.ExitError`, or the error
   it posted to /init/error) and is replaced by the next invocation.
 - A sandbox idle past the idle timeout is stopped.
@@ -18,6 +21,9 @@
   and its REPORT is printed, when that worker asks for its next event (or the
   sandbox is killed or exits), as Lambda bills it. With several workers per
   sandbox, a worker's `next` ends the oldest answered invocation.
+- Each version of a function has sandboxes of its own (AWS_LAMBDA_FUNCTION_VERSION
+  and START's `Version:` name it), all under the function's one limit; an idle
+  sandbox of another version is stopped to make room for a cold start.
 - Each sandbox has its own Runtime API listener (runtime_api), started
   before the sandbox and closed after it exits.
 """
@@ -40,6 +46,7 @@ from runtime.emulator.invocation import (
     answer,
     error_payload,
     finish,
+    timed_out_message,
 )
 from runtime.emulator.runtime_api import RuntimeListener
 from runtime.emulator.sandboxes import Launcher, Sandbox, SandboxState, pump_output
@@ -83,11 +90,14 @@ class Pool:
         reserved = function.reserved_concurrency
         return self.max_sandboxes if reserved is None else min(reserved, self.max_sandboxes)
 
-    def _live(self, function: FunctionConfig) -> list[Sandbox]:
+    def _live(self, function: FunctionConfig, version: str | None = None) -> list[Sandbox]:
+        """The function's sandboxes that take work (`version`: only those running it)."""
         return [
             i
             for i in self.sandboxes.values()
-            if i.function is function and i.state in (SandboxState.STARTING, SandboxState.RUNNING)
+            if i.function is function
+            and i.state in (SandboxState.STARTING, SandboxState.RUNNING)
+            and (version is None or i.version == version)
         ]
 
     def _notify(self) -> None:
@@ -99,25 +109,33 @@ class Pool:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _acquire(self, function: FunctionConfig, wait: bool) -> Sandbox:
-        """A sandbox with a worker reserved for one invocation (slot taken)."""
+    async def _acquire(self, function: FunctionConfig, wait: bool, version: str) -> Sandbox:
+        """A sandbox of `version` with a worker reserved for one invocation (slot taken).
+        Every version's sandboxes count against the function's one limit."""
         grace_used = False
         while True:
             if self.closing:
                 raise Throttled("the emulator is shutting down")
             live = self._live(function)
-            free = [i for i in live if i.slots_free > 0]
+            free = [i for i in live if i.slots_free > 0 and i.version == version]
             if free:
                 sandbox = max(free, key=lambda i: i.last_used)
                 sandbox.slots_free -= 1
                 return sandbox
-            if not grace_used and any(i.finishing > 0 for i in live):
+            if not grace_used and any(i.finishing > 0 for i in self._live(function, version)):
                 grace_used = True
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), REUSE_GRACE_S)
                 continue
+            spare = [i for i in live if i.idle and i.version != version]
+            if len(live) >= self.limit(function) and spare:
+                # Lambda counts busy environments only: an idle one of another version
+                # makes room (the least recently used).
+                oldest = min(spare, key=lambda i: i.last_used)
+                self.stop(oldest)
+                live.remove(oldest)
             if len(live) < self.limit(function):
-                return await self._spawn(function)
+                return await self._spawn(function, version)
             if not wait:
                 raise Throttled(
                     "ReservedFunctionConcurrentInvocationLimitExceeded"
@@ -126,8 +144,8 @@ class Pool:
                 )
             await self._changed.wait()
 
-    async def _spawn(self, function: FunctionConfig) -> Sandbox:
-        sandbox = Sandbox(function, self.launcher)
+    async def _spawn(self, function: FunctionConfig, version: str) -> Sandbox:
+        sandbox = Sandbox(function, self.launcher, version)
         sandbox.slots_free -= 1
         self.sandboxes[sandbox.sid] = sandbox
         listener = self.listeners[sandbox.sid] = RuntimeListener(self, sandbox.sid)
@@ -152,15 +170,20 @@ class Pool:
         wait_for_capacity: bool = False,
         client_context: str | None = None,
         request_id: str | None = None,
+        version: str = "$LATEST",
+        qualifier: str | None = None,
     ) -> Outcome:
-        """Run one invocation to its answer; raises Throttled when none can start.
+        """Run one invocation of `version` (named by `qualifier`, if any) to its answer;
+        raises Throttled when none can start.
 
         `request_id` is given for a retried asynchronous event, which keeps its id.
         """
-        sandbox = await self._acquire(function, wait_for_capacity)
+        sandbox = await self._acquire(function, wait_for_capacity, version)
         request_id = request_id or str(uuid.uuid4())
         trace_id = f"Root=1-{int(time.time()):08x}-{uuid.uuid4().hex[:24]};Sampled=0"
-        invocation = Invocation(request_id, payload, trace_id, function.arn, client_context)
+        # The invoked ARN carries the qualifier it was invoked with, as on Lambda.
+        arn = function.arn if qualifier is None else f"{function.arn}:{qualifier}"
+        invocation = Invocation(request_id, payload, trace_id, arn, client_context, version)
         sandbox.assigned[request_id] = invocation
         sandbox.queue.put_nowait(invocation)
         return await self._supervise(sandbox, invocation)
@@ -184,9 +207,7 @@ class Pool:
         try:
             return await asyncio.wait_for(asyncio.shield(invocation.result), max(0.0, remaining_s))
         except TimeoutError:
-            message = (
-                f"{invocation.request_id} Task timed out after {function.timeout_s:.2f} seconds"
-            )
+            message = timed_out_message(invocation.request_id, function.timeout_s)
             self._finish(sandbox, invocation, "Sandbox.Timedout", message, status="timeout")
             self.kill(sandbox)
             return invocation.result.result()
@@ -235,11 +256,15 @@ class Pool:
         # it no Status (only a runtime that died, or timed out, gets one).
         answer(invocation, error_type, payload, None, stream)
         sandbox.unreported.append(invocation)
+        deadline_s = invocation.delivered_at + sandbox.function.timeout_s
+        delay_s = max(0.0, deadline_s - time.monotonic())
+        loop = asyncio.get_running_loop()
         if sandbox.capacity == 1:
-            # Work after the response (a 202'd job) counts against the Timeout, as on Lambda.
-            deadline_s = invocation.delivered_at + sandbox.function.timeout_s
-            delay_s = max(0.0, deadline_s - time.monotonic())
-            asyncio.get_running_loop().call_later(delay_s, self._overdue, sandbox, sandbox.polls)
+            # Work after the response (a 202'd job) counts against the Timeout, as on
+            # Lambda, and so does the rest of a streamed response.
+            loop.call_later(delay_s, self._overdue, sandbox, sandbox.polls)
+        elif stream is not None:
+            loop.call_later(delay_s, self._cut_stream, invocation, sandbox.function.timeout_s)
         return True
 
     def _overdue(self, sandbox: Sandbox, polls: int) -> None:
@@ -251,8 +276,20 @@ class Pool:
                 flush=True,
             )
             while sandbox.unreported:
-                self._end(sandbox, sandbox.unreported.popleft(), status="timeout")
+                invocation = sandbox.unreported.popleft()
+                self._cut_stream(invocation, sandbox.function.timeout_s)
+                self._end(sandbox, invocation, status="timeout")
             self.kill(sandbox)
+
+    def _cut_stream(self, invocation: Invocation, timeout_s: float) -> None:
+        """A response still streaming at the Timeout ends as a buffered one that timed out
+        would: Sandbox.Timedout and Lambda's message, not a truncated stream."""
+        sink = invocation.stream
+        if sink is None or sink.ended:
+            return
+        message = timed_out_message(invocation.request_id, timeout_s)
+        sink.end("Sandbox.Timedout", error_payload("Sandbox.Timedout", message))
+        invocation.status = "timeout"
 
     def init_failed(self, sid: str, error_type: str, payload: bytes) -> None:
         sandbox = self.sandboxes.get(sid)

@@ -56,8 +56,9 @@ class Report:
         return "\t".join(fields)
 
 
-def start_line(request_id: str) -> str:
-    return f"START RequestId: {request_id} Version: $LATEST"
+def start_line(request_id: str, version: str = "$LATEST") -> str:
+    """`version`: the one invoked (a qualifier's), as Lambda's START line names it."""
+    return f"START RequestId: {request_id} Version: {version}"
 
 
 def end_line(request_id: str) -> str:

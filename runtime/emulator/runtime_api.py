@@ -12,13 +12,16 @@ the URL. A container sandbox on the host network reaches it the same way.
     POST /2018-06-01/runtime/invocation/{rid}/error
     POST /2018-06-01/runtime/init/error
 
+A buffered response over Lambda's limit (runtime/aws/limits.py) is refused
+with Lambda's 413, and the caller answered Function.ResponseSizeTooLarge.
 A response posted with `Lambda-Runtime-Function-Response-Mode: streaming`
 is handed on chunk by chunk, its error trailers read at its end
 (runtime/emulator/streaming.py).
 
 A listener is a uvicorn server in the emulator's event loop; the emulator's
 own server keeps the signal handlers. It serves a `Platform` (the pool) and
-imports nothing else of the emulator's but the streaming leaf.
+imports nothing else of the emulator's but the streaming leaf (and Lambda's
+limits, from runtime/aws/limits.py).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from runtime.aws import limits
 from runtime.emulator import streaming
 from runtime.emulator.streaming import ResponseChunks
 
@@ -119,7 +123,23 @@ async def invocation_response(request: Request) -> Response:
         await streaming.receive(request, sink)
         return _answer(True)
     body = await request.body()
-    done = await _pool(request).complete(_sid(request), request.path_params["rid"], body, None)
+    rid = request.path_params["rid"]
+    if len(body) > limits.MAX_RESPONSE_BYTES:
+        # As Lambda: the runtime is told 413, the caller gets Function.ResponseSizeTooLarge.
+        error = orjson.dumps(
+            {
+                "errorMessage": limits.response_message(len(body)),
+                "errorType": limits.RESPONSE_TOO_LARGE,
+            }
+        )
+        if not await _pool(request).complete(_sid(request), rid, error, limits.RESPONSE_TOO_LARGE):
+            return _answer(False)
+        refused = {
+            "errorMessage": limits.runtime_api_message(),
+            "errorType": limits.RUNTIME_API_TOO_LARGE,
+        }
+        return JSONResponse(refused, status_code=413)
+    done = await _pool(request).complete(_sid(request), rid, body, None)
     return _answer(done)
 
 

@@ -73,7 +73,9 @@ class ProcessLauncher:
         self.local_env = dict(local_env)
 
     def command(self, sandbox: Sandbox, api_address: str) -> tuple[list[str], dict[str, str]]:
-        env = sandbox_env(sandbox.function, self.base_env, self.local_env, api_address)
+        env = sandbox_env(
+            sandbox.function, self.base_env, self.local_env, api_address, sandbox.version
+        )
         return [sys.executable, "-m", "runtime"], env
 
     def signal(self, sandbox: Sandbox, sig: signal.Signals) -> None:
@@ -133,9 +135,13 @@ class Sandbox:
     does, so concurrent callers never race past the limit while it spawns.
     """
 
-    def __init__(self, function: FunctionConfig, launcher: Launcher) -> None:
+    def __init__(
+        self, function: FunctionConfig, launcher: Launcher, version: str = "$LATEST"
+    ) -> None:
         self.sid = secrets.token_hex(4)
         self.function = function
+        # The version it runs: each version has sandboxes of its own, as on Lambda.
+        self.version = version
         self.launcher = launcher
         self.process: asyncio.subprocess.Process | None = None
         # The process whose peak memory the REPORT gives (a container's runtime, once known).
@@ -217,14 +223,16 @@ def sandbox_env(
     base: Mapping[str, str],
     local: Mapping[str, str],
     api_address: str,
+    version: str = "$LATEST",
 ) -> dict[str, str]:
-    """base < the template's Environment < local wiring < Lambda's platform variables."""
+    """base < the template's Environment < local wiring < Lambda's platform variables
+    (AWS_LAMBDA_FUNCTION_VERSION: the version the sandbox runs)."""
     env = {**base, **function.environment, **local}
     env.update(
         {
             "AWS_LAMBDA_RUNTIME_API": api_address,
             "AWS_LAMBDA_FUNCTION_NAME": function.name,
-            "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
+            "AWS_LAMBDA_FUNCTION_VERSION": version,
             "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(function.memory_mb),
             "AWS_LAMBDA_FUNCTION_TIMEOUT": str(int(function.timeout_s)),
             "AWS_LAMBDA_LOG_GROUP_NAME": f"/aws/lambda/{function.name}",

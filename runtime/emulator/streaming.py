@@ -52,12 +52,18 @@ class ResponseChunks:
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         self.error_type: str | None = None
         self.error_body: bytes = b""
+        self.ended = False
 
     def write(self, chunk: bytes) -> None:
-        if chunk:
+        if chunk and not self.ended:
             self._queue.put_nowait(chunk)
 
     def end(self, error_type: str | None = None, error_body: bytes = b"") -> None:
+        """End it, once: a stream the pool cut (its timeout) ignores the runtime's
+        own end (the connection its kill closed)."""
+        if self.ended:
+            return
+        self.ended = True
         self.error_type, self.error_body = error_type, error_body
         self._queue.put_nowait(None)
 

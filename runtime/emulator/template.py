@@ -99,6 +99,8 @@ class FunctionConfig:
     # Published versions ("1", "2", ...) and aliases (name -> version).
     versions: tuple[str, ...] = ()
     aliases: dict[str, str] = field(default_factory=dict)
+    # AutoPublishAlias: SAM puts the Function URL on that alias, not on $LATEST.
+    url_qualifier: str | None = None
     package_type: str = "Zip"
     handler: str | None = None
     runtime: str | None = None
@@ -289,6 +291,7 @@ def _function(
         # A first `sam deploy` publishes version 1 and points the alias at it.
         versions=("1",) if isinstance(alias, str) else (),
         aliases={alias: "1"} if isinstance(alias, str) else {},
+        url_qualifier=alias if isinstance(alias, str) else None,
         package_type=package_type,
         handler=_text_or(props.get("Handler"), None),
         runtime=_text_or(props.get("Runtime"), None),

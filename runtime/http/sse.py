@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -74,9 +74,18 @@ def job_final_event(job: Job, path: str) -> bytes:
 
 
 async def stream_events(
-    stream: Stream, start: int, heartbeat_s: float, path: str
+    stream: Stream,
+    start: int,
+    heartbeat_s: float,
+    path: str,
+    cut_end: Callable[[], Awaitable[bytes | None]] | None = None,
 ) -> AsyncIterator[bytes]:
-    """The stream's events from item `start` on, heartbeats in the gaps, then its end."""
+    """The stream's events from item `start` on, heartbeats in the gaps, then its end.
+
+    `cut_end`: for a job's follower, the last event when the run was cut off (its
+    outcome cancelled): the job's record says why (a cancel), so a live follower
+    ends as one that comes later does; None (a drain: the job runs again) keeps
+    the stream's own error."""
     index = start
     async for batch in stream.follow(start, heartbeat_s):
         if not batch:
@@ -96,6 +105,9 @@ async def stream_events(
                 return
             index += 1
         yield bytes(chunk)
+    if stream.cut_off and cut_end is not None and (recorded := await cut_end()) is not None:
+        yield recorded
+        return
     if stream.error is not None:
         yield error_event(stream.error, path)
         return

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import orjson
 
+from runtime.aws import limits
 from tests.aws.conftest import LambdaProcess
 from tests.aws.fake_runtime_api import FakeRuntimeAPI
 
@@ -246,3 +247,38 @@ def test_concurrent_slots_share_decode_steps(
     assert [[step for step, _ in o] for o in outputs] == [[0, 1, 2]] * 3  # each its own
     # Each one's first step is its own (after its prefill); then one step held all three.
     assert all(o[0][1] == 1 and 3 in [size for _, size in o] for o in outputs), outputs
+
+
+def test_an_answer_over_lambdas_buffered_limit_is_never_posted(
+    start_runtime: Start, runtime_api: FakeRuntimeAPI
+) -> None:
+    """Lambda would refuse it (and a Function URL's caller see a bare 502): the loop posts
+    an answer that says why and names what carries it, on every buffered path."""
+    start_runtime(THAW_HANDLERS="tests.handlers.sized")
+    over = limits.MAX_RESPONSE_BYTES + 1
+    body = orjson.dumps({"bytes": over})
+    url = runtime_api.push(
+        http_event("POST", "/invoke/sized", body, headers={"x-request-id": "big-1"})
+    )
+    direct = runtime_api.push({"handler": "sized", "input": {"bytes": over}})
+    fits = runtime_api.push({"handler": "sized", "input": {"bytes": 1000}})
+
+    posted = runtime_api.result(url)
+    assert posted.kind == "response"
+    assert len(posted.body) < limits.MAX_RESPONSE_BYTES
+    result = posted.json()
+    assert result["statusCode"] == 500
+    assert result["headers"]["content-type"] == "application/problem+json"
+    assert result["headers"]["x-request-id"] == "big-1"
+    problem = orjson.loads(result["body"])
+    assert problem["type"].endswith("/response-too-large")
+    assert (
+        "text/event-stream" in problem["detail"]
+        and str(limits.MAX_RESPONSE_BYTES) in problem["detail"]
+    )
+
+    failed = runtime_api.result(direct)
+    assert failed.kind == "error"
+    assert failed.json()["errorType"] == "response-too-large"
+    assert '"stream": true' in failed.json()["errorMessage"]
+    assert runtime_api.result(fits).json() == {"output": {"blob": "x" * 1000}}

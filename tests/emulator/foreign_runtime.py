@@ -6,8 +6,11 @@ AWS_LAMBDA_RUNTIME_API as it comes, as awslambdaric does to post an init error:
 (`InvalidURL: nonnumeric port` for an address with a path). FOREIGN_MODE picks:
 
     init-error   post an init error as awslambdaric does, then exit 1
-    serve        answer every event with {"foreign": event, "address": ...}, forever
-                 (after sleeping the event's "sleep_s", so callers can overlap)
+    serve        answer every event with {"foreign": event, "address": ..., "version":
+                 AWS_LAMBDA_FUNCTION_VERSION}, forever (after sleeping the event's
+                 "sleep_s", so callers can overlap); with "pad_bytes": N in the event
+                 (or a Function URL event's query string) padded by N bytes, and a
+                 refused post printed as `response post: STATUS BODY`
 
 Thaw's own loop never starts: the import does not return.
 """
@@ -28,9 +31,20 @@ def _post(path: str, body: bytes, headers: dict[str, str] | None = None) -> int:
     connection = http.client.HTTPConnection(ADDRESS)
     connection.request("POST", f"{PREFIX}{path}", body, headers=headers or {})
     response = connection.getresponse()
-    response.read()
+    answer = response.read()
     connection.close()
+    if response.status != http.HTTPStatus.ACCEPTED:
+        print(f"response post: {response.status} {answer.decode()}", flush=True)
     return response.status
+
+
+def _pad_bytes(payload: object) -> int:
+    if not isinstance(payload, dict):
+        return 0
+    query = payload.get("queryStringParameters") or {}
+    return int(
+        payload.get("pad_bytes") or (query.get("pad_bytes") if isinstance(query, dict) else 0) or 0
+    )
 
 
 def _init_error() -> None:
@@ -52,7 +66,13 @@ def _serve() -> None:
         connection.close()
         payload = json.loads(event)
         time.sleep(float(payload.get("sleep_s", 0)) if isinstance(payload, dict) else 0.0)
-        answer = {"foreign": payload, "address": ADDRESS, "pid": os.getpid()}
+        answer = {
+            "foreign": payload,
+            "address": ADDRESS,
+            "pid": os.getpid(),
+            "version": os.environ.get("AWS_LAMBDA_FUNCTION_VERSION"),
+            "pad": "x" * _pad_bytes(payload),
+        }
         _post(f"/invocation/{request_id}/response", json.dumps(answer).encode())
 
 

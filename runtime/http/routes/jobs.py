@@ -15,7 +15,7 @@ from starlette.responses import Response
 from starlette.routing import Match, Route
 from starlette.types import Scope
 
-from runtime.errors import BadRequest
+from runtime.errors import BadRequest, ThawError
 from runtime.http import sse
 from runtime.http.auth import key_id_of
 from runtime.http.holds import Holds
@@ -95,6 +95,33 @@ async def get_job(request: Request) -> Response | sse.EventStreamResponse:
     return JSONResponse(body)
 
 
+# Past any stream's items, and within a store's BIGINT: where a resume from a larger
+# id starts (only the end is left to send).
+_MAX_EVENT_INDEX = 2**62
+
+
+def resume_index(raw: str | None) -> int:
+    """The item a follower resumes at: the one after `Last-Event-ID` (0 without one).
+
+    The ids Thaw sends are item indexes, so anything else (negative, a fraction,
+    words, bytes that are not ASCII digits) was never one of its ids: 400,
+    never a 5xx; an id past every item resumes at the end.
+    """
+    text = (raw or "").strip(" \t")
+    if not text:
+        return 0
+    if not (text.isascii() and text.isdigit()):
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise BadRequest(
+            f"Last-Event-ID {shown!r} is not the id of an event of this stream "
+            "(ids are item indexes: 0, 1, 2, ...)"
+        )
+    digits = text.lstrip("0") or "0"
+    if len(digits) > 18:  # int() of a huge string is slow, and refused past 4300 digits
+        return _MAX_EVENT_INDEX + 1
+    return min(int(digits), _MAX_EVENT_INDEX) + 1
+
+
 async def follow_job(request: Request) -> sse.EventStreamResponse:
     """A job as server-sent events: its items so far and then as they come (from
     this instance's memory when it runs it, else from a store that keeps them),
@@ -102,19 +129,28 @@ async def follow_job(request: Request) -> sse.EventStreamResponse:
     instance = instance_of(request)
     job_id = request.path_params["job_id"]
     key_id = key_id_of(request)
+    start = resume_index(request.headers.get("last-event-id"))
     job = await instance.job(job_id, key_id=key_id)  # 404 before any 200
     holds: Holds = request.app.state.holds
     holds.take(key_id)  # given back once the stream ends (`on_end`)
     heartbeat_s = instance.settings.sse_heartbeat_s
     path = request.url.path
-    last = request.headers.get("last-event-id", "")
-    start = int(last) + 1 if last.isdigit() else 0
+
+    async def recorded_end() -> bytes | None:
+        # The run was cut off: a cancelled job's record is final already (the store
+        # is written before the work is cut), and its end is what a later follower gets.
+        try:
+            final = await instance.job(job_id, key_id=key_id)
+        except ThawError:
+            return None
+        return sse.job_final_event(final, path) if final.status.final else None
 
     async def events() -> AsyncIterator[bytes]:
         current = job
         stream = instance.job_stream(job_id)
         if stream is not None and not current.status.final:
-            async for chunk in sse.stream_events(stream, start, heartbeat_s, path):
+            live = sse.stream_events(stream, start, heartbeat_s, path, cut_end=recorded_end)
+            async for chunk in live:
                 yield chunk
             return
         # Not streamed here: its items as the store has them, where it keeps them
