@@ -1,5 +1,7 @@
 """Builders that record each load (start and end times, one line per load) and
 sleep `config["sleep_s"]`; a builder fails while `config["fault_file"]` exists.
+A handler call whose event holds `"hold": true` waits in its thread until the
+test sets `HOLD` (no test has to guess how long a sleep outlasts its work).
 
 Bundles: `alpha`, `beta`, `gamma`, `huge` (same builder); handlers of the same
 names return the model object's identity and the load record.
@@ -8,11 +10,14 @@ names return the model object's identity and the load record.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from runtime import Context, bundle, handler
+
+HOLD = threading.Event()
 
 
 class Model:
@@ -40,6 +45,8 @@ def _build(name: str, weights: dict[str, Any], config: dict[str, Any]) -> Model:
 def _view(model: Model, event: Any, ctx: Context) -> dict[str, Any]:
     if isinstance(event, dict) and event.get("sleep_s"):
         time.sleep(float(event["sleep_s"]))
+    if isinstance(event, dict) and event.get("hold") and not HOLD.wait(timeout=60):
+        raise TimeoutError("the test never set HOLD")
     return {
         "bundle": model.name,
         "model_id": id(model),
