@@ -1,7 +1,7 @@
 """Builders that record each load (start and end times, one line per load) and
 sleep `config["sleep_s"]`; a builder fails while `config["fault_file"]` exists.
-A handler call whose event holds `"hold": true` waits in its thread until the
-test sets `HOLD` (no test has to guess how long a sleep outlasts its work).
+A handler call whose event holds `"hold": true`, and a builder whose config
+does, wait in their thread until the test sets `HOLD` (no test has to guess how long a sleep outlasts its work).
 
 Bundles: `alpha`, `beta`, `gamma`, `huge` (same builder); handlers of the same
 names return the model object's identity and the load record.
@@ -34,6 +34,8 @@ def _build(name: str, weights: dict[str, Any], config: dict[str, Any]) -> Model:
     if fault and Path(fault).exists():
         raise RuntimeError(f"injected builder fault for {name}")
     time.sleep(float(config.get("sleep_s", 0.0)))
+    if config.get("hold") and not HOLD.wait(timeout=60):
+        raise TimeoutError("the test never set HOLD")
     log = config.get("log_file") or os.environ.get("THAW_TEST_LOAD_LOG")
     ended = time.time()
     if log:
