@@ -1,7 +1,8 @@
 """Builders that record each load (start and end times, one line per load) and
 sleep `config["sleep_s"]`; a builder fails while `config["fault_file"]` exists.
 A handler call whose event holds `"hold": true`, and a builder whose config
-does, wait in their thread until the test sets `HOLD` (no test has to guess how long a sleep outlasts its work).
+does, wait in their thread until the test sets `HOLD` (no test has to guess
+how long a sleep outlasts its work).
 
 Bundles: `alpha`, `beta`, `gamma`, `huge` (same builder); handlers of the same
 names return the model object's identity and the load record.

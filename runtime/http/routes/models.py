@@ -11,8 +11,12 @@ from runtime.http.routes import instance_of
 
 
 async def list_models(request: Request) -> Response:
-    """Every bundle: id, state, bytes, phase times, loads, hits, last use, estimate."""
-    return JSONResponse(await instance_of(request).models_view())
+    """Every bundle: id, state, bytes, phase times, loads, hits, last use, estimate; and
+    the handler modules that failed to import (file, line, error, handlers not served)."""
+    instance = instance_of(request)
+    view = await instance.models_view()
+    view["broken_modules"] = [b.describe() for b in instance.registry.broken]
+    return JSONResponse(view)
 
 
 async def load_model(request: Request) -> Response:
