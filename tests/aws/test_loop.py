@@ -154,11 +154,17 @@ def test_short_deadline_gives_a_job_that_ends_before_the_next_event(
 def test_direct_event_wait_s_gives_the_job_object(
     start_runtime: Start, runtime_api: FakeRuntimeAPI, tiny_bundles: Path
 ) -> None:
-    start_runtime(THAW_HANDLERS=HANDLERS, THAW_BUNDLE_SOURCE=str(tiny_bundles))
+    process = start_runtime(THAW_HANDLERS=HANDLERS, THAW_BUNDLE_SOURCE=str(tiny_bundles))
     request_id = runtime_api.push({"handler": "predict", "input": {"x": 1}, "wait_s": 0.1})
     job = runtime_api.result(request_id).json()
     assert job["handler"] == "predict"
     assert job["status"] in {"queued", "running"}
+    # Recognisable as a job (a sync Invoke's answer has no status code to say so),
+    # with the event that polls it.
+    assert job["thaw"] == "job" and job["poll"] == {"job": job["id"]}
+    # And the function's log says so, in one line (logged before the answer was posted).
+    [said] = [line for line in process.log().splitlines() if "poll it with" in line]
+    assert f'answered with job {job["id"]}' in said and "THAW_WAIT_S=" in said
     # The next event waits for the job, so the model is warm by then.
     warm = runtime_api.push({"handler": "predict", "input": {"x": 1}, "wait_s": 5})
     assert "y" in runtime_api.result(warm).json()["output"]
