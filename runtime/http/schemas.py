@@ -178,7 +178,7 @@ SCHEMAS: dict[str, Any] = {
     "BrokenModule": {
         "type": "object",
         "required": ["module"],
-        "description": "file, line, error and handlers: in /models, and for operators in /readyz",
+        "description": "module (and in /models its handlers); file, line, error for operators",
         "properties": {
             "module": {"type": "string"},
             "file": {"type": ["string", "null"]},

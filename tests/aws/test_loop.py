@@ -164,7 +164,7 @@ def test_direct_event_wait_s_gives_the_job_object(
     assert job["thaw"] == "job" and job["poll"] == {"job": job["id"]}
     # And the function's log says so, in one line (logged before the answer was posted).
     [said] = [line for line in process.log().splitlines() if "poll it with" in line]
-    assert f'answered with job {job["id"]}' in said and "THAW_WAIT_S=" in said
+    assert f"answered with job {job['id']}" in said and "THAW_WAIT_S=" in said
     # The next event waits for the job, so the model is warm by then.
     warm = runtime_api.push({"handler": "predict", "input": {"x": 1}, "wait_s": 5})
     assert "y" in runtime_api.result(warm).json()["output"]

@@ -1,8 +1,9 @@
 """Builders that record each load (start and end times, one line per load) and
 sleep `config["sleep_s"]`; a builder fails while `config["fault_file"]` exists.
 A handler call whose event holds `"hold": true`, and a builder whose config
-does, wait in their thread until the test sets `HOLD` (no test has to guess
-how long a sleep outlasts its work).
+does, wait in their thread until the test sets `HOLD`; across processes, a
+call whose event names `"hold_file"` waits while that file exists (no test
+has to guess how long a sleep outlasts its work).
 
 Bundles: `alpha`, `beta`, `gamma`, `huge` (same builder); handlers of the same
 names return the model object's identity and the load record.
@@ -50,6 +51,8 @@ def _view(model: Model, event: Any, ctx: Context) -> dict[str, Any]:
         time.sleep(float(event["sleep_s"]))
     if isinstance(event, dict) and event.get("hold") and not HOLD.wait(timeout=60):
         raise TimeoutError("the test never set HOLD")
+    while isinstance(event, dict) and event.get("hold_file") and Path(event["hold_file"]).exists():
+        time.sleep(0.01)
     return {
         "bundle": model.name,
         "model_id": id(model),

@@ -110,11 +110,15 @@ def test_drain_finishes_in_flight_refuses_new_and_exits_zero(serve: Any, bundles
     assert recorded.json()["status"] == "succeeded"
 
 
-def test_drain_grace_aborts_the_rest_with_a_retryable_error(serve: Any, bundles: Path) -> None:
+def test_drain_grace_aborts_the_rest_with_a_retryable_error(
+    serve: Any, bundles: Path, tmp_path: Path
+) -> None:
     make_bundle(bundles, "alpha")
+    hold = tmp_path / "hold"  # the job outlasts any grace: only the drain ends it
+    hold.touch()
     server: ServerProcess = serve(THAW_DRAIN_GRACE_S="0.5")
     with server.client() as client:
-        job = client.post("/handlers/alpha/jobs", json={"sleep_s": 4}).json()
+        job = client.post("/handlers/alpha/jobs", json={"hold_file": str(hold)}).json()
         until(
             lambda: client.get(f"/jobs/{job['id']}").json()["status"] == "running",
             "the job started",

@@ -20,6 +20,7 @@ from runtime.instance import Instance
 from runtime.models.lifecycle import State
 from runtime.registry import discover
 from runtime.settings import Settings
+from tests.handlers import loadlog
 from tests.support import make_bundle
 
 pytestmark = pytest.mark.anyio
@@ -230,8 +231,9 @@ async def test_budget_evicts_lru_idle_never_in_use_and_refuses_too_large(tmp_pat
     instance = await started(settings_for(tmp_path, memory_budget=int(2.5 * unit)))
     cache = instance.cache
     try:
-        # alpha is busy for the whole test; beta idle; gamma needs room.
-        busy = asyncio.ensure_future(call(instance, "alpha", {"sleep_s": 1.0}))
+        # alpha is busy (held) until beta and gamma are done; beta idle; gamma needs room.
+        loadlog.HOLD.clear()
+        busy = asyncio.ensure_future(call(instance, "alpha", {"hold": True}))
         while cache.in_flight("alpha") == 0:  # loaded, and its handler running
             await asyncio.sleep(0.01)
         await call(instance, "beta")
@@ -240,6 +242,7 @@ async def test_budget_evicts_lru_idle_never_in_use_and_refuses_too_large(tmp_pat
         assert cache.entries["beta"].lifecycle.state is State.UNLOADED
         assert cache.entries["alpha"].lifecycle.state is State.READY
         assert cache.entries["gamma"].lifecycle.state is State.READY
+        loadlog.HOLD.set()
         await busy
         # Now alpha is idle and least recently used: beta's return evicts alpha, not gamma.
         await call(instance, "gamma")
@@ -250,6 +253,7 @@ async def test_budget_evicts_lru_idle_never_in_use_and_refuses_too_large(tmp_pat
             await call(instance, "huge")
         assert cache.entries["gamma"].lifecycle.state is State.READY, "refusal evicted nothing"
     finally:
+        loadlog.HOLD.set()
         await instance.stop()
 
 
