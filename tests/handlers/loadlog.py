@@ -3,7 +3,9 @@ sleep `config["sleep_s"]`; a builder fails while `config["fault_file"]` exists.
 A handler call whose event holds `"hold": true`, and a builder whose config
 does, wait in their thread until the test sets `HOLD`; across processes, a
 call whose event names `"hold_file"` waits while that file exists (no test
-has to guess how long a sleep outlasts its work).
+has to guess how long a sleep outlasts its work). Two builders whose config
+says `"meet": true` wait for each other at `MEET`: both return only if their
+loads ran at the same time.
 
 Bundles: `alpha`, `beta`, `gamma`, `huge` (same builder); handlers of the same
 names return the model object's identity and the load record.
@@ -20,6 +22,7 @@ from typing import Any
 from runtime import Context, bundle, handler
 
 HOLD = threading.Event()
+MEET = threading.Barrier(2)
 
 
 class Model:
@@ -38,6 +41,8 @@ def _build(name: str, weights: dict[str, Any], config: dict[str, Any]) -> Model:
     time.sleep(float(config.get("sleep_s", 0.0)))
     if config.get("hold") and not HOLD.wait(timeout=60):
         raise TimeoutError("the test never set HOLD")
+    if config.get("meet"):
+        MEET.wait(timeout=60)  # BrokenBarrierError: the other load never ran alongside
     log = config.get("log_file") or os.environ.get("THAW_TEST_LOAD_LOG")
     ended = time.time()
     if log:
