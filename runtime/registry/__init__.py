@@ -347,7 +347,10 @@ def discover(modules: Iterable[str] = ()) -> Registry:
     ConfigError when no module imports (there would be nothing to serve)."""
     names = list(modules)
     if not names:
-        package = importlib.import_module("handlers")
+        try:
+            package = importlib.import_module("handlers")
+        except Exception as exc:  # its __init__ is user code too
+            raise ConfigError(f"cannot import {broken_module('handlers', exc).summary()}") from exc
         names = [
             f"handlers.{info.name}"
             for info in pkgutil.iter_modules(package.__path__)

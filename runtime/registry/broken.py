@@ -71,7 +71,7 @@ def _shown(path: str) -> str:
 def _origin(module: str) -> str | None:
     try:
         spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):  # its package is missing or itself broken
+    except Exception:  # its package is missing, or itself fails to import
         return None
     return spec.origin if spec is not None and spec.has_location else None
 

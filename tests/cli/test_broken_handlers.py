@@ -155,6 +155,16 @@ def test_nothing_that_imports_is_one_line_and_exit_1(tmp_path: Path) -> None:
         assert f"handlers/broken_syntax.py:{SYNTAX_LINE}): SyntaxError" in line, line
 
 
+def test_a_broken_handlers_package_is_one_line_naming_its_init(tmp_path: Path) -> None:
+    env = project(tmp_path, {"good": GOOD})
+    (tmp_path / "handlers" / "__init__.py").write_text("x = (\n")
+    result = thaw(env, tmp_path, "invoke", "greet")
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    [line] = error_lines(result.stderr)
+    assert "cannot import handlers (handlers/__init__.py:1): SyntaxError" in line, line
+
+
 def test_serve_serves_the_rest_stays_ready_and_shows_what_is_broken(tmp_path: Path) -> None:
     env = project(tmp_path, MIXED)
     server = ServerProcess(env, cwd=tmp_path)
@@ -201,9 +211,16 @@ def test_discovery_records_each_failure_and_keeps_the_rest(tmp_path: Path) -> No
     (package / "bad.py").write_text(SYNTAX)
     sys.path.insert(0, str(tmp_path))
     try:
-        registry = discover(["brokenpkg.fine", "brokenpkg.bad", "brokenpkg.missing"])
+        inner = tmp_path / "brokeninit"  # a package whose own __init__ fails
+        inner.mkdir()
+        (inner / "__init__.py").write_text("raise ImportError('no')\n")
+        (inner / "mod.py").write_text(GOOD)
+        registry = discover(
+            ["brokenpkg.fine", "brokenpkg.bad", "brokenpkg.missing", "brokeninit.mod"]
+        )
         assert set(registry.handlers) == {"greet"}
-        [bad, missing] = registry.broken
+        [bad, missing, under] = registry.broken
+        assert under.module == "brokeninit.mod" and under.error == "ImportError: no"
         assert (bad.module, bad.line, bad.handlers) == ("brokenpkg.bad", SYNTAX_LINE, ("oops",))
         assert missing.file is None and "ModuleNotFoundError" in missing.error
         with pytest.raises(BrokenHandler, match=r"brokenpkg/bad\.py:7"):
@@ -214,5 +231,5 @@ def test_discovery_records_each_failure_and_keeps_the_rest(tmp_path: Path) -> No
             discover(["brokenpkg.bad"])
     finally:
         sys.path.remove(str(tmp_path))
-        for name in [m for m in sys.modules if m.startswith("brokenpkg")]:
+        for name in [m for m in sys.modules if m.startswith(("brokenpkg", "brokeninit"))]:
             del sys.modules[name]
