@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import boto3
 import botocore
 from botocore.config import Config
 
-from tests.emulator.conftest import Emulator
+from tests.emulator.conftest import Emulator, wait_for
 
 
 def banner(emulator: Emulator) -> str:
@@ -64,3 +65,31 @@ def test_the_banner_says_when_a_sync_invoke_answers_a_job(emulator: Emulator) ->
     said = " ".join(banner(emulator).split())
     assert re.search(r"wait_s, else THAW_WAIT_S \(default 10 s\), never past the function's", said)
     assert '{"thaw": "job", ..., "poll": {"job": ID}}' in said
+
+
+def test_a_sync_invoke_past_its_wait_is_a_marked_job_and_a_log_line(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    hold = tmp_path / "hold"  # the handler runs until the test removes it
+    hold.touch()
+    client = boto3.client(
+        "lambda",
+        endpoint_url=emulator.url,
+        region_name="us-east-1",
+        config=Config(signature_version=botocore.UNSIGNED, retries={"max_attempts": 1}),
+    )
+    event = {"handler": "while_file", "input": {"path": str(hold)}, "wait_s": 0.2}
+    try:
+        answer = client.invoke(FunctionName="ThawFunction", Payload=json.dumps(event).encode())
+        job = json.loads(answer["Payload"].read())
+    finally:
+        hold.unlink()
+    assert answer["StatusCode"] == 200 and "FunctionError" not in answer
+    assert job["thaw"] == "job" and job["status"] in {"queued", "running"}
+    assert job["poll"] == {"job": job["id"]}
+    polled = client.invoke(
+        FunctionName="ThawFunction",
+        Payload=json.dumps({**job["poll"], "wait_s": 30}).encode(),
+    )
+    assert json.loads(polled["Payload"].read())["output"] == {"released": True}
+    wait_for(lambda: f"answered with job {job['id']}" in emulator.errors())
