@@ -93,6 +93,18 @@ def test_import_failure_is_posted_to_init_error(
     assert process.wait() != 0
 
 
+def test_one_module_that_fails_to_import_leaves_the_others_served(
+    start_runtime: Start, runtime_api: FakeRuntimeAPI
+) -> None:
+    process = start_runtime(THAW_HANDLERS="tests.handlers.import_fails,handlers.echo")
+    served = runtime_api.push({"handler": "echo", "input": {"a": 1}})
+    assert runtime_api.result(served).json() == {"output": {"a": 1}}
+    # No init error: the function's log names the module that is not served, and where.
+    [said] = [line for line in process.log().splitlines() if "tests.handlers.import_fails" in line]
+    assert orjson.loads(said)["level"] == "warning"
+    assert "tests/handlers/import_fails.py:5): ModuleNotFoundError" in said
+
+
 def test_http_event_round_trip_keeps_status_headers_and_body(
     start_runtime: Start, runtime_api: FakeRuntimeAPI
 ) -> None:
