@@ -212,6 +212,7 @@ class JobManager:
         local = self.local[job_id]
         self._running.inc()
         self.items.start(local, local.source)
+        self.leases.phase_changed(job_id)  # the claim wrote `claimed`; the work is further
         return True
 
     async def _finish_local(self, local: LocalJob) -> None:
