@@ -2,6 +2,7 @@
 
     ThawError                      500 internal
     ├── ConfigError                500 config
+    │   └── BrokenHandler          500 broken-handler  (its handler module failed to import)
     ├── BadRequest                 400 bad-request
     │   ├── InvalidJSON            400 invalid-json
     │   ├── InvalidInput           400 invalid-input   (a handler rejects its event)
@@ -73,6 +74,13 @@ class ConfigError(ThawError):
 
     slug = "config"
     title = "Invalid configuration"
+
+
+class BrokenHandler(ConfigError):
+    """The handler asked for is declared in a handler module that failed to import."""
+
+    slug = "broken-handler"
+    title = "Handler module failed to import"
 
 
 class BadRequest(ThawError):

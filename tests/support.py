@@ -86,8 +86,11 @@ def free_port() -> int:
 class ServerProcess:
     """A real `thaw serve` process on 127.0.0.1; always stopped by its user."""
 
-    def __init__(self, env: Mapping[str, str], *, port: int | None = None) -> None:
+    def __init__(
+        self, env: Mapping[str, str], *, port: int | None = None, cwd: Path | None = None
+    ) -> None:
         self.port = port or free_port()
+        self.cwd = cwd  # a user's project, whose `handlers/` is found first
         self.env = dict(env)
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -100,6 +103,7 @@ class ServerProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "runtime.cli.main", "serve", "--port", str(self.port)],
             env=self.env,
+            cwd=self.cwd,
             stdout=open(self.log_path, "ab"),  # noqa: SIM115 - closed with the process
             stderr=subprocess.STDOUT,
             start_new_session=True,

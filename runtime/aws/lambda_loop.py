@@ -13,8 +13,11 @@ Events (see `runtime.aws.events` for the HTTP shape):
                                     result {statusCode, headers, body, isBase64Encoded},
                                     whose errors are problem+json as over HTTP
     {"handler": N, "input": I, "wait_s"?: S}
-                                 -> {"output": ...} on 200, the job object on 202,
-                                    a Lambda error otherwise
+                                 -> {"output": ...} on 200, a Lambda error otherwise;
+                                    not done within S (default THAW_WAIT_S, never past
+                                    the function timeout): the job object, marked
+                                    {"thaw": "job", ..., "poll": {"job": ID}}, and a
+                                    warning line in the function's log
     {"job": ID, "wait_s"?: S}    -> the job object (polling without a Function URL)
     {"handler": N, "input": I, "stream": true}
                                  -> streamed through the Runtime API: a JSON line per
@@ -246,7 +249,19 @@ class Invoker:
                 raise limits.too_large(len(payload))  # a Lambda error that says why
             return payload, 200
         if response.status == 202:
-            return response.body, 202
+            # Not done by the deadline: the job, marked as one (an answer of a sync
+            # Invoke has no status code to say it), with the event that polls it.
+            job = orjson.loads(response.body)
+            log.warning(
+                "%s not done within %.3f s (the event's wait_s, else THAW_WAIT_S=%g, never"
+                ' past the function timeout): answered with job %s; poll it with {"job": "%s"}',
+                event["handler"],
+                wait_s,
+                self.settings.wait_s,
+                job["id"],
+                job["id"],
+            )
+            return orjson.dumps({"thaw": "job", **job, "poll": {"job": job["id"]}}), 202
         raise error
 
 

@@ -9,7 +9,10 @@ never at load time:
   RoPE). The tokenizer is rebuilt from the GGUF fields into `tokenizer.json`,
   and the model shape and chat template go into the bundle config.
 - Legacy `.pth` state dicts via `torch.load(weights_only=True)`, which refuses
-  arbitrary pickled objects; `*num_batches_tracked` counters are dropped.
+  arbitrary pickled objects; `*num_batches_tracked` counters are dropped. A
+  source directory holding `.pth`/`.pt` files is staged (`stage_tree`, on
+  `--convert-pth`): each one becomes a safetensors file of the same stem, every
+  other file is taken as it is.
 
 Only `model.safetensors`, `tokenizer.json` and the returned config leave here.
 """
@@ -18,6 +21,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +60,9 @@ _GGUF_TOP_NAMES = {
     "output": "lm_head",
 }
 _SPECIAL_TOKEN_TYPE = 3  # llama.cpp's CONTROL token type
-_UNSAFE_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+# Both of torch's wordings: "Unsupported global: GLOBAL x.y" and (a blocked module,
+# e.g. posix.system) "unsupported GLOBAL x.y whose module x is blocked".
+_UNSAFE_GLOBAL = re.compile(r"[Uu]nsupported (?:global: )?GLOBAL ([\w.]+)")
 _UNPICKLER_CAUSE = re.compile(r"WeightsUnpickler error:\s*(\S[^\n]*)")
 _CHATML_SYSTEM = re.compile(r"<\|im_start\|>system\n(.*?)<\|im_end\|>", re.DOTALL)
 
@@ -295,7 +302,11 @@ def _convert_pth(src: Path, out_dir: Path, progress: Progress) -> Converted:
             ) from exc
         # torch's weights-only errors bury the cause under advice; keep the cause only.
         cause = _UNPICKLER_CAUSE.search(text)
-        reason = cause.group(1) if cause else (text.strip().splitlines() or [type(exc).__name__])[0]
+        # Never torch's advice to load it with weights_only=False: the paragraph after it.
+        paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
+        if len(paragraphs) > 1 and paragraphs[0].startswith("Weights only load failed"):
+            paragraphs = paragraphs[1:]
+        reason = cause.group(1) if cause else (paragraphs or [type(exc).__name__])[0]
         raise BundleError(f"{src.name}: not a readable checkpoint ({reason.strip()})") from exc
     state = _state_dict(loaded, src)
     report = _reporter(src, len(state), progress)
@@ -315,3 +326,44 @@ def _convert_pth(src: Path, out_dir: Path, progress: Progress) -> Converted:
     _write_atomic(out_dir, WEIGHTS_FILE, lambda p: save_file(tensors, str(p)))
     source = {"file": src.name, "format": "pth", "sha256": sha256_file(src)}
     return Converted(config={"source": source}, per_request_bytes=0)
+
+
+# --- a source directory holding legacy checkpoints ----------------------------
+
+CHECKPOINT_SUFFIXES = frozenset({".pth", ".pt"})
+
+
+def checkpoints_in(src: Path) -> list[Path]:
+    """The legacy torch checkpoints (.pth, .pt) in source directory `src`."""
+    return sorted(
+        p for p in src.rglob("*") if p.suffix.lower() in CHECKPOINT_SUFFIXES and p.is_file()
+    )
+
+
+def stage_tree(src: Path, staging: Path, progress: Progress) -> dict[str, Any]:
+    """`src` as a bundle will hold it, written into `staging`: each .pth/.pt
+    converted (tensors only) to `<stem>.safetensors` beside where it was, every
+    other file linked (or copied). The config entry naming what was converted."""
+    converted: list[dict[str, Any]] = []
+    for path in sorted(p for p in src.rglob("*") if p.is_file() or p.is_symlink()):
+        rel = path.relative_to(src)
+        if path.name.startswith(".") or rel.as_posix() == "bundle.json":
+            continue  # what build_bundle leaves out too
+        if path.is_symlink():
+            raise BundleError(f"{rel}: is a symbolic link")
+        target = staging / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix.lower() not in CHECKPOINT_SUFFIXES:
+            try:
+                os.link(path, target)
+            except OSError:  # another filesystem
+                shutil.copyfile(path, target)
+            continue
+        target = target.with_suffix(".safetensors")
+        if path.with_suffix(".safetensors").exists():
+            raise BundleError(f"{rel}: would become {target.name}, which {src} holds already")
+        with tempfile.TemporaryDirectory(dir=staging, prefix=".convert-") as one:
+            done = _convert_pth(path, Path(one), progress)
+            os.replace(Path(one) / WEIGHTS_FILE, target)
+        converted.append({**done.config["source"], "file": rel.as_posix()})
+    return {"converted": converted}

@@ -69,6 +69,10 @@ async def _invoke(
     settings: Settings, handler: str, event: Any, stream: bool, live: Bars | None = None
 ) -> Completed:
     instance = Instance.create(settings)
+    if handler in instance.registry.handlers:
+        # A call of a handler of a broken module fails with its own one line instead.
+        for broken in instance.registry.broken:
+            print(f"thaw: warning: handler module {broken.summary()}", file=sys.stderr)
     await instance.start()
     watcher = asyncio.ensure_future(_watch_loads(instance, live)) if live is not None else None
     try:

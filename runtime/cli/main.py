@@ -1,6 +1,7 @@
 """The `thaw` command line.
 
     thaw bundle build SRC --name N [--version V] [--out DIR] [--config JSON|@file] [--json]
+                      [--convert-pth]
     thaw bundle verify PATH [--json]
     thaw invoke HANDLER --event JSON|@file.json
     thaw serve [--host 127.0.0.1] [--port 8080] [--insecure]
@@ -29,7 +30,7 @@ from typing import Any, NoReturn
 
 import orjson
 
-from runtime.errors import ConfigError, ThawError
+from runtime.errors import BundleError, ConfigError, ThawError
 from runtime.version import __version__
 from runtime.wire.render import CLI_PREFIX, EXIT_USAGE, cli_exit_code, cli_line, job_error
 
@@ -115,6 +116,25 @@ def _cmd_bundle_build(args: argparse.Namespace) -> int:
                 kv_bytes_per_token=converted.kv_bytes_per_token,
                 on_progress=hashing,
             )
+        elif src.is_dir() and _checkpoints(src, args):
+            # Tensors only, converted into a staging copy: the source stays as it is.
+            import tempfile
+
+            from runtime.bundles.convert import stage_tree
+
+            out = Path(args.out) if args.out else Path("bundles") / args.name
+            out.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(prefix=".thaw-build-", dir=out.parent) as tmp:
+                staged = stage_tree(src, Path(tmp), sys.stderr)
+                manifest = build_bundle(
+                    Path(tmp),
+                    args.name,
+                    version=args.version,
+                    out=out,
+                    config={**staged, **config},
+                    per_request_bytes=per_request or 0,
+                    on_progress=hashing,
+                )
         else:
             out = Path(args.out) if args.out else None
             manifest = build_bundle(
@@ -128,6 +148,24 @@ def _cmd_bundle_build(args: argparse.Namespace) -> int:
             )
     _print_bundle("built", manifest, out if out is not None else src, args.json)
     return 0
+
+
+def _checkpoints(src: Path, args: argparse.Namespace) -> bool:
+    """Whether source directory `src` holds .pth/.pt files to convert; refused, with
+    the exact command that converts them, unless --convert-pth asks for it."""
+    from runtime.bundles.convert import checkpoints_in
+
+    found = checkpoints_in(src)
+    if found and not args.convert_pth:
+        import shlex
+
+        command = f"thaw bundle build {shlex.quote(args.src)} --name {shlex.quote(args.name)}"
+        raise BundleError(
+            f"{found[0]}: a pickle-based checkpoint (a bundle holds safetensors only); "
+            f"convert it as you build: {command} --convert-pth (tensors only, read with "
+            "torch.load(weights_only=True))"
+        )
+    return bool(found)
 
 
 def _cmd_bundle_verify(args: argparse.Namespace) -> int:
@@ -228,6 +266,11 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--out")
     build.add_argument("--config", help="bundle config: JSON or @file.json")
     build.add_argument("--per-request-bytes", type=int, default=None)
+    build.add_argument(
+        "--convert-pth",
+        action="store_true",
+        help="convert the .pth/.pt files of a SRC directory to safetensors (tensors only)",
+    )
     build.add_argument("--json", action="store_true", help="print the result as one JSON object")
     build.set_defaults(func=_cmd_bundle_build)
     verify = bsub.add_parser("verify", help="check manifest, file set, sizes and hashes")

@@ -257,6 +257,8 @@ class Dispatcher:
         self.jobs.follow(
             job, work.outcome, lambda: (work.phase, self._progress(spec, work)), items=work.stream
         )
+        # Each change of phase is written as it happens (runtime/jobs/leases.py).
+        work.on_phase = partial(self.jobs.phase_changed, job.id)
         if work.stream is not None and job.status is not JobStatus.QUEUED:  # else on its claim
             self.streams.hold(job.id, work.stream)
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -128,14 +129,15 @@ class Work:
     """
 
     __slots__ = (
+        "_phase",
         "batch_size",
         "books",
         "claim",
         "ctx",
         "handler",
         "leases",
+        "on_phase",
         "outcome",
-        "phase",
         "run_started",
         "running",
         "settled",
@@ -162,7 +164,10 @@ class Work:
         self.handler = spec.name
         self.ctx = ctx
         self.stats = stats
-        self.phase = phase
+        self._phase = phase
+        # Set for work a job records (runtime/dispatch/dispatcher.py): told of each
+        # change of phase, so that the job shows it now, not at its next heartbeat.
+        self.on_phase: Callable[[], object] | None = None
         # In phase order (queue, fetch, load, init, warmup, batch, run), as
         # Server-Timing lists them.
         self.timings_ms: dict[str, float] = {}
@@ -186,6 +191,18 @@ class Work:
         # A job recorded queued (its instance could not start it at once) is claimed
         # by id just before its handler runs: the claim, True when this instance won.
         self.claim: Gate | None = None
+
+    @property
+    def phase(self) -> str:
+        """What it is doing: queued, loading, batching, running (a job's `phase`)."""
+        return self._phase
+
+    @phase.setter
+    def phase(self, phase: str) -> None:
+        if phase != self._phase:
+            self._phase = phase
+            if self.on_phase is not None:
+                self.on_phase()
 
     # ---- on its way ---------------------------------------------------------------
 

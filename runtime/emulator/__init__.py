@@ -165,6 +165,31 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
+# The environment lines the banner prints: boto3 and the AWS CLI need credentials
+# to sign with (and a region) before they send anything, local endpoint or not.
+CREDENTIALS = (
+    "export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_DEFAULT_REGION=us-east-1"
+)
+
+
+def first_steps(url: str, function: str = "NAME") -> str:
+    """What a first boto3 or AWS CLI call needs to be told, said at startup."""
+    return (
+        "thaw emulate: boto3 and the AWS CLI sign every request, even to a local endpoint,\n"
+        "  and fail without credentials; the emulator checks none, so any will do:\n"
+        f"    {CREDENTIALS}\n"
+        f"  then: aws lambda invoke --endpoint-url {url} --function-name {function} \\\n"
+        """      --payload '{"handler": "echo", "input": {}}' """
+        "--cli-binary-format raw-in-base64-out out.json\n"
+        "  (or, in code, botocore.config.Config(signature_version=botocore.UNSIGNED))\n"
+        "thaw emulate: a RequestResponse invoke waits for the handler up to the event's\n"
+        f"  wait_s, else THAW_WAIT_S (default {Settings.wait_s:g} s), never past the "
+        "function's Timeout;\n"
+        '  past that it answers a job object, {"thaw": "job", ..., "poll": {"job": ID}}:\n'
+        "  invoke again with that poll event, or set THAW_WAIT_S near the Timeout to wait"
+    )
+
+
 def run_emulator(
     port: int,
     template: Path,
@@ -217,7 +242,8 @@ def run_emulator(
     runs = f"image {image}" if image else "processes"
     print(
         f"thaw emulate: listening on http://{host}:{bound} ({functions}; {runs}; "
-        f"max {config.max_sandboxes} sandboxes, idle timeout {idle_timeout_s:g} s)",
+        f"max {config.max_sandboxes} sandboxes, idle timeout {idle_timeout_s:g} s)\n"
+        + first_steps(f"http://{host}:{bound}", next(iter(loaded.functions), "NAME")),
         file=sys.stderr,
         flush=True,
     )

@@ -11,6 +11,7 @@ answer.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
@@ -37,7 +38,10 @@ from runtime.http.routes.jobs import (
 )
 from runtime.http.routes.models import list_models, load_model, unload_model
 from runtime.instance import Instance
+from runtime.registry import Registry
 from runtime.settings import Settings
+
+log = logging.getLogger("thaw.registry")
 
 # Importable from here as before the app's parts had modules of their own.
 __all__ = ["ROUTES", "create_app", "parse_json", "problem_response", "server_timing"]
@@ -67,17 +71,27 @@ def create_app(
     instance: Instance | None = None,
     *,
     defer_background: bool = False,
+    registry: Registry | None = None,
 ) -> Starlette:
     """The ASGI app. Its lifespan starts the instance and drains it on shutdown.
 
     With `defer_background`, prewarm and job recovery wait for
     `app.state.instance.start_background()` (the server calls it once listening).
+    `registry`: handlers already discovered (`thaw serve` does it before it listens,
+    so that nothing to serve is one error line, not a failed lifespan).
     """
     settings = settings if settings is not None else Settings.from_env()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        inst = instance if instance is not None else Instance.create(settings)
+        inst = instance if instance is not None else Instance.create(settings, registry)
+        for broken in inst.registry.broken:
+            # The instance serves the other handlers; this names what it does not.
+            log.warning(
+                "handler module %s; its handlers are not served: %s",
+                broken.summary(),
+                ", ".join(broken.handlers) or "none found in its source",
+            )
         app.state.instance = inst
         observed.requests = inst.request_stats
         await inst.start(background=not defer_background)

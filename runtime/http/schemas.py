@@ -69,6 +69,10 @@ HEADERS: dict[str, Any] = {
     },
 }
 
+# Handler modules that failed to import (runtime/registry/broken.py): their
+# handlers are not served; the instance serves the rest and stays ready.
+BROKEN: dict[str, Any] = {"type": "array", "items": ref("schemas", "BrokenModule")}
+
 SCHEMAS: dict[str, Any] = {
     "Problem": {
         "type": "object",
@@ -159,6 +163,7 @@ SCHEMAS: dict[str, Any] = {
             "models": {"type": "array", "items": ref("schemas", "Model")},
             "budget_bytes": {"type": ["integer", "null"]},
             "reserved_bytes": {"type": "integer"},
+            "broken_modules": BROKEN,
         },
     },
     "Status": {
@@ -167,6 +172,19 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             "status": {"type": "string"},
             "waiting": {"type": "array", "items": {"type": "string"}},
+            "broken_modules": BROKEN,
+        },
+    },
+    "BrokenModule": {
+        "type": "object",
+        "required": ["module"],
+        "description": "module (and in /models its handlers); file, line, error for operators",
+        "properties": {
+            "module": {"type": "string"},
+            "file": {"type": ["string", "null"]},
+            "line": {"type": ["integer", "null"]},
+            "error": {"type": "string"},
+            "handlers": {"type": "array", "items": {"type": "string"}},
         },
     },
 }

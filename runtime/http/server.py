@@ -19,6 +19,7 @@ from runtime import process
 from runtime.errors import ConfigError
 from runtime.http.app import create_app
 from runtime.instance import Instance
+from runtime.registry import discover
 from runtime.settings import Settings, forget_secrets
 from runtime.telemetry.logs import configure_logging
 from runtime.version import __version__
@@ -175,8 +176,11 @@ def serving_line(instance: Instance, url: str) -> str:
         if settings.memory_budget
         else "90 % of free GPU memory, else 80 % of the memory limit (at the first load)"
     )
+    broken = "; ".join(b.summary() for b in instance.registry.broken)
+    not_served = f" (modules that failed to import, not served: {broken})" if broken else ""
     return (
-        f"thaw {version} serving {url}: {len(handlers)} handlers ({', '.join(handlers)}); "
+        f"thaw {version} serving {url}: {len(handlers)} handlers ({', '.join(handlers)})"
+        f"{not_served}; "
         f"{len(bundles)} bundles ({', '.join(bundles)}){pinned}; device {device}; "
         f"memory budget {budget}"
     )
@@ -192,7 +196,10 @@ def serve(host: str = "127.0.0.1", port: int = 8080, insecure: bool = False) -> 
             f"refusing to listen on {host} without API keys: set THAW_API_KEYS or "
             "THAW_API_KEYS_FILE, or pass --insecure to expose an unauthenticated endpoint"
         )
-    app = create_app(settings, defer_background=True)
+    # Before listening: a handler tree with nothing that imports is one error line
+    # and exit 1 (thaw's), not a failed lifespan; a partly broken one is served.
+    registry = discover(settings.handlers)
+    app = create_app(settings, defer_background=True, registry=registry)
     config = uvicorn.Config(
         app,
         host=host,

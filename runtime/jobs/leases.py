@@ -3,11 +3,13 @@
 A job held here (`LocalJob`) keeps its lease while its work runs and while its
 outcome waits for the store. One heartbeat loop serves every held job: every
 third of a lease it renews each lease and writes each job's phase, so a burst
-of 202s costs one task, not one per job. A heartbeat the store refuses means
-the job is no longer this instance's (a client cancelled it, another instance
-claimed it): its work is stopped and its output discarded. A held job whose
-record vanished (a database deleted or replaced under the instance) is written
-again by `restore`.
+of 202s costs one task, not one per job. A change of phase (queued -> loading
+-> running) is written when it happens too (`phase_changed`): one write per
+change, coalesced per job, so a poll never reads `queued` while tokens stream.
+A heartbeat the store refuses means the job is no longer this instance's (a
+client cancelled it, another instance claimed it): its work is stopped and its
+output discarded. A held job whose record vanished (a database deleted or
+replaced under the instance) is written again by `restore`.
 
 Heartbeats and phases are fenced by the run: they carry the `attempts` the
 claim returned, so a run whose lease lapsed and that was claimed again (by
@@ -117,6 +119,9 @@ class Leases:
         self.local: dict[str, LocalJob] = {}
         self._heartbeats: asyncio.Task[None] | None = None
         self._recheck: asyncio.Task[None] | None = None
+        # Phase writes under way, by job id; the ids whose phase changed meanwhile.
+        self._phase_writes: dict[str, asyncio.Task[None]] = {}
+        self._phase_changed: set[str] = set()
 
     def hold(self, local: LocalJob) -> None:
         """Renew `local`'s lease from now on (until `drop`)."""
@@ -236,6 +241,42 @@ class Leases:
     def close(self) -> None:
         if self._recheck is not None:
             self._recheck.cancel()
+        for task in list(self._phase_writes.values()):
+            task.cancel()
+
+    def phase_changed(self, job_id: str) -> None:
+        """A held job's phase changed: write it now, not at the next heartbeat. One
+        write at a time per job; a change while one is under way is written after it
+        (the probe is read when the write runs, so a burst of changes is one or two)."""
+        if job_id in self._phase_writes:
+            self._phase_changed.add(job_id)
+            return
+        local = self.local.get(job_id)
+        if local is None or not local.claimed or local.released:
+            return  # a queued job's phase is written on its claim's first beat
+        task = asyncio.get_running_loop().create_task(
+            self._write_phase(local), context=contextvars.Context()
+        )
+        self._phase_writes[job_id] = task
+
+    async def _write_phase(self, local: LocalJob) -> None:
+        REQUEST_ID.set(local.request_id)
+        job = local.job
+        try:
+            while not local.work.done() and not local.released:
+                self._phase_changed.discard(job.id)
+                phase, progress = local.probe()
+                set_phase = partial(self.store.set_phase, attempt=job.attempts)
+                await self.calls.write(set_phase, job.id, self.owner, phase, progress)
+                if job.id not in self._phase_changed:
+                    break
+        except StorageUnavailable:
+            pass  # the next heartbeat writes it, once the store serves
+        except Exception:
+            log.exception("job %s: writing its phase failed", job.id)
+        finally:
+            self._phase_changed.discard(job.id)
+            self._phase_writes.pop(job.id, None)
 
     async def _beat_while_running(self) -> None:
         """Every third of a lease, renew the lease and the phase of each held job

@@ -188,10 +188,16 @@ class JobManager:
         self.leases.hold(local)
         if local.claimed:
             self.items.start(local, items)
+            if probe()[0] != job.phase:  # it changed while its record was created
+                self.leases.phase_changed(job.id)
         self._idle.clear()
         # The done callback (and the task recording the outcome) run in the
         # context current here: the request's, so their lines carry its id.
         work.add_done_callback(partial(self._work_done, local))
+
+    def phase_changed(self, job_id: str) -> None:
+        """The phase of a job held here changed: written now (runtime/jobs/leases.py)."""
+        self.leases.phase_changed(job_id)
 
     def _work_done(self, local: LocalJob, work: asyncio.Future[Any]) -> None:
         local.outcome = outcome_of(work, local.job.handler)
@@ -206,6 +212,7 @@ class JobManager:
         local = self.local[job_id]
         self._running.inc()
         self.items.start(local, local.source)
+        self.leases.phase_changed(job_id)  # the claim wrote `claimed`; the work is further
         return True
 
     async def _finish_local(self, local: LocalJob) -> None:

@@ -94,6 +94,18 @@ def test_import_failure_is_posted_to_init_error(
     assert process.wait() != 0
 
 
+def test_one_module_that_fails_to_import_leaves_the_others_served(
+    start_runtime: Start, runtime_api: FakeRuntimeAPI
+) -> None:
+    process = start_runtime(THAW_HANDLERS="tests.handlers.import_fails,handlers.echo")
+    served = runtime_api.push({"handler": "echo", "input": {"a": 1}})
+    assert runtime_api.result(served).json() == {"output": {"a": 1}}
+    # No init error: the function's log names the module that is not served, and where.
+    [said] = [line for line in process.log().splitlines() if "tests.handlers.import_fails" in line]
+    assert orjson.loads(said)["level"] == "warning"
+    assert "tests/handlers/import_fails.py:5): ModuleNotFoundError" in said
+
+
 def test_http_event_round_trip_keeps_status_headers_and_body(
     start_runtime: Start, runtime_api: FakeRuntimeAPI
 ) -> None:
@@ -155,11 +167,17 @@ def test_short_deadline_gives_a_job_that_ends_before_the_next_event(
 def test_direct_event_wait_s_gives_the_job_object(
     start_runtime: Start, runtime_api: FakeRuntimeAPI, tiny_bundles: Path
 ) -> None:
-    start_runtime(THAW_HANDLERS=HANDLERS, THAW_BUNDLE_SOURCE=str(tiny_bundles))
+    process = start_runtime(THAW_HANDLERS=HANDLERS, THAW_BUNDLE_SOURCE=str(tiny_bundles))
     request_id = runtime_api.push({"handler": "predict", "input": {"x": 1}, "wait_s": 0.1})
     job = runtime_api.result(request_id).json()
     assert job["handler"] == "predict"
     assert job["status"] in {"queued", "running"}
+    # Recognisable as a job (a sync Invoke's answer has no status code to say so),
+    # with the event that polls it.
+    assert job["thaw"] == "job" and job["poll"] == {"job": job["id"]}
+    # And the function's log says so, in one line (logged before the answer was posted).
+    [said] = [line for line in process.log().splitlines() if "poll it with" in line]
+    assert f"answered with job {job['id']}" in said and "THAW_WAIT_S=" in said
     # The next event waits for the job, so the model is warm by then.
     warm = runtime_api.push({"handler": "predict", "input": {"x": 1}, "wait_s": 5})
     assert "y" in runtime_api.result(warm).json()["output"]

@@ -27,7 +27,7 @@ from runtime.instance import Instance
 from runtime.jobs.job import JobStatus
 from runtime.models.lifecycle import State
 from runtime.settings import Settings
-from tests.handlers import gated
+from tests.handlers import gated, loadlog
 from tests.support import SAFETY_S, make_bundle, running_instance
 
 pytestmark = pytest.mark.anyio
@@ -218,25 +218,31 @@ async def test_drain_lets_go_of_the_model_of_a_sync_call_whose_thread_still_runs
 ) -> None:
     await call(instance, "alpha")
     entry = instance.cache.entries["alpha"]
-    request = asyncio.create_task(
-        instance.dispatcher.invoke("alpha", {"sleep_s": 1.5}, wait_s=60.0, request_id="slow")
-    )
-    await until(lambda: instance.cache.in_flight("alpha") == 1)
-    with caplog.at_level(logging.WARNING):
-        await instance.stop()
-        # The drain did not wait for the handler: its thread is still in it.
-        running = handler_threads()
-        assert running
-        assert entry.lifecycle.state is State.UNLOADED and instance.cache.in_flight("alpha") == 0
-        with pytest.raises(Draining, match="drained before this request finished"):
-            await request  # a waiting caller cut off by the drain gets 503 `drained`
-        # The thread ends: its work item (concurrent.futures' `_WorkItem.run`, which
-        # posts the outcome back to the loop) is done, and the loop drops the outcome.
-        await until(
-            lambda: not any(is_work_item(f) for fs in frames_of(running).values() for f in fs)
+    loadlog.HOLD.clear()  # the handler holds its thread until the test lets it go
+    try:
+        request = asyncio.create_task(
+            instance.dispatcher.invoke("alpha", {"hold": True}, wait_s=60.0, request_id="slow")
         )
-        for _ in range(3):
-            await asyncio.sleep(0)
+        await until(lambda: instance.cache.in_flight("alpha") == 1 and bool(handler_threads()))
+        with caplog.at_level(logging.WARNING):
+            await instance.stop()
+            # The drain did not wait for the handler: its thread is still in it.
+            running = handler_threads()
+            assert running
+            assert entry.lifecycle.state is State.UNLOADED
+            assert instance.cache.in_flight("alpha") == 0
+            with pytest.raises(Draining, match="drained before this request finished"):
+                await request  # a waiting caller cut off by the drain gets 503 `drained`
+            loadlog.HOLD.set()
+            # The thread ends: its work item (concurrent.futures' `_WorkItem.run`, which
+            # posts the outcome back to the loop) is done, and the loop drops the outcome.
+            await until(
+                lambda: not any(is_work_item(f) for fs in frames_of(running).values() for f in fs)
+            )
+            for _ in range(3):
+                await asyncio.sleep(0)
+    finally:
+        loadlog.HOLD.set()  # no handler thread outlives its test
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 

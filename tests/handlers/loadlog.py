@@ -1,5 +1,11 @@
 """Builders that record each load (start and end times, one line per load) and
 sleep `config["sleep_s"]`; a builder fails while `config["fault_file"]` exists.
+A handler call whose event holds `"hold": true`, and a builder whose config
+does, wait in their thread until the test sets `HOLD`; across processes, a
+call whose event names `"hold_file"` waits while that file exists (no test
+has to guess how long a sleep outlasts its work). Two builders whose config
+says `"meet": true` wait for each other at `MEET`: both return only if their
+loads ran at the same time.
 
 Bundles: `alpha`, `beta`, `gamma`, `huge` (same builder); handlers of the same
 names return the model object's identity and the load record.
@@ -8,11 +14,15 @@ names return the model object's identity and the load record.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from runtime import Context, bundle, handler
+
+HOLD = threading.Event()
+MEET = threading.Barrier(2)
 
 
 class Model:
@@ -29,6 +39,10 @@ def _build(name: str, weights: dict[str, Any], config: dict[str, Any]) -> Model:
     if fault and Path(fault).exists():
         raise RuntimeError(f"injected builder fault for {name}")
     time.sleep(float(config.get("sleep_s", 0.0)))
+    if config.get("hold") and not HOLD.wait(timeout=60):
+        raise TimeoutError("the test never set HOLD")
+    if config.get("meet"):
+        MEET.wait(timeout=60)  # BrokenBarrierError: the other load never ran alongside
     log = config.get("log_file") or os.environ.get("THAW_TEST_LOAD_LOG")
     ended = time.time()
     if log:
@@ -40,6 +54,10 @@ def _build(name: str, weights: dict[str, Any], config: dict[str, Any]) -> Model:
 def _view(model: Model, event: Any, ctx: Context) -> dict[str, Any]:
     if isinstance(event, dict) and event.get("sleep_s"):
         time.sleep(float(event["sleep_s"]))
+    if isinstance(event, dict) and event.get("hold") and not HOLD.wait(timeout=60):
+        raise TimeoutError("the test never set HOLD")
+    while isinstance(event, dict) and event.get("hold_file") and Path(event["hold_file"]).exists():
+        time.sleep(0.01)
     return {
         "bundle": model.name,
         "model_id": id(model),

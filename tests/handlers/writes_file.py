@@ -2,10 +2,14 @@
 
 `flaky`: fails while the file `event["path"]` holds fewer than `event["fail_times"]`
 lines, appending one line per attempt, so retries can be counted.
+
+`while_file`: returns once the file `event["path"]` is gone (a test holds a call
+past any wait until it removes it).
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,3 +31,13 @@ def flaky(event: Any, ctx: Context) -> dict[str, Any]:
     if attempts < int(event.get("fail_times", 0)):
         raise RuntimeError(f"attempt {attempts + 1} fails on purpose")
     return {"attempts": attempts + 1}
+
+
+@handler("while_file")
+def while_file(event: Any, ctx: Context) -> dict[str, Any]:
+    path = Path(event["path"])
+    for _ in range(6000):  # a minute at most: no test holds one longer
+        if not path.exists():
+            return {"released": True}
+        time.sleep(0.01)
+    raise TimeoutError(f"{path} was never removed")

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from runtime.settings import Settings
+from tests.handlers import loadlog
 from tests.inproc import answer_once, serving
 from tests.inproc import until as until_async
 from tests.support import ServerProcess, make_bundle, until
@@ -55,22 +56,27 @@ def test_healthz_answers_before_torch_is_imported(
 async def test_readyz_waits_for_prewarm_while_healthz_answers_at_once(
     app_settings: Settings, bundles: Path
 ) -> None:
-    make_bundle(bundles, "alpha", config={"sleep_s": 1.5})
-    async with serving(dataclasses.replace(app_settings, prewarm=("alpha",))) as served:
-        client = served.client
-        # Not waiting for prewarm: healthz answers while the 1.5 s builder still runs,
-        # so readyz still says no (the healthz time is held by bench/coldstart.py).
-        assert (await client.get("/healthz")).status_code == 200
-        assert (await client.get("/readyz")).status_code == 503
+    make_bundle(bundles, "alpha", config={"hold": True})
+    loadlog.HOLD.clear()  # the builder holds until the probes below have answered
+    try:
+        async with serving(dataclasses.replace(app_settings, prewarm=("alpha",))) as served:
+            client = served.client
+            # Not waiting for prewarm: healthz answers while the builder still runs,
+            # so readyz still says no (the healthz time is held by bench/coldstart.py).
+            assert (await client.get("/healthz")).status_code == 200
+            assert (await client.get("/readyz")).status_code == 503
+            loadlog.HOLD.set()
 
-        async def ready() -> bool:
-            return (await client.get("/readyz")).status_code == 200
+            async def ready() -> bool:
+                return (await client.get("/readyz")).status_code == 200
 
-        await until_async(ready, "prewarm became ready")
-        models = (await client.get("/models")).json()["models"]
-        alpha = next(m for m in models if m["name"] == "alpha")
-        assert alpha["state"] == "ready" and alpha["pinned"] is True
-        assert alpha["phase_ms"]["warmup"] >= 0 and alpha["phase_ms"]["init"] >= 1500
+            await until_async(ready, "prewarm became ready")
+            models = (await client.get("/models")).json()["models"]
+            alpha = next(m for m in models if m["name"] == "alpha")
+            assert alpha["state"] == "ready" and alpha["pinned"] is True
+            assert alpha["phase_ms"]["warmup"] >= 0 and alpha["phase_ms"]["init"] > 0
+    finally:
+        loadlog.HOLD.set()
 
 
 def test_drain_finishes_in_flight_refuses_new_and_exits_zero(serve: Any, bundles: Path) -> None:
@@ -104,11 +110,15 @@ def test_drain_finishes_in_flight_refuses_new_and_exits_zero(serve: Any, bundles
     assert recorded.json()["status"] == "succeeded"
 
 
-def test_drain_grace_aborts_the_rest_with_a_retryable_error(serve: Any, bundles: Path) -> None:
+def test_drain_grace_aborts_the_rest_with_a_retryable_error(
+    serve: Any, bundles: Path, tmp_path: Path
+) -> None:
     make_bundle(bundles, "alpha")
+    hold = tmp_path / "hold"  # the job outlasts any grace: only the drain ends it
+    hold.touch()
     server: ServerProcess = serve(THAW_DRAIN_GRACE_S="0.5")
     with server.client() as client:
-        job = client.post("/handlers/alpha/jobs", json={"sleep_s": 4}).json()
+        job = client.post("/handlers/alpha/jobs", json={"hold_file": str(hold)}).json()
         until(
             lambda: client.get(f"/jobs/{job['id']}").json()["status"] == "running",
             "the job started",

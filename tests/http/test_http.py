@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from runtime.settings import Settings
+from tests.handlers import loadlog
 from tests.handlers.runlog import runs
 from tests.inproc import serving, until
 from tests.support import make_bundle
@@ -130,20 +131,25 @@ async def test_bad_input_gets_problem_json_and_server_stays_healthy(
 
         chunked = await client.post("/invoke/echo", content=pieces())
         assert chunked.status_code == 413
-        # Queue full: two long runs fill the queue of 2; the third is throttled.
-        async with served.new_client() as other:
-            long_runs = [
-                asyncio.ensure_future(other.post("/invoke/alpha", json={"sleep_s": 1.5}))
-                for _ in range(2)
-            ]
-            await until(
-                lambda: served.instance.dispatcher.pending["alpha"] == 2, "both runs queued"
-            )
-            throttled = await client.post("/invoke/alpha", json={})
-            assert throttled.status_code == 429
-            assert throttled.headers["content-type"] == PROBLEM
-            assert int(throttled.headers["retry-after"]) >= 1
-            assert [(await run).status_code for run in long_runs] == [200, 200]
+        # Queue full: two held runs fill the queue of 2; the third is throttled.
+        loadlog.HOLD.clear()
+        try:
+            async with served.new_client() as other:
+                long_runs = [
+                    asyncio.ensure_future(other.post("/invoke/alpha", json={"hold": True}))
+                    for _ in range(2)
+                ]
+                await until(
+                    lambda: served.instance.dispatcher.pending["alpha"] == 2, "both runs queued"
+                )
+                throttled = await client.post("/invoke/alpha", json={})
+                assert throttled.status_code == 429
+                assert throttled.headers["content-type"] == PROBLEM
+                assert int(throttled.headers["retry-after"]) >= 1
+                loadlog.HOLD.set()
+                assert [(await run).status_code for run in long_runs] == [200, 200]
+        finally:
+            loadlog.HOLD.set()
         assert (await client.get("/healthz")).status_code == 200
         assert (await client.post("/invoke/alpha", json={})).status_code == 200
 

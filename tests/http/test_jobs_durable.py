@@ -18,21 +18,26 @@ from tests.inproc import until as until_async
 from tests.support import ServerProcess, make_bundle, until
 
 
-def test_finished_jobs_survive_restart_and_killed_job_is_retried(serve: Any, bundles: Path) -> None:
+def test_finished_jobs_survive_restart_and_killed_job_is_retried(
+    serve: Any, bundles: Path, tmp_path: Path
+) -> None:
     make_bundle(bundles, "alpha")
+    hold = tmp_path / "hold"  # the job runs until the kill, however slow the machine
+    hold.touch()
     first: ServerProcess = serve(THAW_JOB_LEASE_S="1")
     with first.client() as client:
         done = client.post("/handlers/alpha/jobs", json={}).json()
         assert client.get(f"/jobs/{done['id']}", params={"wait": 20}).json()["status"] == (
             "succeeded"
         )
-        running = client.post("/handlers/alpha/jobs", json={"sleep_s": 2.0}).json()
+        running = client.post("/handlers/alpha/jobs", json={"hold_file": str(hold)}).json()
         status = until(
             lambda: (s := client.get(f"/jobs/{running['id']}").json()["status"]) != "queued" and s,
             "the job left the queue",
         )
         assert status == "running"
     first.kill()  # SIGKILL mid-job: no chance to clean up
+    hold.unlink()  # the retry runs to its end
 
     second: ServerProcess = serve(THAW_JOB_LEASE_S="1")
     with second.client() as client:
@@ -44,12 +49,16 @@ def test_finished_jobs_survive_restart_and_killed_job_is_retried(serve: Any, bun
         assert recovered["output"]["pid"] == second.proc.pid  # type: ignore[union-attr]
 
 
-def test_job_out_of_attempts_fails_with_clear_error(serve: Any, bundles: Path) -> None:
+def test_job_out_of_attempts_fails_with_clear_error(
+    serve: Any, bundles: Path, tmp_path: Path
+) -> None:
     make_bundle(bundles, "alpha")
+    hold = tmp_path / "hold"  # the job never ends on its own: only the kill ends it
+    hold.touch()
     env = {"THAW_JOB_LEASE_S": "0.5", "THAW_JOB_MAX_ATTEMPTS": "1"}
     first: ServerProcess = serve(**env)
     with first.client() as client:
-        job = client.post("/handlers/alpha/jobs", json={"sleep_s": 5}).json()
+        job = client.post("/handlers/alpha/jobs", json={"hold_file": str(hold)}).json()
         until(
             lambda: client.get(f"/jobs/{job['id']}").json()["status"] == "running",
             "the job started",

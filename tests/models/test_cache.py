@@ -20,6 +20,7 @@ from runtime.instance import Instance
 from runtime.models.lifecycle import State
 from runtime.registry import discover
 from runtime.settings import Settings
+from tests.handlers import loadlog
 from tests.support import make_bundle
 
 pytestmark = pytest.mark.anyio
@@ -132,16 +133,18 @@ async def test_a_failed_manifest_read_fails_every_waiter_and_is_retried(tmp_path
 
 
 async def test_different_bundles_load_concurrently(tmp_path: Path) -> None:
+    # Each builder waits for the other (loadlog.MEET): loads that ran one after the
+    # other would never meet, and fail; how long each took does not matter.
     for name in ("alpha", "beta"):
-        make_bundle(tmp_path / "bundles", name, config={"sleep_s": 0.5})
+        make_bundle(tmp_path / "bundles", name, config={"meet": True})
+    loadlog.MEET.reset()
     instance = await started(settings_for(tmp_path))
     try:
         a, b = await asyncio.gather(call(instance, "alpha"), call(instance, "beta"))
     finally:
         await instance.stop()
     (a_start, a_end), (b_start, b_end) = a["load"], b["load"]
-    overlap = min(a_end, b_end) - max(a_start, b_start)
-    assert overlap > 0.3, f"loads did not overlap: alpha {a['load']} beta {b['load']}"
+    assert max(a_start, b_start) <= min(a_end, b_end), "each load ran inside the other's"
 
 
 async def test_flipped_byte_fails_integrity_then_recovers(tmp_path: Path) -> None:
@@ -230,8 +233,9 @@ async def test_budget_evicts_lru_idle_never_in_use_and_refuses_too_large(tmp_pat
     instance = await started(settings_for(tmp_path, memory_budget=int(2.5 * unit)))
     cache = instance.cache
     try:
-        # alpha is busy for the whole test; beta idle; gamma needs room.
-        busy = asyncio.ensure_future(call(instance, "alpha", {"sleep_s": 1.0}))
+        # alpha is busy (held) until beta and gamma are done; beta idle; gamma needs room.
+        loadlog.HOLD.clear()
+        busy = asyncio.ensure_future(call(instance, "alpha", {"hold": True}))
         while cache.in_flight("alpha") == 0:  # loaded, and its handler running
             await asyncio.sleep(0.01)
         await call(instance, "beta")
@@ -240,6 +244,7 @@ async def test_budget_evicts_lru_idle_never_in_use_and_refuses_too_large(tmp_pat
         assert cache.entries["beta"].lifecycle.state is State.UNLOADED
         assert cache.entries["alpha"].lifecycle.state is State.READY
         assert cache.entries["gamma"].lifecycle.state is State.READY
+        loadlog.HOLD.set()
         await busy
         # Now alpha is idle and least recently used: beta's return evicts alpha, not gamma.
         await call(instance, "gamma")
@@ -250,6 +255,7 @@ async def test_budget_evicts_lru_idle_never_in_use_and_refuses_too_large(tmp_pat
             await call(instance, "huge")
         assert cache.entries["gamma"].lifecycle.state is State.READY, "refusal evicted nothing"
     finally:
+        loadlog.HOLD.set()
         await instance.stop()
 
 

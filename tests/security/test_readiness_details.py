@@ -3,7 +3,9 @@ the details (a database path, a job id) go to the log and to operators."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import sys
 from pathlib import Path
 
 import httpx
@@ -51,6 +53,45 @@ async def test_readiness_details_only_for_operators(
             assert body["conditions"][0]["detail"] == SECRET_DETAIL
     # The log has it for whoever runs the instance.
     assert any(SECRET_DETAIL in record.getMessage() for record in caplog.records)
+
+
+async def test_a_broken_handler_module_keeps_readiness_and_tells_only_operators_where(
+    tmp_path: Path,
+) -> None:
+    """A module that fails to import leaves the instance ready (the rest serves); a
+    probe learns which module, an operator also its file, line and error."""
+    module = f"thaw_broken_probe_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{module}.py").write_text(
+        "import os\nraise RuntimeError('/srv/private/token.txt is missing')\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        settings = settings_under(tmp_path)
+        settings = dataclasses.replace(settings, handlers=(*settings.handlers, module))
+        app = create_app(settings)
+        async with app.router.lifespan_context(app):
+            client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+            async with client:
+                for headers in ({}, auth(TENANT_A)):
+                    answer = await client.get("/readyz", headers=headers)
+                    assert answer.status_code == 200
+                    assert answer.json() == {
+                        "status": "ready",
+                        "broken_modules": [{"module": module}],
+                    }
+                    assert "/srv" not in answer.text
+                models = await client.get("/models", headers=auth(TENANT_A))
+                assert models.json()["broken_modules"] == [{"module": module, "handlers": []}]
+                detailed = (await client.get("/readyz", headers=auth(OPERATOR))).json()
+                [broken] = detailed["broken_modules"]
+                assert broken["module"] == module and broken["line"] == 2
+                assert broken["file"].endswith(f"{module}.py")
+                assert broken["error"] == "RuntimeError: /srv/private/token.txt is missing"
+                listed = await client.get("/models", headers=auth(OPERATOR))
+                assert listed.json()["broken_modules"] == [broken]
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop(module, None)
 
 
 async def test_problems_are_never_sniffed(tmp_path: Path) -> None:

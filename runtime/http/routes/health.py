@@ -20,11 +20,22 @@ async def healthz(request: Request) -> Response:
 async def readyz(request: Request) -> Response:
     """200 once the prewarm set is READY and the instance is healthy and not draining.
 
+    A handler module that failed to import does not fail readiness (the others
+    serve): `broken_modules` lists it, with its file, line and error for operators.
+
     Open to probes, which learn only the status (ready, warming, draining,
     unhealthy) and the classes of the conditions behind it: their details (a
     database path, a job id) go to the log and to operator callers.
     """
-    body = instance_of(request).readiness(details=is_operator(request))
+    instance = instance_of(request)
+    operator = is_operator(request)
+    body = instance.readiness(details=operator)
+    if instance.registry.broken:
+        # Still ready: the other handlers serve, and failing the probe would take
+        # them out of rotation too. Where it broke (file, line, error) is a detail.
+        body["broken_modules"] = [
+            b.describe() if operator else {"module": b.module} for b in instance.registry.broken
+        ]
     return JSONResponse(body, status_code=200 if body["status"] == "ready" else 503)
 
 

@@ -46,7 +46,9 @@ each large shape pays its own kernel selection and autotuning, so the large
 shapes a handler serves belong there.
 
 The decorators only attach a spec to the function; `discover()` imports the
-handler modules and collects the specs into a `Registry`. Handler modules must
+handler modules and collects the specs into a `Registry`. A module whose
+import raises is recorded (`Registry.broken`, runtime/registry/broken.py) and
+the others are served; only when none imports is discovery an error. Handler modules must
 not import torch at module level (do it inside builders), so discovery stays
 cheap and the control interface starts without torch.
 """
@@ -58,10 +60,17 @@ import importlib
 import inspect
 import pkgutil
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
-from runtime.errors import ConfigError, UnknownHandler
+from runtime.errors import BrokenHandler, ConfigError, UnknownHandler
+from runtime.registry.broken import BrokenModule, broken_module
+
+# Re-exported: part of the handler API, as they always were.
+from runtime.registry.policies import Batch as Batch
+from runtime.registry.policies import Decode as Decode
+from runtime.registry.policies import Steps as Steps
+from runtime.registry.policies import alone as alone
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -95,109 +104,6 @@ class LazyExamples(Sequence[dict[str, Any]]):
 
     def __len__(self) -> int:
         return len(self._examples)
-
-
-@dataclass(frozen=True)
-class Batch:
-    """A handler's batching policy (runtime/dispatch/batcher.py).
-
-    Concurrent requests share one call of up to `max_size` events. A batch
-    waits for the company it expects (as many requests as the handler's last
-    batch held) at most `max_wait_ms`: a request that comes alone runs at
-    once. At most `max_concurrent` batches of the handler run at a time;
-    later ones queue and go when one ends (a request whose deadline comes is
-    never held for either).
-    """
-
-    max_size: int = 32
-    max_wait_ms: float = 5.0
-    max_concurrent: int = 1
-
-    def __post_init__(self) -> None:
-        for name in ("max_size", "max_concurrent"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"Batch.{name} must be an int >= 1, not {value!r}")
-        if not self.max_wait_ms >= 0:  # also refuses NaN
-            raise ValueError(f"Batch.max_wait_ms must be >= 0, not {self.max_wait_ms}")
-
-    @property
-    def max_wait_s(self) -> float:
-        return self.max_wait_ms / 1000
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "max_size": self.max_size,
-            "max_wait_ms": self.max_wait_ms,
-            "max_concurrent": self.max_concurrent,
-        }
-
-
-@dataclass(frozen=True)
-class Decode:
-    """A step-level handler's scheduling policy (runtime/dispatch/decode.py): at most
-    `max_sequences` sequences share a step; later callers wait, in arrival order,
-    and are admitted between steps as sequences end."""
-
-    max_sequences: int = 16
-
-    def __post_init__(self) -> None:
-        value = self.max_sequences
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"Decode.max_sequences must be an int >= 1, not {value!r}")
-
-    def describe(self) -> dict[str, Any]:
-        return {"max_sequences": self.max_sequences}
-
-
-class Steps(Protocol):
-    """Generation as steps, called on a handler thread, one call at a time per model.
-
-    A sequence is whatever object the handler keeps per caller (its tokens, its
-    cache, its sampler). Where a list is returned, it has one entry per input, in
-    order, and an entry may be an exception: it fails only that caller (InvalidInput:
-    400). An exception raised by the call itself fails every sequence in it.
-    """
-
-    def prefill(self, events: list[Any], ctxs: list[Any]) -> list[Any]:
-        """Start one sequence per event (check it, run its prompt): the sequences."""
-        ...
-
-    def step(self, sequences: list[Any]) -> list[Any]:
-        """Advance each by one token: per sequence, the list of items it yields now
-        (maybe none: text held back), or an exception."""
-        ...
-
-    def finished(self, sequence: Any) -> bool:
-        """It ended (a stop condition): it takes no more steps."""
-        ...
-
-    def release(self, sequence: Any) -> None:
-        """Free what it holds (its KV cache); called once for every sequence started."""
-        ...
-
-
-def alone(make_steps: Callable[..., Steps]) -> Callable[..., Any]:
-    """A step-level handler as a generator for one call: the same steps, one sequence."""
-
-    def run(event: Any, *args: Any) -> Any:
-        *models, ctx = args
-        steps = make_steps(*models)
-        [sequence] = steps.prefill([event], [ctx])
-        if isinstance(sequence, BaseException):
-            raise sequence
-        try:
-            while True:
-                [items] = steps.step([sequence])
-                if isinstance(items, BaseException):
-                    raise items
-                yield from items
-                if steps.finished(sequence):
-                    return
-        finally:
-            steps.release(sequence)
-
-    return run
 
 
 @dataclass(frozen=True)
@@ -373,6 +279,8 @@ def joined(fn: Callable[..., Any], join: Callable[[list[Any]], Any]) -> Callable
 class Registry:
     builders: dict[str, BuilderSpec] = field(default_factory=dict)
     handlers: dict[str, HandlerSpec] = field(default_factory=dict)
+    # Handler modules that failed to import: their handlers are not served.
+    broken: list[BrokenModule] = field(default_factory=list)
 
     def add(self, spec: BuilderSpec | HandlerSpec, origin: str) -> None:
         if isinstance(spec, BuilderSpec):
@@ -385,10 +293,20 @@ class Registry:
             self.handlers[spec.name] = spec
 
     def handler(self, name: str) -> HandlerSpec:
-        try:
-            return self.handlers[name]
-        except KeyError:
-            raise UnknownHandler(f"no handler named {name!r}") from None
+        """Handler `name`; BrokenHandler (500) when a module that failed to import
+        declares it, else UnknownHandler (404), naming any broken module."""
+        spec = self.handlers.get(name)
+        if spec is not None:
+            return spec
+        for broken in self.broken:
+            if name in broken.handlers:
+                raise BrokenHandler(
+                    f"handler {name!r} is not served: its module {broken.summary()}",
+                    module=broken.module,
+                )
+        hint = "; ".join(b.summary() for b in self.broken)
+        hint = f" (handler modules that failed to import: {hint})" if hint else ""
+        raise UnknownHandler(f"no handler named {name!r}{hint}")
 
     def builder(self, bundle_name: str) -> BuilderSpec | None:
         return self.builders.get(bundle_name)
@@ -400,11 +318,19 @@ class Registry:
         return {b for h in self.handlers.values() for b in h.uses}
 
     def check(self) -> None:
-        """Every bundle a handler uses has a builder."""
-        for h in self.handlers.values():
+        """Every bundle a handler uses has a builder; a handler whose builder is in a
+        broken module is not served either (it joins that module's handlers)."""
+        for h in list(self.handlers.values()):
             for b in h.uses:
-                if b not in self.builders:
+                if b in self.builders:
+                    continue
+                owner = next((i for i, m in enumerate(self.broken) if b in m.bundles), None)
+                if owner is None:
                     raise ConfigError(f"handler {h.name!r} uses bundle {b!r}, which has no builder")
+                module = self.broken[owner]
+                self.broken[owner] = replace(module, handlers=(*module.handlers, h.name))
+                del self.handlers[h.name]
+                break
 
 
 def _collect(module: Any, registry: Registry) -> None:
@@ -415,21 +341,34 @@ def _collect(module: Any, registry: Registry) -> None:
 
 
 def discover(modules: Iterable[str] = ()) -> Registry:
-    """Import handler modules (default: every module of the `handlers` package)."""
+    """Import handler modules (default: every module of the `handlers` package).
+
+    A module whose import raises is recorded in `broken` and the rest served;
+    ConfigError when no module imports (there would be nothing to serve)."""
     names = list(modules)
     if not names:
-        package = importlib.import_module("handlers")
+        try:
+            package = importlib.import_module("handlers")
+        except Exception as exc:  # its __init__ is user code too
+            raise ConfigError(f"cannot import {broken_module('handlers', exc).summary()}") from exc
         names = [
             f"handlers.{info.name}"
             for info in pkgutil.iter_modules(package.__path__)
             if not info.name.startswith("_") and not info.ispkg
         ]
     registry = Registry()
+    imported = 0
     for name in names:
         try:
             module = importlib.import_module(name)
-        except ImportError as exc:
-            raise ConfigError(f"cannot import handler module {name!r}: {exc}") from exc
+        except Exception as exc:  # a SyntaxError as much as an ImportError: user code
+            registry.broken.append(broken_module(name, exc))
+            continue
+        imported += 1
         _collect(module, registry)
+    if registry.broken and not imported:
+        first = registry.broken[0]
+        causes = "; ".join(b.summary() for b in registry.broken)
+        raise ConfigError(f"cannot import handler module {causes}") from first.cause
     registry.check()
     return registry

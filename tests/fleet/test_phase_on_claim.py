@@ -1,0 +1,80 @@
+"""A fleet job recorded queued shows its live phase once its own instance claims it.
+
+The claim writes `claimed`; the work is past that by then (running, tokens
+out). With a lease of 600 s the first heartbeat would come 200 s in, past the
+test's safety limit: what the store shows was written when the phase changed.
+The load and the stream are held by files, so the order is the test's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.dispatch.answers import Accepted
+from runtime.jobs.job import Job, JobStatus
+from runtime.settings import Settings
+from tests.support import SAFETY_S, make_bundle, running_instance
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def until(condition: Callable[[], Any], what: str) -> Any:
+    give_up = time.monotonic() + SAFETY_S  # a safety limit against a hang, not a bound
+    while not (value := await asyncio.to_thread(condition)):
+        assert time.monotonic() < give_up, f"never: {what}"
+        await asyncio.sleep(0.01)
+    return value
+
+
+async def test_a_claimed_queued_job_shows_running_while_it_streams(
+    fleet_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ticks = tmp_path / "ticks.log"
+    monkeypatch.setenv("THAW_TEST_TICK_LOG", str(ticks))
+    load_hold, run_hold = tmp_path / "load.hold", tmp_path / "run.hold"
+    load_hold.touch()
+    run_hold.touch()
+    make_bundle(tmp_path / "bundles", "tick-model", config={"hold": str(load_hold)})
+    settings = Settings(
+        bundle_source=str(tmp_path / "bundles"),
+        cache_dir=str(tmp_path / "cache"),
+        state_dir=str(tmp_path / "state"),
+        job_store=fleet_dsn,
+        handlers=("tests.handlers.ticks",),
+        job_lease_s=600.0,
+    )
+    try:
+        async with running_instance(settings) as instance:
+            await until(lambda: instance.jobs.shared_queue, "the fleet started")
+            event = {"n": 3, "hold": str(run_hold), "hold_at": 1}
+            outcome = await instance.dispatcher.invoke(
+                "model_ticks", event, respond_async=True, request_id="queued"
+            )
+            assert isinstance(outcome, Accepted) and outcome.job.status is JobStatus.QUEUED
+
+            def stored() -> Job:
+                job = instance.store.get(outcome.job.id)
+                assert job is not None
+                return job
+
+            load_hold.unlink()  # the load ends: the instance claims its own job and runs it
+            await until(lambda: ticks.exists() and "tick 0" in ticks.read_text(), "tick 0")
+            await until(lambda: stored().status is JobStatus.RUNNING, "the claim")
+            await until(lambda: stored().phase == "running", "running, not `claimed`")
+            run_hold.unlink()
+            done = await instance.jobs.get(outcome.job.id, key_id=None, wait_s=SAFETY_S)
+            assert done.status is JobStatus.SUCCEEDED and done.attempts == 1
+    finally:
+        load_hold.unlink(missing_ok=True)
+        run_hold.unlink(missing_ok=True)
