@@ -124,6 +124,14 @@ class Settings:
     # The longest wait a caller may ask for, by `?wait=` or `Prefer: wait`.
     max_wait_s: float = 60.0
     log_level: str = "INFO"
+    # Host memory (runtime/models/weights/host.py, glibc only): allocations from
+    # this size up get a mapping of their own, unmapped on free (0: glibc's
+    # threshold, which climbs past weight tensors after the first unload); at
+    # most this many malloc arenas (0: glibc's 8 per core); and the allocator's
+    # free pages handed back to the OS once a bundle unloads or is evicted.
+    mmap_threshold_bytes: int = 1024 * 1024
+    malloc_arena_max: int = 4
+    malloc_trim: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -143,6 +151,7 @@ class Settings:
                     "max_buffered_bytes",
                     "max_job_bytes_per_key",
                     "max_job_bytes",
+                    "mmap_threshold_bytes",
                 ):
                     values[f.name] = _parse_bytes(raw)
                 elif isinstance(default, tuple):
@@ -191,6 +200,10 @@ class Settings:
             raise ConfigError("THAW_MAX_WAIT_S must be >= 0")
         if self.body_timeout_s <= 0:
             raise ConfigError("THAW_BODY_TIMEOUT_S must be > 0")
+        if not 0 <= self.mmap_threshold_bytes <= 32 * 1024 * 1024:
+            raise ConfigError("THAW_MMAP_THRESHOLD_BYTES must be 0 (glibc's own) to 32MiB")
+        if self.malloc_arena_max < 0:
+            raise ConfigError("THAW_MALLOC_ARENA_MAX must be >= 0 (0: glibc's own)")
         # Bodies still arriving may not take the cap's last min(64 KiB, cap/4)
         # (runtime/http/intake.py): a largest body must still fit beside that.
         if self.max_buffered_bytes < self.max_body_bytes + min(

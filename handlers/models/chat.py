@@ -34,8 +34,11 @@ class ChatLM:
         weights: Mapping[str, torch.Tensor],
         tokenizer_path: Path,
         device: str,
+        *,
+        consume: bool = False,
     ) -> None:
-        self.model = Llama(LlamaConfig.from_config(config), weights, device)
+        # `consume`: take the tensors out of `weights` as they are used (Llama).
+        self.model = Llama(LlamaConfig.from_config(config), weights, device, consume=consume)
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
         # Text never turns into control tokens; those are added by id only.
         self.tokenizer.encode_special_tokens = True

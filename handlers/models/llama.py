@@ -8,7 +8,7 @@ per-request state, so concurrent requests each bring their own `KVCache`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,15 +79,32 @@ def compute_dtype(device: str) -> torch.dtype:
 
 
 class Llama:
-    def __init__(self, cfg: LlamaConfig, weights: Mapping[str, torch.Tensor], device: str) -> None:
+    def __init__(
+        self,
+        cfg: LlamaConfig,
+        weights: Mapping[str, torch.Tensor],
+        device: str,
+        *,
+        consume: bool = False,
+    ) -> None:
         self.cfg = cfg
         dtype = compute_dtype(device)
+        # With `consume` each tensor leaves `weights` as it is taken (the runtime
+        # hands a builder its own dict): the fused copies below (qkv, gate_up) then
+        # never sit beside all of their sources, so a load peaks near the weights'
+        # size instead of half as much again (bench/memory.py).
+        taken: MutableMapping[str, torch.Tensor] | None = None
+        if consume:
+            if not isinstance(weights, MutableMapping):
+                raise TypeError("consume=True needs a mutable mapping of weights")
+            taken = weights
 
         def w(name: str) -> torch.Tensor:
             try:
-                return weights[name].to(device=device, dtype=dtype)
+                tensor = taken.pop(name) if taken is not None else weights[name]
             except KeyError:
                 raise ValueError(f"weights lack tensor {name!r}") from None
+            return tensor.to(device=device, dtype=dtype)
 
         self.embed = w("model.embed_tokens.weight")
         self.lm_head = self.embed if cfg.tie_word_embeddings else w("lm_head.weight")

@@ -78,6 +78,7 @@ from runtime.context import CLIENT_CONTEXT
 from runtime.errors import InvalidEvent, ThawError
 from runtime.http.edge import INVOCATION_ID
 from runtime.http.problems import ERROR_SINK, ErrorSink
+from runtime.models.weights import host as host_memory
 from runtime.settings import Settings
 from runtime.telemetry.logs import configure_logging
 from runtime.wire.render import LambdaError, lambda_error, problem
@@ -351,6 +352,7 @@ async def run(address: str, concurrency: int = 1, environ: Mapping[str, str] | N
         try:
             settings = Settings.from_env(env)
             configure_logging(settings.log_level)
+            host_memory.configure(settings)
             from runtime.http.app import create_app
 
             app = create_app(settings)

@@ -19,6 +19,7 @@ from runtime import process
 from runtime.errors import ConfigError
 from runtime.http.app import create_app
 from runtime.instance import Instance
+from runtime.models.weights import host as host_memory
 from runtime.registry import discover
 from runtime.settings import Settings, forget_secrets
 from runtime.telemetry.logs import configure_logging
@@ -189,6 +190,7 @@ def serving_line(instance: Instance, url: str) -> str:
 def serve(host: str = "127.0.0.1", port: int = 8080, insecure: bool = False) -> int:
     settings = Settings.from_env()
     configure_logging(settings.log_level)
+    host_memory.configure(settings)
     # The plain keys live in the settings now; handler code must not read them.
     forget_secrets()
     if not is_loopback(host) and not settings.auth and not insecure:

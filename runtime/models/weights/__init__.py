@@ -8,7 +8,7 @@ version copied over it) can reach its answers or crash the process, and a
 shard that changes while it is read fails the load (`load_weights`). Other
 devices load through safetensors, which copies to the device (device.py).
 Importing the framework, resolving the device and returning memory are
-framework.py's.
+framework.py's; what the C allocator keeps of freed host memory is host.py's.
 
 Everything here imports torch lazily, so importing `runtime` (and serving
 /healthz) never pays for it.

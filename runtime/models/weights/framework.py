@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.errors import LoadFailed
+from runtime.models.weights import host
 
 _RTLD_NOW = 0x2
 _RTLD_GLOBAL = 0x100
@@ -123,8 +124,12 @@ def import_frozen() -> None:
 
 
 def release(device: str) -> None:
-    """Return freed memory: collect cycles and empty the CUDA caching allocator."""
+    """Return freed memory to the OS: collect cycles (a model's objects often hold
+    each other), then hand the C allocator's free pages back (host.trim) and
+    empty the CUDA caching allocator. Called once a bundle's references are
+    dropped, on the thread that unloads it."""
     gc.collect()
+    host.trim()
     if device.startswith("cuda"):
         import torch
 

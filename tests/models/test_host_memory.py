@@ -1,0 +1,129 @@
+"""runtime/models/weights/host.py against the real C allocator, in fresh processes.
+
+Each run mallocs and frees blocks the size of weight tensors through ctypes,
+as torch's CPU allocator does, and reads the process's own RSS: the fixed
+mmap threshold returns them on free, malloc_trim returns what the heap kept,
+and with both left to glibc the memory stays (the fault they fix). The whole
+bundles are measured in tests/pretrained/test_host_memory.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from runtime.errors import ConfigError
+from runtime.models.weights import host
+from runtime.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+MIB = 1024 * 1024
+
+SCRIPT = """
+import ctypes, sys, orjson
+from runtime.models.weights import host
+from runtime.settings import Settings
+
+host.configure(Settings.from_env(orjson.loads(sys.argv[1])))
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+
+def touched(size):
+    block = libc.malloc(size)
+    ctypes.memset(block, 1, size)
+    return block
+
+# A first model's tensor freed: glibc raises its mmap threshold past its size.
+libc.free(touched(8 << 20))
+base = rss()
+blocks = [touched(2 << 20) for _ in range(64)]  # the next model's tensors: 128 MiB
+# One tensor the next model keeps, above them: the heap's top cannot shrink past it.
+kept = touched(2 << 20)
+loaded = rss()
+for block in blocks:
+    libc.free(block)
+freed = rss()
+host.trim()
+trimmed = rss()
+figures = {"loaded": loaded, "freed": freed, "trimmed": trimmed}
+print(orjson.dumps({k: v - base for k, v in figures.items()}).decode())
+"""
+
+
+def run(**env: str) -> dict[str, int]:
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, orjson.dumps(env).decode()],
+        capture_output=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    figures: dict[str, int] = orjson.loads(done.stdout)
+    assert figures["loaded"] >= 120 * MIB, figures  # the blocks were resident
+    return figures
+
+
+needs_glibc = pytest.mark.skipif(not host.supported(), reason="the C allocator is not glibc's")
+
+
+@needs_glibc
+def test_left_to_glibc_freed_tensors_stay_resident() -> None:
+    """The fault: the climbed threshold put the blocks on the heap, which keeps them."""
+    figures = run(THAW_MMAP_THRESHOLD_BYTES="0", THAW_MALLOC_TRIM="false")
+    assert figures["freed"] >= 120 * MIB, figures
+    assert figures["trimmed"] >= 120 * MIB, figures
+
+
+@needs_glibc
+def test_a_fixed_mmap_threshold_returns_tensors_on_free() -> None:
+    figures = run(THAW_MALLOC_TRIM="false")  # the default threshold (1 MiB)
+    assert figures["freed"] <= 8 * MIB, figures
+
+
+@needs_glibc
+def test_trim_returns_what_the_heap_kept() -> None:
+    figures = run(THAW_MMAP_THRESHOLD_BYTES="0")
+    assert figures["freed"] >= 120 * MIB, figures  # still on the heap after free()
+    assert figures["trimmed"] <= 8 * MIB, figures
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "complaint"),
+    [
+        ("THAW_MMAP_THRESHOLD_BYTES", "64MiB", "THAW_MMAP_THRESHOLD_BYTES must be 0"),
+        ("THAW_MMAP_THRESHOLD_BYTES", "-1", "THAW_MMAP_THRESHOLD_BYTES must be 0"),
+        ("THAW_MMAP_THRESHOLD_BYTES", "lots", "THAW_MMAP_THRESHOLD_BYTES='lots' is not"),
+        ("THAW_MALLOC_ARENA_MAX", "-2", "THAW_MALLOC_ARENA_MAX must be >= 0"),
+        ("THAW_MALLOC_ARENA_MAX", "four", "THAW_MALLOC_ARENA_MAX='four' is not"),
+    ],
+)
+def test_bad_allocator_settings_are_refused_by_name(
+    variable: str, value: str, complaint: str
+) -> None:
+    with pytest.raises(ConfigError, match=complaint):
+        Settings.from_env({variable: value})
+
+
+def test_allocator_settings_read_sizes_and_switches() -> None:
+    settings = Settings.from_env(
+        {
+            "THAW_MMAP_THRESHOLD_BYTES": "256KiB",
+            "THAW_MALLOC_ARENA_MAX": "0",
+            "THAW_MALLOC_TRIM": "off",
+        }
+    )
+    assert settings.mmap_threshold_bytes == 256 * 1024
+    assert settings.malloc_arena_max == 0
+    assert settings.malloc_trim is False
+    assert Settings().mmap_threshold_bytes == MIB and Settings().malloc_trim is True
