@@ -22,10 +22,8 @@ wait on the loop: work that needs a load, or an async handler that suspends
 its one settlement, however it ran.
 
 A generator handler's work runs bound to a `Stream` (runtime/dispatch/streams.py).
-For a caller that asked for the stream the rule waits for the work to hold its
-models, not to end: READY models start the stream at once, whatever kind of
-handler it is and whatever it then waits for (a thread, a batch, a decode
-slot), and only a load that would pass the deadline makes the usual 202 job.
+A stream begins once its work holds its models, whatever it then waits for (a
+thread, a batch, a decode slot): only a load past the deadline makes a 202 job.
 """
 
 from __future__ import annotations
