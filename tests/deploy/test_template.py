@@ -310,7 +310,7 @@ def _assert_lambda_and_http_targets(steps: list[tuple[str, str]], starts: list[i
     user and writes /var/rapid) and a non-empty CMD (`sam local` takes the handler from
     it). The `http` target is the same image as an unprivileged user."""
     stages = {
-        steps[start][1].split()[-1]: steps[start : (starts + [len(steps)])[n + 1]]
+        steps[start][1].split()[-1]: steps[start : [*starts, len(steps)][n + 1]]
         for n, start in enumerate(starts)
     }
     last = steps[starts[-1]][1].split()
