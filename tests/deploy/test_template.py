@@ -219,6 +219,43 @@ def test_env_wiring_matches_the_store_the_source_and_the_policy(
     store.close()
 
 
+def test_the_sam_local_env_file_overrides_what_names_aws_resources() -> None:
+    """deploy/sam/env.local.json (`sam local --env-vars`, README "sam local"): for each
+    function SAM runs locally, exactly the variables whose template values name the
+    stack's resources (an intrinsic: `${JobsTable}`, `${DataBucket}`, a condition),
+    replaced by what works in the container: jobs in SQLite under /tmp, the image's
+    bundles. A variable the template renames or adds that way fails here."""
+    from runtime.jobs.stores.sqlite import SQLiteJobStore
+    from runtime.settings import Settings
+
+    local = json.loads((ROOT / "deploy" / "sam" / "env.local.json").read_text())
+    template = load_template()
+    functions = {
+        name: resource
+        for name, resource in template["Resources"].items()
+        if resource["Type"] == "AWS::Serverless::Function"
+    }
+    # SAM runs a function with build Metadata (or a local image); the GPU one is in ECR.
+    runnable = {name for name, resource in functions.items() if "Metadata" in resource}
+    assert set(local) == runnable == {"ThawFunction"}
+    variables = function_props(template)["Environment"]["Variables"]
+    # A parameter's Ref resolves locally (SAM reads the defaults); every other
+    # intrinsic names a resource or a condition SAM does not evaluate.
+    parameters = set(template["Parameters"])
+    wired = {
+        name
+        for name, value in variables.items()
+        if isinstance(value, dict) and value.get("Ref") not in parameters
+    }
+    assert set(local["ThawFunction"]) == wired == {"THAW_JOB_STORE", "THAW_BUNDLE_SOURCE"}
+    overridden = local["ThawFunction"]
+    settings = Settings.from_env(overridden)
+    store = SQLiteJobStore.from_url(settings.job_store, ttl_s=60)
+    assert store.path.is_absolute() and store.path.parts[1] == "tmp"  # the writable place
+    in_image = variables["THAW_BUNDLE_SOURCE"]["Fn::If"][1]
+    assert settings.bundle_source == in_image == "/opt/thaw/bundles"
+
+
 def test_the_table_matches_the_store_schema() -> None:
     table = load_template()["Resources"]["JobsTable"]["Properties"]
     spec = table_spec("x")
