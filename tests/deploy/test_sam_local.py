@@ -11,7 +11,9 @@ build step of its own; the answers come from the shipped handlers and their
 baked-in bundles.
 
 Every process the tests start (the podman service, SAM) is stopped, and every
-container SAM started is removed, however a test ends.
+container SAM started is removed, however a test ends. Kept, like the suite's
+images: SAM's wrapping of the Lambda image (`localhost/thaw-test:rapid-x86_64`,
+the image plus SAM's emulator), which SAM rebuilds on every run.
 """
 
 from __future__ import annotations
