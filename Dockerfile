@@ -9,7 +9,8 @@
 # the package, bundles. A code change rebuilds only the last two.
 #
 #   docker build -t thaw .            (sam build does this from template.yaml)
-#   python scripts/image.py build     (no Docker engine, no registry: see README.md)
+#   docker build --target http -t thaw-http .   (a plain container, non-root)
+#   python scripts/image.py build [--target http]   (no Docker engine, no registry: see README.md)
 
 FROM python:3.11.9-slim-bookworm AS deps
 
@@ -38,7 +39,7 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
     && pip install -r /tmp/requirements.txt "torch==${TORCH_VERSION}" \
     && rm /tmp/requirements.txt
 
-# Lambda runs the image as its own unprivileged user; elsewhere this one is used.
+# The `http` target runs as this user (Lambda runs the image as a user of its own).
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin thaw
 
 # The package is built in a stage of its own and only its installed files are
@@ -57,10 +58,21 @@ COPY handlers/ handlers/
 # otherwise make every cold start compile Thaw from source (30-80 ms before /healthz).
 RUN pip install --no-deps --no-build-isolation --root /staging .
 
-FROM deps
+FROM deps AS app
 COPY --from=package /staging/usr/local/ /usr/local/
 # Bundles last: the largest and most often replaced layer.
 COPY bundles/ bundles/
-
-USER 10001
 ENTRYPOINT ["python", "-m", "runtime"]
+
+# `--target http`: the image as a plain HTTP container, as an unprivileged user.
+FROM app AS http
+USER 10001
+
+# The default target, and the Lambda image (template.yaml's DockerBuildTarget).
+# No USER: Lambda runs every image as a user of its own whatever the image says,
+# and `sam local` wraps the image in a build step that runs as the image's user
+# and must write /var/rapid. CMD is what Lambda reports as the handler (_HANDLER,
+# AWS_LAMBDA_FUNCTION_HANDLER under `sam local`, which needs one): the function
+# the entrypoint runs there; the entrypoint itself does not read it.
+FROM app AS lambda
+CMD ["runtime.aws.lambda_loop.main"]

@@ -4,9 +4,14 @@
                                              apt-get installs what is missing)
     python scripts/image.py base             the stand-in base image, from Debian packages
     python scripts/image.py wheels           the wheelhouse every pip in the build reads
-    python scripts/image.py build [-f Dockerfile] [-t localhost/thaw:latest]
+    python scripts/image.py build [-f Dockerfile] [-t localhost/thaw:latest] [--target STAGE]
                                   [--build-arg K=V ...] [--json] [--verbose]
     python scripts/image.py size IMAGE       size and largest layers
+
+`build` builds the Dockerfile's last stage unless told `--target`: for
+Dockerfile that is the Lambda image (what `sam local` runs, template.yaml's
+ImageUri), and `--target http -t localhost/thaw-http:latest` is the same image
+as a plain container, run as an unprivileged user.
 
 The Dockerfile starts `FROM python:3.11.9-slim-bookworm`; no registry can be
 reached, so `base` makes a stand-in under that name: `debootstrap
@@ -501,6 +506,7 @@ def build(
     context: Path = ROOT,
     quiet: bool = True,
     as_json: bool = False,
+    target: str | None = None,
 ) -> Figures:
     """Build `dockerfile` hermetically: stand-in base, local wheelhouse, no network.
 
@@ -511,9 +517,9 @@ def build(
     try:
         from runtime.cli.progress import bars
     except ImportError:  # run outside the project's environment: no bars
-        return _build(dockerfile, tag, build_args, context, quiet, None)
+        return _build(dockerfile, tag, build_args, context, quiet, None, target)
     with bars(as_json or not quiet) as live:
-        return _build(dockerfile, tag, build_args, context, quiet, live)
+        return _build(dockerfile, tag, build_args, context, quiet, live, target)
 
 
 def _build(
@@ -523,6 +529,7 @@ def _build(
     context: Path,
     quiet: bool,
     live: Bars | None,
+    target: str | None = None,
 ) -> Figures:
     stage = live.add("stand-in base image", None, unit="items") if live else None
     base = ensure_base()
@@ -538,6 +545,7 @@ def _build(
         "build_args": list(build_args),
         "context": str(context),
         "house": str(house),
+        "target": target,
         # Followed on a terminal: buildah's STEP lines are what the bar counts.
         "quiet": quiet and live is None,
     }
@@ -589,6 +597,8 @@ def _offline(request: dict[str, object]) -> int:
             argv += ["--build-arg", str(arg)]
         if request["quiet"]:
             argv.append("--quiet")
+        if request.get("target"):
+            argv += ["--target", str(request["target"])]
         argv += ["-f", str(request["dockerfile"]), "-t", str(request["tag"])]
         argv.append(str(request["context"]))
         done = subprocess.run(argv, env=engine_env(), check=False)
@@ -643,6 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     build_cmd.add_argument("-f", "--file", default=str(ROOT / "Dockerfile"))
     build_cmd.add_argument("-t", "--tag", default=DEFAULT_TAG)
     build_cmd.add_argument("--build-arg", action="append", default=[])
+    build_cmd.add_argument("--target", help="the stage to build (default: the last)")
     build_cmd.add_argument("--json", action="store_true", help="print the figures as JSON")
     build_cmd.add_argument("--verbose", action="store_true", help="show buildah's output")
     size_cmd = sub.add_parser("size", help="size and largest layers of an image")
@@ -669,6 +680,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.build_arg,
                 quiet=not args.verbose,
                 as_json=args.json,
+                target=args.target,
             )
             print(json.dumps(asdict(figures), indent=2) if args.json else describe(figures))
         elif args.command == "size":

@@ -6,8 +6,9 @@ base image, the wheelhouse, a build with no network. The base image's tarball
 and the wheelhouse are cached under THAW_IMAGE_CACHE (default .thaw/image), and
 the image store keeps the layers: the second build in a CI run, or on a
 developer's machine, is a cached one. Kept on purpose: the stand-in base image,
-the images `localhost/thaw-test:latest` and `:gpu-stand-in` (their layers are
-the next run's cache). Removed: every container a test starts (label
+the images `localhost/thaw-test:latest` (the Lambda image, the Dockerfile's
+default target), `:http` (its `http` target) and `:gpu-stand-in` (their layers
+are the next run's cache). Removed: every container a test starts (label
 io.thaw.test), and the image built only to time a rebuild.
 
 The figures (build times, image size and largest layers, start -> /healthz, the
@@ -35,6 +36,7 @@ from scripts import image as image_script
 
 ROOT = Path(__file__).resolve().parents[2]
 TAG = "localhost/thaw-test:latest"
+HTTP_TAG = "localhost/thaw-test:http"
 GPU_TAG = "localhost/thaw-test:gpu-stand-in"
 TEST_LABEL = "io.thaw.test"
 FIGURES: dict[str, Any] = {}
@@ -143,12 +145,16 @@ def _prepare_locked() -> Prepared:
         }
         figures = {tag: future.result() for tag, future in futures.items()}
     record("builds_side_by_side_s", round(time.monotonic() - started, 1))
+    # The `http` target is the Lambda image's stages plus a USER: built after them,
+    # it is one cached step (side by side, both builds would run every step).
+    http = image_script.build(ROOT / "Dockerfile", HTTP_TAG, [], target="http")
+    record("http_target_build_s", http.build_s)
     record("build", asdict(figures[TAG]))
     record(
         "gpu_stand_in_build",
         {"build_s": figures[GPU_TAG].build_s, "size_bytes": figures[GPU_TAG].size_bytes},
     )
-    return Prepared(engine=engine, images={"cpu": TAG, "gpu": GPU_TAG})
+    return Prepared(engine=engine, images={"cpu": TAG, "http": HTTP_TAG, "gpu": GPU_TAG})
 
 
 def _prepared() -> Prepared:
@@ -168,11 +174,21 @@ def engine() -> Iterator[Engine]:
 
 
 @pytest.fixture(scope="session")
-def built_images(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Dockerfile, and Dockerfile.gpu on the stand-in base, built from the checkout;
-    then the figure for a rebuild after a code change, timed alone."""
+def session_images(engine: Engine) -> dict[str, str]:
+    """The images the session built ("cpu": the Lambda image, "http", "gpu"), without
+    the rebuild figure: for test modules that only run them."""
     images = _prepared().images
     assert images is not None
+    return images
+
+
+@pytest.fixture(scope="session")
+def built_images(
+    session_images: dict[str, str], engine: Engine, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, str]:
+    """Dockerfile (both targets), and Dockerfile.gpu on the stand-in base, built from
+    the checkout; then the figure for a rebuild after a code change, timed alone."""
+    images = session_images
     # A code change: a copy of the context with one handler edited. (Copies, not hard
     # links: the runtime refuses bundle files with more than one link.)
     context = tmp_path_factory.mktemp("context")
@@ -202,7 +218,14 @@ def built_images(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> di
 
 @pytest.fixture(scope="session")
 def built_image(built_images: dict[str, str]) -> str:
+    """The Lambda image: the Dockerfile's default target."""
     return built_images["cpu"]
+
+
+@pytest.fixture(scope="session")
+def http_image(built_images: dict[str, str]) -> str:
+    """The Dockerfile's `http` target: the same image, as an unprivileged user."""
+    return built_images["http"]
 
 
 def _timed(step: Callable[[], str]) -> dict[str, Any]:

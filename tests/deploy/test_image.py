@@ -1,12 +1,13 @@
 """The container image, built from the checkout and run: HTTP mode, Lambda mode, its content.
 
-HTTP mode runs the image as a container platform does: on podman's bridge
+HTTP mode runs the image's `http` target as a container platform does: on podman's bridge
 network, port 8080 published on 127.0.0.1 only, the root filesystem read-only
 with a tmpfs /tmp. The entrypoint binds 0.0.0.0 inside the container, a
 non-loopback bind, so it needs an API key: this is the suite's one
 non-loopback bind, and it is reachable from the host only through 127.0.0.1.
-Lambda mode runs the image's entrypoint under `thaw emulate --image`, invoked
-with boto3 and the AWS CLI as `sam local start-lambda` would be.
+Lambda mode runs the Lambda image (the default target) under `thaw emulate
+--image`, invoked with boto3 and the AWS CLI; test_sam_local.py runs it under
+`sam local` itself.
 """
 
 from __future__ import annotations
@@ -95,10 +96,10 @@ def key() -> str:
 
 
 @pytest.fixture
-def container(engine: Engine, built_image: str, key: str) -> Iterator[Container]:
+def container(engine: Engine, http_image: str, key: str) -> Iterator[Container]:
     """The image as a platform runs it: read-only root, tmpfs /tmp, an API key."""
     running = Container(
-        engine, built_image, {"THAW_API_KEYS": key}, "--read-only", "--tmpfs", "/tmp:rw,mode=1777"
+        engine, http_image, {"THAW_API_KEYS": key}, "--read-only", "--tmpfs", "/tmp:rw,mode=1777"
     )
     try:
         yield running
@@ -142,26 +143,34 @@ def test_sigterm_drains_and_exits_zero(container: Container, engine: Engine) -> 
     assert "draining (SIGTERM)" in logs
 
 
-def test_a_non_loopback_bind_without_an_api_key_is_refused(
-    engine: Engine, built_image: str
-) -> None:
-    done = engine("run", "--rm", "--network", "none", *ULIMITS, built_image, check=False)
+def test_a_non_loopback_bind_without_an_api_key_is_refused(engine: Engine, http_image: str) -> None:
+    done = engine("run", "--rm", "--network", "none", *ULIMITS, http_image, check=False)
     assert done.returncode != 0, done.stdout + done.stderr
     assert "refusing to listen on 0.0.0.0 without API keys" in done.stderr
 
 
-def test_the_package_is_installed_and_reports_its_version(engine: Engine, built_image: str) -> None:
+def test_the_package_is_installed_and_reports_its_version(
+    engine: Engine, built_image: str, http_image: str
+) -> None:
     thaw = ("run", "--rm", "--network", "none", *ULIMITS, "--entrypoint", "thaw", built_image)
     assert engine(*thaw, "--version").stdout.strip() == f"thaw {VERSION}"
     # The installed distribution's metadata says the same (pyproject's dynamic version).
     python = ("run", "--rm", "--network", "none", *ULIMITS, "--entrypoint", "python", built_image)
     metadata = "import importlib.metadata as m; print(m.version('thaw'))"
     assert engine(*python, "-c", metadata).stdout.strip() == VERSION
-    config = json.loads(engine("image", "inspect", built_image).stdout)[0]["Config"]
-    assert config["User"] == str(APP_USER)
-    assert config["Entrypoint"] == ["python", "-m", "runtime"]
-    names = {entry.split("=", 1)[0] for entry in config["Env"]}
-    assert not names & {"PYTHONPATH", "PIP_INDEX_URL", "TORCH_INDEX_URL", "PIP_FIND_LINKS"}
+    configs = {
+        image: json.loads(engine("image", "inspect", image).stdout)[0]["Config"]
+        for image in (built_image, http_image)
+    }
+    # The Lambda image: no USER (Lambda picks one; `sam local`'s wrapping build step
+    # runs as it), a CMD (`sam local` needs one). The http target: uid 10001.
+    assert configs[built_image].get("User", "") in ("", "root", "0")
+    assert configs[built_image]["Cmd"] == ["runtime.aws.lambda_loop.main"]
+    assert configs[http_image]["User"] == str(APP_USER)
+    for config in configs.values():
+        assert config["Entrypoint"] == ["python", "-m", "runtime"]
+        names = {entry.split("=", 1)[0] for entry in config["Env"]}
+        assert not names & {"PYTHONPATH", "PIP_INDEX_URL", "TORCH_INDEX_URL", "PIP_FIND_LINKS"}
 
 
 def test_nothing_from_the_build_or_the_host_is_left_in_the_image(

@@ -219,6 +219,43 @@ def test_env_wiring_matches_the_store_the_source_and_the_policy(
     store.close()
 
 
+def test_the_sam_local_env_file_overrides_what_names_aws_resources() -> None:
+    """deploy/sam/env.local.json (`sam local --env-vars`, README "sam local"): for each
+    function SAM runs locally, exactly the variables whose template values name the
+    stack's resources (an intrinsic: `${JobsTable}`, `${DataBucket}`, a condition),
+    replaced by what works in the container: jobs in SQLite under /tmp, the image's
+    bundles. A variable the template renames or adds that way fails here."""
+    from runtime.jobs.stores.sqlite import SQLiteJobStore
+    from runtime.settings import Settings
+
+    local = json.loads((ROOT / "deploy" / "sam" / "env.local.json").read_text())
+    template = load_template()
+    functions = {
+        name: resource
+        for name, resource in template["Resources"].items()
+        if resource["Type"] == "AWS::Serverless::Function"
+    }
+    # SAM runs a function with build Metadata (or a local image); the GPU one is in ECR.
+    runnable = {name for name, resource in functions.items() if "Metadata" in resource}
+    assert set(local) == runnable == {"ThawFunction"}
+    variables = function_props(template)["Environment"]["Variables"]
+    # A parameter's Ref resolves locally (SAM reads the defaults); every other
+    # intrinsic names a resource or a condition SAM does not evaluate.
+    parameters = set(template["Parameters"])
+    wired = {
+        name
+        for name, value in variables.items()
+        if isinstance(value, dict) and value.get("Ref") not in parameters
+    }
+    assert set(local["ThawFunction"]) == wired == {"THAW_JOB_STORE", "THAW_BUNDLE_SOURCE"}
+    overridden = local["ThawFunction"]
+    settings = Settings.from_env(overridden)
+    store = SQLiteJobStore.from_url(settings.job_store, ttl_s=60)
+    assert store.path.is_absolute() and store.path.parts[1] == "tmp"  # the writable place
+    in_image = variables["THAW_BUNDLE_SOURCE"]["Fn::If"][1]
+    assert settings.bundle_source == in_image == "/opt/thaw/bundles"
+
+
 def test_the_table_matches_the_store_schema() -> None:
     table = load_template()["Resources"]["JobsTable"]["Properties"]
     spec = table_spec("x")
@@ -286,7 +323,7 @@ def test_dockerfile_entrypoint_and_layer_order(path: Path) -> None:
     assert copy_runtime < package
     stages = [(i, a) for i, (k, a) in enumerate(steps) if k == "FROM"]
     assert [a.split()[-1] for _, a in stages[:2]] == ["deps", "package"]
-    assert stages[2][1] == "deps"  # the image itself starts from the dependencies
+    assert stages[2][1].split()[0] == "deps"  # the image itself starts from the dependencies
     final = [f"{k} {a}" for k, a in steps[stages[2][0] :]]
     first_copy = next(c for c in final if c.startswith("COPY"))
     assert first_copy.startswith("COPY --from=package /staging/")
@@ -294,12 +331,35 @@ def test_dockerfile_entrypoint_and_layer_order(path: Path) -> None:
     assert max(copies) == index["COPY bundles/ bundles/"]  # bundles last
     users = [a for k, a in steps if k == "USER"]
     assert users and users[-1] not in ("root", "0")
+    if path.name == "Dockerfile":
+        _assert_lambda_and_http_targets(steps, [i for i, _ in stages])
     assert any(k == "ARG" and a.startswith("TORCH_VERSION=") for k, a in steps)
     # Both indexes are build arguments: scripts/image.py points them at a local wheelhouse.
     assert {"TORCH_INDEX_URL", "PIP_INDEX_URL"} <= {a.split("=")[0] for k, a in steps if k == "ARG"}
     assert ("WORKDIR", "/opt/thaw") in steps  # bundles/ lands at /opt/thaw/bundles
     assert any(k == "ENV" and "THAW_BUNDLE_SOURCE=/opt/thaw/bundles" in a for k, a in steps)
     assert not any(k == "ENV" and "PYTHONPATH" in a for k, a in steps)  # installed, not on a path
+
+
+def _assert_lambda_and_http_targets(steps: list[tuple[str, str]], starts: list[int]) -> None:
+    """The last stage (the default, and the template's DockerBuildTarget) is the Lambda
+    image: no USER (Lambda picks its own; `sam local`'s build step runs as the image's
+    user and writes /var/rapid) and a non-empty CMD (`sam local` takes the handler from
+    it). The `http` target is the same image as an unprivileged user."""
+    stages = {
+        steps[start][1].split()[-1]: steps[start : [*starts, len(steps)][n + 1]]
+        for n, start in enumerate(starts)
+    }
+    last = steps[starts[-1]][1].split()
+    assert last == ["app", "AS", "lambda"]
+    lambda_stage = stages["lambda"]
+    assert not [a for k, a in lambda_stage if k == "USER"]
+    commands = [json.loads(a) for k, a in lambda_stage if k == "CMD"]
+    assert len(commands) == 1 and commands[0] and all(commands[0])
+    assert steps[starts[-2]][1].split() == ["app", "AS", "http"]
+    assert [a for k, a in stages["http"] if k == "USER"] == ["10001"]
+    template = load_template()["Resources"]["ThawFunction"]["Metadata"]
+    assert template["DockerBuildTarget"] == "lambda"
 
 
 def test_the_gpu_image_serves_http_with_a_healthcheck() -> None:
