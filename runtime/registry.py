@@ -53,6 +53,7 @@ cheap and the control interface starts without torch.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -62,6 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from runtime.errors import ConfigError, UnknownHandler
+from runtime.wire.openai_spec import OpenAI
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -219,6 +221,8 @@ class HandlerSpec:
     # Set: a step-level handler; `make_steps(*models)` is its `Steps`.
     decode: Decode | None = None
     make_steps: Callable[..., Steps] | None = None
+    # The OpenAI routes it serves (runtime/wire/openai_spec.py).
+    openai: OpenAI | None = None
 
     @property
     def streams(self) -> bool:
@@ -265,6 +269,7 @@ def handler(
     batch: Batch | None = None,
     join: Callable[[list[Any]], Any] | None = None,
     decode: Decode | None = None,
+    openai: OpenAI | str | Iterable[str] | None = None,
 ) -> Callable[[F], F]:
     """Declare `fn(event, *models, ctx)` as handler `name`.
 
@@ -278,12 +283,15 @@ def handler(
     or batches, not both: a stream is one caller's.
 
     With `decode`, `fn(*models)` returns the handler's `Steps` (see the module doc).
+    With `openai`, it also serves those OpenAI routes (runtime/wire/openai_spec.py).
     """
+    declared = OpenAI.of(openai)
 
     def decorate(fn: F) -> F:
         uses_t = tuple(uses)
         if decode is not None:
-            return _decode_handler(fn, name, uses_t, decode, warmup, accelerator_warmup, join)
+            fn = _decode_handler(fn, name, uses_t, decode, warmup, accelerator_warmup, join)
+            return _declare(fn, declared)
         arity = len(inspect.signature(fn).parameters)
         if arity != len(uses_t) + 2:
             first, last = ("events", "ctxs") if batch is not None else ("event", "ctx")
@@ -310,11 +318,18 @@ def handler(
             batch=batch,
             stream_fn=fn if streams else None,
             join=rule,
+            openai=declared,
         )
         setattr(fn, _SPEC_ATTR, spec)
         return fn
 
     return decorate
+
+
+def _declare(fn: F, declared: OpenAI | None) -> F:
+    spec = getattr(fn, _SPEC_ATTR)
+    setattr(fn, _SPEC_ATTR, dataclasses.replace(spec, openai=declared))
+    return fn
 
 
 def _decode_handler(
