@@ -5,7 +5,8 @@ cold start) and appends a line per load to `config["load_log"]` when given.
 
 `fake_embed` (batched, max 8; `openai="embeddings"`, alias `fake-embedding-3`,
 dimensions 3): each text becomes `[characters, words, 0.5]`, its usage the words
-counted; every batch's size goes to `BATCHES`.
+counted; every batch's size goes to `BATCHES`. A text "hold" holds its batch in
+the handler thread until the test sets `GATE` (later requests queue and batch).
 
 `fake_chat` (a generator; `openai=("chat", "completions")`, alias `fake-chat`):
 echoes the prompt (a chat's last message) one word per item, up to
@@ -19,6 +20,7 @@ then `{"text": "", "finish_reason", "usage"}`. Every event it gets goes to
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -26,6 +28,7 @@ from runtime import Batch, Context, InvalidInput, OpenAI, bundle, handler
 
 BATCHES: list[int] = []
 EVENTS: list[dict[str, Any]] = []
+GATE = threading.Event()
 
 
 class Lexicon:
@@ -52,6 +55,9 @@ def fake_embed(
     events: list[Any], lexicon: Lexicon, ctxs: list[Context]
 ) -> list[dict[str, Any] | InvalidInput]:
     BATCHES.append(len(events))
+    if any(isinstance(e, dict) and e.get("texts") == ["hold"] for e in events):
+        if not GATE.wait(timeout=120):
+            raise TimeoutError("the test never opened the gate")
     outputs: list[dict[str, Any] | InvalidInput] = []
     for event in events:
         texts = event.get("texts") if isinstance(event, dict) else None

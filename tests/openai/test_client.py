@@ -24,15 +24,14 @@ def client(url: str, **kwargs: object) -> openai.AsyncOpenAI:
 
 
 async def test_embeddings_as_floats_and_as_the_clients_default_base64(tmp_path: Path) -> None:
-    async with listening(openai_settings(tmp_path)) as served:
-        async with client(served.url) as oa:
-            one = await oa.embeddings.create(model="fake_embed", input="a b c")
-            many = await oa.embeddings.create(
-                model="fake-embedding-3", input=["hi there", "x"], encoding_format="float"
-            )
-            raw = await oa.embeddings.with_raw_response.create(
-                model="fake_embed", input=["one two"], encoding_format="base64"
-            )
+    async with listening(openai_settings(tmp_path)) as served, client(served.url) as oa:
+        one = await oa.embeddings.create(model="fake_embed", input="a b c")
+        many = await oa.embeddings.create(
+            model="fake-embedding-3", input=["hi there", "x"], encoding_format="float"
+        )
+        raw = await oa.embeddings.with_raw_response.create(
+            model="fake_embed", input=["one two"], encoding_format="base64"
+        )
     # The client asks for base64 when no format is given, and decodes it itself.
     assert one.data[0].embedding == [5.0, 3.0, 0.5]
     assert one.usage.prompt_tokens == 3 and one.usage.total_tokens == 3
@@ -47,17 +46,16 @@ async def test_embeddings_as_floats_and_as_the_clients_default_base64(tmp_path: 
 
 async def test_chat_whole_and_streamed_with_usage(tmp_path: Path) -> None:
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a b c d"}]
-    async with listening(openai_settings(tmp_path)) as served:
-        async with client(served.url) as oa:
-            whole = await oa.chat.completions.create(model="fake_chat", messages=messages)
-            stream = await oa.chat.completions.create(
-                model="fake-chat",
-                messages=messages,
-                stream=True,
-                stream_options={"include_usage": True},
-                max_completion_tokens=3,
-            )
-            chunks = [chunk async for chunk in stream]
+    async with listening(openai_settings(tmp_path)) as served, client(served.url) as oa:
+        whole = await oa.chat.completions.create(model="fake_chat", messages=messages)
+        stream = await oa.chat.completions.create(
+            model="fake-chat",
+            messages=messages,
+            stream=True,
+            stream_options={"include_usage": True},
+            max_completion_tokens=3,
+        )
+        chunks = [chunk async for chunk in stream]
     assert whole.choices[0].message.content == "a b c d"
     assert whole.choices[0].message.role == "assistant"
     assert whole.choices[0].finish_reason == "stop" and whole.object == "chat.completion"
@@ -77,23 +75,22 @@ async def test_chat_whole_and_streamed_with_usage(tmp_path: Path) -> None:
 
 async def test_parameters_reach_the_handler_as_its_event(tmp_path: Path) -> None:
     openai_fakes.EVENTS.clear()
-    async with listening(openai_settings(tmp_path)) as served:
-        async with client(served.url) as oa:
-            done = await oa.completions.create(
-                model="fake_chat",
-                prompt="one two three four",
-                max_tokens=8,
-                temperature=0.5,
-                top_p=0.9,
-                seed=7,
-                stop="three",
-                n=1,
-            )
-            await oa.chat.completions.create(
-                model="fake_chat",
-                messages=[{"role": "developer", "content": [{"type": "text", "text": "x y"}]}],
-                stop=["q"],
-            )
+    async with listening(openai_settings(tmp_path)) as served, client(served.url) as oa:
+        done = await oa.completions.create(
+            model="fake_chat",
+            prompt="one two three four",
+            max_tokens=8,
+            temperature=0.5,
+            top_p=0.9,
+            seed=7,
+            stop="three",
+            n=1,
+        )
+        await oa.chat.completions.create(
+            model="fake_chat",
+            messages=[{"role": "developer", "content": [{"type": "text", "text": "x y"}]}],
+            stop=["q"],
+        )
     assert done.choices[0].text == "one two" and done.choices[0].finish_reason == "stop"
     assert done.object == "text_completion"
     assert openai_fakes.EVENTS == [
@@ -110,10 +107,9 @@ async def test_parameters_reach_the_handler_as_its_event(tmp_path: Path) -> None
 
 
 async def test_a_completion_streams_text_chunks_then_done(tmp_path: Path) -> None:
-    async with listening(openai_settings(tmp_path)) as served:
-        async with client(served.url) as oa:
-            stream = await oa.completions.create(model="fake_chat", prompt="p q r", stream=True)
-            chunks = [chunk async for chunk in stream]
+    async with listening(openai_settings(tmp_path)) as served, client(served.url) as oa:
+        stream = await oa.completions.create(model="fake_chat", prompt="p q r", stream=True)
+        chunks = [chunk async for chunk in stream]
     assert "".join(c.choices[0].text for c in chunks) == "p q r"
     assert chunks[-1].choices[0].finish_reason == "stop"
 
@@ -143,12 +139,11 @@ def test_the_sync_client_too(tmp_path: Path) -> None:
 
 
 async def test_models_lists_every_name_the_routes_answer_to(tmp_path: Path) -> None:
-    async with listening(openai_settings(tmp_path)) as served:
-        async with client(served.url) as oa:
-            names = [m.id async for m in oa.models.list()]
-            one = await oa.models.retrieve("fake-chat")
-            with pytest.raises(openai.NotFoundError) as missing:
-                await oa.models.retrieve("plain")
+    async with listening(openai_settings(tmp_path)) as served, client(served.url) as oa:
+        names = [m.id async for m in oa.models.list()]
+        one = await oa.models.retrieve("fake-chat")
+        with pytest.raises(openai.NotFoundError) as missing:
+            await oa.models.retrieve("plain")
     assert names == ["fake_chat", "fake-chat", "fake_embed", "fake-embedding-3"]
     assert one.id == "fake-chat" and one.object == "model"
     assert missing.value.code == "model_not_found"
