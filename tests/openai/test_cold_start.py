@@ -63,7 +63,7 @@ def check_attempts(attempts: Attempts, timeout_s: float) -> None:
     assert statuses[-1] == 200 and set(statuses[:-1]) == {503}, statuses
     for sent in attempts.sent:
         assert float(sent["x-stainless-read-timeout"]) == timeout_s
-    for status, headers in attempts.answers[:-1]:
+    for _status, headers in attempts.answers[:-1]:
         assert float(headers["retry-after-ms"]) > 0 and int(headers["retry-after"]) >= 1
         assert headers["x-request-id"]
 
