@@ -55,9 +55,9 @@ def fake_embed(
     events: list[Any], lexicon: Lexicon, ctxs: list[Context]
 ) -> list[dict[str, Any] | InvalidInput]:
     BATCHES.append(len(events))
-    if any(isinstance(e, dict) and e.get("texts") == ["hold"] for e in events):
-        if not GATE.wait(timeout=120):
-            raise TimeoutError("the test never opened the gate")
+    held = any(isinstance(e, dict) and e.get("texts") == ["hold"] for e in events)
+    if held and not GATE.wait(timeout=120):
+        raise TimeoutError("the test never opened the gate")
     outputs: list[dict[str, Any] | InvalidInput] = []
     for event in events:
         texts = event.get("texts") if isinstance(event, dict) else None

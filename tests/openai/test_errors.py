@@ -78,15 +78,56 @@ async def test_embedding_and_completion_parameters_too(tmp_path: Path) -> None:
 
 
 async def test_the_handlers_own_refusal_is_a_400_naming_its_field(tmp_path: Path) -> None:
+    """Within OpenAI's bounds, past the handler's own (the fake's 64 tokens), whole and
+    streamed: the stream's refusal is a 400 before any chunk."""
+    openai_fakes.EVENTS.clear()
     async with listening(openai_settings(tmp_path)) as served, client(served.url) as oa:
         with pytest.raises(openai.BadRequestError) as whole:
             await oa.chat.completions.create(model="fake_chat", messages=USER, max_tokens=100)
         with pytest.raises(openai.BadRequestError) as streamed:
             await oa.chat.completions.create(
-                model="fake_chat", messages=USER, temperature=3, stream=True
+                model="fake_chat", messages=USER, max_completion_tokens=65, stream=True
             )
     assert whole.value.param == "max_tokens" and whole.value.code == "invalid_input"
-    assert streamed.value.param == "temperature"
+    assert streamed.value.param == "max_tokens" and "64" in streamed.value.message
+    assert [event["max_tokens"] for event in openai_fakes.EVENTS] == [100, 65]
+
+
+@pytest.mark.parametrize(
+    ("call", "param"),
+    [
+        ({"temperature": 2.5}, "temperature"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_p": "high"}, "top_p"),
+        ({"seed": 1.5}, "seed"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_completion_tokens": True}, "max_completion_tokens"),
+        ({"max_tokens": 4, "max_completion_tokens": 5}, "max_completion_tokens"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stop": [1]}, "stop"),
+        ({"stop": []}, "stop"),
+        ({"stream": "yes"}, "stream"),
+    ],
+)
+async def test_values_outside_openais_bounds_are_refused_before_the_handler(
+    tmp_path: Path, call: dict[str, Any], param: str
+) -> None:
+    """OpenAI's documented ranges hold for every handler (the OpenAPI document states them),
+    whether or not the handler checks the field itself (the fake checks no top_p)."""
+    openai_fakes.EVENTS.clear()
+    async with serving(openai_settings(tmp_path)) as served:
+        body = {"model": "fake_chat", "messages": USER, **call}
+        answer = await served.client.post("/v1/chat/completions", json=body)
+        completion = await served.client.post(
+            "/v1/completions", json={"model": "fake_chat", "prompt": "hi", **call}
+        )
+    # (max_completion_tokens is chat's alone: /v1/completions refuses it as unsupported.)
+    for refused in (answer, completion):
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["param"] == param and error["type"] == "invalid_request_error"
+    assert openai_fakes.EVENTS == []
 
 
 async def test_an_unknown_model_is_a_404_naming_model(tmp_path: Path) -> None:

@@ -43,8 +43,10 @@ def openai_errors(*statuses: int) -> dict[str, Any]:
 
 _STRINGS = {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 4}
 _STOP = {"oneOf": [{"type": "string"}, _STRINGS, {"type": "null"}]}
-_NUM = {"type": ["number", "null"]}
 _INT = {"type": ["integer", "null"]}
+# OpenAI's own bounds, which every handler is held to (requests.BOUNDS); a handler's
+# tighter ones (a model's context) are its own 400s.
+_TOKENS = {"type": ["integer", "null"], "minimum": 1, "description": "at most the handler's own"}
 _ZERO = {"enum": [0, None]}
 _STREAM_OPTIONS = {
     "type": ["object", "null"],
@@ -55,9 +57,9 @@ _STREAM_OPTIONS = {
 _MODEL = {"type": "string", "minLength": 1, "description": "a handler or its alias: GET /v1/models"}
 _GENERATION = {
     "model": _MODEL,
-    "max_tokens": _INT,
-    "temperature": _NUM,
-    "top_p": _NUM,
+    "max_tokens": _TOKENS,
+    "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
+    "top_p": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
     "seed": _INT,
     "stop": _STOP,
     "n": {"enum": [1, None], "description": "one choice only"},
@@ -107,7 +109,7 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             **_GENERATION,
             "messages": {"type": "array", "items": _MESSAGE, "minItems": 1},
-            "max_completion_tokens": _INT,
+            "max_completion_tokens": _TOKENS,
             "response_format": {
                 "oneOf": [
                     {
@@ -177,26 +179,61 @@ _TIMEOUTS = [
     }
     for name in ("X-Stainless-Timeout", "X-Stainless-Read-Timeout")
 ]
+# Before OpenAPI 3.2, an event stream's `schema` is each event's.
 _EVENTS = {
     "text/event-stream": {
         "schema": {
-            "type": "string",
+            "type": "object",
+            "required": ["data"],
+            "properties": {"event": {"const": "message"}, "data": {"type": "string"}},
             "description": "with `stream: true`: `data: <chunk JSON>` events, then `data: [DONE]`",
         }
     }
 }
 
 
+# What a user sends to the shipped handlers (handlers/embed.py, handlers/generate.py).
+_EXAMPLES: dict[str, dict[str, Any]] = {
+    "EmbeddingRequest": {
+        "one text": {"value": {"model": "embed", "input": "A man is eating food."}},
+        "base64": {
+            "value": {"model": "all-MiniLM-L6-v2", "input": ["a", "b"], "encoding_format": "base64"}
+        },
+    },
+    "ChatRequest": {
+        "chat": {
+            "value": {
+                "model": "generate",
+                "messages": [{"role": "user", "content": "Say hi."}],
+                "max_completion_tokens": 8,
+            }
+        },
+        "streamed with usage": {
+            "value": {
+                "model": "generate",
+                "messages": [{"role": "user", "content": "Say hi."}],
+                "max_tokens": 8,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        },
+    },
+    "CompletionRequest": {
+        "prompt": {
+            "value": {"model": "generate", "prompt": "Once upon a time", "max_tokens": 8, "seed": 1}
+        },
+    },
+}
+
+
 def _post(schema: str, answer: str, streams: bool) -> dict[str, Any]:
-    content = {"application/json": {"schema": {"type": "object"}}}
+    content: dict[str, Any] = {"application/json": {"schema": {"type": "object"}}}
     if streams:
         content |= _EVENTS
+    body = {"schema": {"$ref": f"#/components/schemas/{schema}"}, "examples": _EXAMPLES[schema]}
     return {
         "parameters": _TIMEOUTS,
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}},
-        },
+        "requestBody": {"required": True, "content": {"application/json": body}},
         "responses": {
             "200": {"description": answer, "content": content},
             **openai_errors(400, 404, 408, 413, 429, 500, 503),

@@ -1,15 +1,21 @@
 """OpenAI request bodies as handler events (runtime/wire/openai_spec.py says each shape).
 
-Every parameter a route takes is either passed on to the handler, which checks
-its range (a 400 naming it), or is a no-op at the value given (`n: 1`,
+Every parameter a route takes is either passed on to the handler, or is a
+no-op at the value given (`n: 1`,
 `frequency_penalty: 0`, ...); any other parameter, or another value of a
 no-op one, is refused with a 400 naming it (`code: unsupported_parameter`). A
 `null` is OpenAI's "not given". `model` names a handler that declares the
 operation, by its name or an alias; any other is a 404 (`model_not_found`).
+
+What is passed on is first held to OpenAI's own bounds (`BOUNDS`: the ones the
+OpenAPI document states, so every handler refuses the same out-of-range value
+the same way); the handler then applies its own, tighter ones (a model's
+context, its stop strings), each a 400 naming the field.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +49,15 @@ _EMBEDDINGS = frozenset({"model", "input", "encoding_format", "dimensions", "use
 # Chat roles a handler's event names; OpenAI's `developer` is the newer `system`.
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 ENCODINGS = ("float", "base64")
+# OpenAI's documented range of each number passed on (None: unbounded that way).
+BOUNDS: dict[str, tuple[type, float | None, float | None]] = {
+    "temperature": (float, 0.0, 2.0),
+    "top_p": (float, 0.0, 1.0),
+    "seed": (int, None, None),
+    "max_tokens": (int, 1, None),
+    "max_completion_tokens": (int, 1, None),
+}
+MAX_STOP = 4
 
 
 def unsupported(param: str, why: str) -> InvalidInput:
@@ -121,8 +136,30 @@ def _streaming(fields: Mapping[str, Any]) -> tuple[bool, bool]:
     return stream, include
 
 
+def _bounded(name: str, value: Any) -> None:
+    kind, low, high = BOUNDS[name]
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or (kind is int and not isinstance(value, int)) or math.isnan(value):
+        raise InvalidInput(name, "must be an integer" if kind is int else "must be a number")
+    if (low is not None and value < low) or (high is not None and value > high):
+        span = f"from {low:g}" if high is None else f"from {low:g} to {high:g}"
+        raise InvalidInput(name, f"must be {span} (got {value!r})")
+
+
+def _stop(value: Any) -> list[str]:
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not 1 <= len(stops) <= MAX_STOP:
+        raise InvalidInput("stop", f"must be a string or a list of 1 to {MAX_STOP} strings")
+    if not all(isinstance(s, str) for s in stops):
+        raise InvalidInput("stop", "must hold strings only")
+    return stops
+
+
 def _generation(fields: Mapping[str, Any]) -> dict[str, Any]:
     """The sampling parameters of a chat or completion, as the handler's event has them."""
+    for name in BOUNDS:
+        if name in fields:
+            _bounded(name, fields[name])
     event = {key: fields[key] for key in _SAMPLING if key in fields}
     limits = [fields[k] for k in ("max_tokens", "max_completion_tokens") if k in fields]
     if len(limits) == 2 and limits[0] != limits[1]:
@@ -130,8 +167,7 @@ def _generation(fields: Mapping[str, Any]) -> dict[str, Any]:
     if limits:
         event["max_tokens"] = limits[0]
     if "stop" in fields:
-        stop = fields["stop"]
-        event["stop"] = [stop] if isinstance(stop, str) else stop
+        event["stop"] = _stop(fields["stop"])
     return event
 
 
