@@ -53,7 +53,6 @@ cheap and the control interface starts without torch.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 import inspect
@@ -63,7 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from runtime.errors import ConfigError, UnknownHandler
-from runtime.wire.openai_spec import OpenAI
+from runtime.wire.openai_spec import OpenAI, clash
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -290,8 +289,9 @@ def handler(
     def decorate(fn: F) -> F:
         uses_t = tuple(uses)
         if decode is not None:
-            fn = _decode_handler(fn, name, uses_t, decode, warmup, accelerator_warmup, join)
-            return _declare(fn, declared)
+            return _decode_handler(
+                fn, name, uses_t, decode, (warmup, accelerator_warmup), join, declared
+            )
         arity = len(inspect.signature(fn).parameters)
         if arity != len(uses_t) + 2:
             first, last = ("events", "ctxs") if batch is not None else ("event", "ctx")
@@ -326,20 +326,14 @@ def handler(
     return decorate
 
 
-def _declare(fn: F, declared: OpenAI | None) -> F:
-    spec = getattr(fn, _SPEC_ATTR)
-    setattr(fn, _SPEC_ATTR, dataclasses.replace(spec, openai=declared))
-    return fn
-
-
 def _decode_handler(
     fn: F,
     name: str,
     uses: tuple[str, ...],
     decode: Decode,
-    warmup: Examples,
-    accelerator_warmup: Examples,
+    warmups: tuple[Examples, Examples],
     join: Callable[[list[Any]], Any] | None,
+    declared: OpenAI | None,
 ) -> F:
     if not isinstance(decode, Decode):
         raise TypeError(f"handler {name!r}: decode must be a runtime.Decode, not {decode!r}")
@@ -357,13 +351,14 @@ def _decode_handler(
         name=name,
         fn=joined(one, rule),
         uses=uses,
-        warmup=_examples(warmup),
-        accelerator_warmup=_examples(accelerator_warmup),
+        warmup=_examples(warmups[0]),
+        accelerator_warmup=_examples(warmups[1]),
         description=(inspect.getdoc(fn) or "").split("\n")[0],
         stream_fn=one,
         join=rule,
         decode=decode,
         make_steps=fn,
+        openai=declared,
     )
     setattr(fn, _SPEC_ATTR, spec)
     return fn
@@ -415,7 +410,9 @@ class Registry:
         return {b for h in self.handlers.values() for b in h.uses}
 
     def check(self) -> None:
-        """Every bundle a handler uses has a builder."""
+        """Every bundle a handler uses has a builder; an OpenAI model name is one handler's."""
+        if found := clash((h.name, h.openai) for h in self.handlers.values() if h.openai):
+            raise ConfigError(found)
         for h in self.handlers.values():
             for b in h.uses:
                 if b not in self.builders:

@@ -17,7 +17,8 @@ from them (README, "OpenAI-compatible routes"):
                   streamed: items {"text": delta}, the last with finish_reason and usage
     completions   the same with {"prompt": str} for "messages"
 
-`model` in a request names the handler or one of its `aliases`. `dimensions`,
+`model` in a request names the handler or one of its `aliases`; for each
+operation, a name is one handler's (`clash`: the registry refuses two). `dimensions`,
 when set, is the one `dimensions` an embeddings request may ask for (the
 model's own); any other is refused, never ignored.
 """
@@ -63,3 +64,19 @@ class OpenAI:
         if isinstance(value, str):
             return cls(value)
         return cls(*value)
+
+
+def clash(declared: Iterable[tuple[str, OpenAI]]) -> str | None:
+    """What is wrong where two handlers answer to one model name for one operation; None
+    if no two do."""
+    owner: dict[tuple[str, str], str] = {}
+    for handler, openai in declared:
+        for name in dict.fromkeys((handler, *openai.aliases)):
+            for op in openai.operations:
+                first = owner.setdefault((op, name), handler)
+                if first != handler:
+                    return (
+                        f"handlers {first!r} and {handler!r} both answer to the OpenAI model "
+                        f"{name!r} for {op}: give each its own names (OpenAI(aliases=...))"
+                    )
+    return None

@@ -42,6 +42,7 @@ async def test_embeddings_as_floats_and_as_the_clients_default_base64(tmp_path: 
     packed = base64.b64decode(body["data"][0]["embedding"])
     assert list(struct.unpack("<3f", packed)) == [7.0, 2.0, 0.5]
     assert raw.headers["x-request-id"]
+    assert one._request_id and many._request_id and one._request_id != many._request_id
 
 
 async def test_chat_whole_and_streamed_with_usage(tmp_path: Path) -> None:
@@ -56,6 +57,11 @@ async def test_chat_whole_and_streamed_with_usage(tmp_path: Path) -> None:
             max_completion_tokens=3,
         )
         chunks = [chunk async for chunk in stream]
+    # The request id the client surfaces (X-Request-Id) is the completion's own id too.
+    assert whole._request_id and whole.id == f"chatcmpl-{whole._request_id}"
+    streamed_id = stream.response.headers["x-request-id"]
+    assert streamed_id and streamed_id != whole._request_id
+    assert {c.id for c in chunks} == {f"chatcmpl-{streamed_id}"}
     assert whole.choices[0].message.content == "a b c d"
     assert whole.choices[0].message.role == "assistant"
     assert whole.choices[0].finish_reason == "stop" and whole.object == "chat.completion"
@@ -70,7 +76,6 @@ async def test_chat_whole_and_streamed_with_usage(tmp_path: Path) -> None:
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens == 3
     assert all(c.usage is None for c in chunks[:-1])
-    assert len({c.id for c in chunks}) == 1
 
 
 async def test_parameters_reach_the_handler_as_its_event(tmp_path: Path) -> None:

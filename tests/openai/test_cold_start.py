@@ -120,10 +120,17 @@ async def test_without_a_declared_timeout_thaws_default_wait_applies(tmp_path: P
             json={"model": "fake_embed", "input": "x"},
             headers={"Prefer": "wait=0.5", "X-Stainless-Read-Timeout": "600"},
         )
-    for answer in (refused, waited):
+        # X-Stainless-Timeout (the whole call's, as Stainless clients send it) as well.
+        timed = await http.post(
+            "/v1/embeddings",
+            json={"model": "fake_embed", "input": "x"},
+            headers={"X-Stainless-Timeout": "0.25"},
+        )
+    for answer in (refused, waited, timed):
         assert answer.status_code == 503
         assert answer.json()["error"]["code"] == "warming_up"
         assert answer.json()["error"]["type"] == "server_error"
         assert "retry-after-ms" in answer.headers
     assert "1 s deadline" in refused.json()["error"]["message"]
     assert "0.5 s deadline" in waited.json()["error"]["message"]
+    assert "0.25 s deadline" in timed.json()["error"]["message"]
