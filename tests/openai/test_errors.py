@@ -65,6 +65,8 @@ async def test_embedding_and_completion_parameters_too(tmp_path: Path) -> None:
         with pytest.raises(openai.BadRequestError) as dims:
             await oa.embeddings.create(model="fake_embed", input="x", dimensions=2)
         same = await oa.embeddings.create(model="fake_embed", input="x", dimensions=3)
+        with pytest.raises(openai.BadRequestError) as many:
+            await oa.embeddings.create(model="fake_embed", input=["x"] * 2049)
         with pytest.raises(openai.BadRequestError) as tokens:
             await oa.embeddings.create(model="fake_embed", input=[[1, 2, 3]])
         with pytest.raises(openai.BadRequestError) as prompts:
@@ -74,6 +76,7 @@ async def test_embedding_and_completion_parameters_too(tmp_path: Path) -> None:
     assert dims.value.param == "dimensions" and "3" in dims.value.message
     assert len(same.data[0].embedding) == 3
     assert tokens.value.param == "input[0]"
+    assert many.value.param == "input" and "2048" in many.value.message
     assert prompts.value.param == "prompt" and best.value.param == "best_of"
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime.http.openai.requests import MAX_INPUTS, MAX_STOP
+
 _ERROR = {"$ref": "#/components/schemas/OpenAIError"}
 _REQUEST_ID = {"$ref": "#/components/headers/RequestId"}
 _RETRY = {
@@ -41,7 +43,7 @@ def openai_errors(*statuses: int) -> dict[str, Any]:
     return out
 
 
-_STRINGS = {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 4}
+_STRINGS = {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_STOP}
 _STOP = {"oneOf": [{"type": "string"}, _STRINGS, {"type": "null"}]}
 _INT = {"type": ["integer", "null"]}
 # OpenAI's own bounds, which every handler is held to (requests.BOUNDS); a handler's
@@ -145,7 +147,7 @@ SCHEMAS: dict[str, Any] = {
         "required": ["model", "input"],
         "properties": {
             "model": _MODEL,
-            "input": {"oneOf": [{"type": "string"}, _STRINGS | {"maxItems": 2048}]},
+            "input": {"oneOf": [{"type": "string"}, _STRINGS | {"maxItems": MAX_INPUTS}]},
             "encoding_format": {"enum": ["float", "base64", None]},
             "dimensions": {
                 "type": ["integer", "null"],

@@ -58,6 +58,7 @@ BOUNDS: dict[str, tuple[type, float | None, float | None]] = {
     "max_completion_tokens": (int, 1, None),
 }
 MAX_STOP = 4
+MAX_INPUTS = 2048  # texts in one embeddings request, as OpenAI allows
 
 
 def unsupported(param: str, why: str) -> InvalidInput:
@@ -245,6 +246,8 @@ def embeddings(registry: Registry, body: Any) -> Call:
     texts = [given] if isinstance(given, str) else given
     if not isinstance(texts, list) or not texts:
         raise InvalidInput("input", "is required: a string or a non-empty list of strings")
+    if len(texts) > MAX_INPUTS:
+        raise InvalidInput("input", f"holds {len(texts)} texts; the limit is {MAX_INPUTS}")
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             # Token arrays are OpenAI's too, but a token is a model's own: refused.
