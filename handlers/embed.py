@@ -1,7 +1,10 @@
 """Sentence embeddings with all-MiniLM-L6-v2 (bundle `minilm`).
 
     {"texts": ["A man is eating food.", ...]}
-    -> {"embeddings": [[384 floats], ...], "dim": 384}
+    -> {"embeddings": [[384 floats], ...], "dim": 384, "usage": {"prompt_tokens": N}}
+
+`usage` counts the tokens the model ran (special tokens included). The handler
+also serves OpenAI's `/v1/embeddings` (README, "OpenAI-compatible routes").
 
 Vectors have unit length, so cosine similarity is their dot product. Texts
 longer than the model's 256 tokens are truncated.
@@ -13,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from handlers.models.fields import check_event, get_str_list, require
-from runtime import Batch, Context, InvalidInput, bundle, handler
+from runtime import Batch, Context, InvalidInput, OpenAI, bundle, handler
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -58,6 +61,7 @@ def build_minilm(
     warmup=[{"texts": ["hi"]}],
     accelerator_warmup=[{"texts": [_LONG_TEXT] * MAX_TEXTS}, {"texts": ["hi"]}],
     batch=Batch(max_size=32, max_wait_ms=5),
+    openai=OpenAI("embeddings", aliases=["minilm", "all-MiniLM-L6-v2"], dimensions=384),
 )
 def embed(
     events: list[Any], minilm: MiniLM, ctxs: list[Context]
@@ -79,7 +83,12 @@ def embed(
         spans.append((index, len(texts), len(mine)))
         texts += mine
     if texts:
-        vectors = minilm.encode(texts).tolist()
+        tokens: list[int] = []
+        vectors = minilm.encode(texts, tokens).tolist()
         for index, first, count in spans:
-            outputs[index] = {"embeddings": vectors[first : first + count], "dim": minilm.dim}
+            outputs[index] = {
+                "embeddings": vectors[first : first + count],
+                "dim": minilm.dim,
+                "usage": {"prompt_tokens": sum(tokens[first : first + count])},
+            }
     return outputs

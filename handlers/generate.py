@@ -17,7 +17,8 @@ and `max_tokens` beyond the context, is a 400.
 Streamed (`Accept: text/event-stream`), it yields `{"text": delta}` as tokens
 are sampled and a last item `{"text": "", "finish_reason", "usage"}`; a
 caller that asked for no stream gets them joined (`join_completion`), the
-answer above.
+answer above. It also serves OpenAI's `/v1/chat/completions` and
+`/v1/completions` through the same decode steps (README, "OpenAI-compatible routes").
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from handlers.models.fields import check_event, get_float, get_int, get_str, get_str_list
-from runtime import Context, Decode, InvalidInput, bundle, handler
+from runtime import Context, Decode, InvalidInput, OpenAI, bundle, handler
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -240,6 +241,7 @@ class GenerateSteps:
     accelerator_warmup=_ACCELERATOR_WARMUP,
     join=join_completion,
     decode=Decode(max_sequences=MAX_SEQUENCES),
+    openai=OpenAI("chat", "completions", aliases=["smollm2", "SmolLM2-135M-Instruct"]),
 )
 def generate(smollm2: ChatLM) -> GenerateSteps:
     """Complete a prompt or a chat; greedy by default, seeded sampling on request."""

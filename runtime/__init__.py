@@ -8,5 +8,15 @@ from runtime.context import Context
 from runtime.errors import InvalidInput
 from runtime.registry import Batch, Decode, bundle, handler
 from runtime.version import __version__
+from runtime.wire.openai_spec import OpenAI
 
-__all__ = ["Batch", "Context", "Decode", "InvalidInput", "__version__", "bundle", "handler"]
+__all__ = [
+    "Batch",
+    "Context",
+    "Decode",
+    "InvalidInput",
+    "OpenAI",
+    "__version__",
+    "bundle",
+    "handler",
+]

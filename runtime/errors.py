@@ -33,7 +33,8 @@
         ├── Draining               503 drained         (retryable: submit it again)
         ├── InsufficientMemory     503 insufficient-memory
         ├── StorageUnavailable     503 storage-unavailable (the job store cannot write)
-        └── Overloaded             503 overloaded      (too many request bytes buffered)
+        ├── Overloaded             503 overloaded      (too many request bytes buffered)
+        └── WarmingUp              503 warming-up      (not ready by a jobless deadline)
 
 Each class knows its HTTP status, its problem type slug and its title (a test
 checks this drawing against the classes). The slug is also a job's
@@ -320,3 +321,12 @@ class Overloaded(Unavailable):
 
     slug = "overloaded"
     title = "Overloaded"
+
+
+class WarmingUp(Unavailable):
+    """A caller that takes no job (the OpenAI routes) asked for work that cannot answer
+    by its deadline (a cold load): the load goes on; send it again after Retry-After."""
+
+    slug = "warming-up"
+    title = "Warming up"
+    retryable = True

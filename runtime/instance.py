@@ -304,19 +304,15 @@ class Instance:
         request_id: str,
         key_id: str | None = None,
         stream: bool = False,
+        jobless: bool = False,
     ) -> Coroutine[Any, Any, Completed | Accepted | Streaming]:
         """`handler` run on `event` under the deadline rule: its output, its stream, or
-        a job (runtime/dispatch/dispatcher.py). Not a coroutine function: it hands
-        back the dispatcher's own coroutine, so the warm path gains no frame."""
+        a job (`jobless`: WarmingUp instead; runtime/dispatch/dispatcher.py). Not a
+        coroutine function: it hands back the dispatcher's own coroutine (no frame)."""
         return self.dispatcher.invoke(
-            handler,
-            event,
-            wait_s=wait_s,
-            respond_async=respond_async,
-            request_id=request_id,
-            key_id=key_id,
-            stream=stream,
-        )
+            handler, event, wait_s=wait_s, respond_async=respond_async,
+            request_id=request_id, key_id=key_id, stream=stream, jobless=jobless,
+        )  # fmt: skip
 
     def count_refused(self, handler: str, status: int) -> None:
         """Count a request to a known handler refused before it was admitted."""

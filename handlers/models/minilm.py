@@ -168,8 +168,9 @@ class MiniLM:
             passes.append(rows)
         return passes
 
-    def encode(self, texts: Sequence[str]) -> torch.Tensor:
-        """(len(texts), dim) unit vectors.
+    def encode(self, texts: Sequence[str], counts: list[int] | None = None) -> torch.Tensor:
+        """(len(texts), dim) unit vectors; `counts`, when given, gets each text's token
+        count (as run: truncated to the model's maximum), for usage figures.
 
         Texts run in length-sorted sub-batches, each padded to its own longest
         (less padding) and holding at most MAX_BATCH_TEXTS x max_tokens tokens:
@@ -177,6 +178,8 @@ class MiniLM:
         sequence, and short texts (a batch of concurrent requests) share one pass.
         """
         encodings = self.tokenizer.encode_batch(list(texts))
+        if counts is not None:
+            counts += [len(encoding.ids) for encoding in encodings]
         order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
         out = torch.empty(len(encodings), self.dim, device=self.device)
         with torch.inference_mode():

@@ -6,6 +6,7 @@
         does not fit -> create a job, answer 202 at once
     estimate wrong   -> just before the deadline, turn the waiting request into
                         a job and answer 202; the work goes on
+    (a `jobless` caller gets a 503 to retry after instead of a job: warming.py)
 
 In a fleet, a job this instance cannot start soon is recorded queued, for an
 idle warm instance, and claimed by id as it starts here (claims.py).
@@ -43,6 +44,7 @@ from runtime.dispatch.calls import HandlerCalls, user_error
 from runtime.dispatch.deadlines import Deadlines
 from runtime.dispatch.decode import Decoder
 from runtime.dispatch.streams import Stream, Streaming, Streams
+from runtime.dispatch.warming import Warming
 from runtime.dispatch.work import Books, Work, release, result_of, wake
 from runtime.errors import Draining, QueueFull
 from runtime.jobs.job import Job, JobStatus
@@ -117,6 +119,7 @@ class Dispatcher:
         )
         self.decoder = Decoder(calls=calls, clock=clock)
         self.streams = Streams()
+        self.warming = Warming(cache)
         for name in registry.handlers:
             self.handler_stats(name)
 
@@ -142,6 +145,7 @@ class Dispatcher:
         request_id: str,
         key_id: str | None = None,
         stream: bool = False,
+        jobless: bool = False,
     ) -> Completed | Accepted | Streaming:
         received = self._now()
         spec = self.registry.handler(name)
@@ -191,6 +195,8 @@ class Dispatcher:
             if spec.uses and self.cache.device is None:
                 answer_by -= FRAMEWORK_STALL_S
             if respond_async or estimate_s > answer_by - self._now():
+                if jobless:  # no job: a 503 to retry after (warming.py)
+                    raise self.warming.refuse(spec, estimate_s, wait)
                 # Record the job before starting the work, so the answer is not
                 # delayed by what the work does first (a cold load imports torch);
                 # queued if another instance may start it sooner (claims.py).
@@ -221,17 +227,17 @@ class Dispatcher:
             stats.count("sync")
             return Completed(output, work.timings_ms, work.batch_size)
         # The estimate was wrong: answer 202 now; the same work goes on.
+        if jobless:
+            work.cancel()
+            raise self.warming.refuse(spec, await self._estimate_s(spec), wait)
         job = await self._record(spec, event, work, key_id)
         self._follow(spec, job, work)
         return Accepted(job, retry_after_s=max(1.0, await self._estimate_s(spec)))
 
     async def _settled_by(self, work: Work, answer_by: float) -> bool:
         """Wait until `answer_by` at the latest for the work to settle; True when it is done.
-
-        The work's settlement sets `work.waiter` itself, so the waiting request
-        resumes in the next turn of the loop rather than two turns later
-        (outcome set -> its callbacks -> a waiter's callbacks).
-        """
+        The work's settlement sets `work.waiter` itself, so the waiting request resumes
+        in the next turn of the loop, not two turns later (outcome -> callbacks -> ...)."""
         work.waiter = asyncio.get_running_loop().create_future()
         await self.deadlines.wait(work.waiter, answer_by)
         return work.outcome.done()
@@ -261,10 +267,7 @@ class Dispatcher:
             self.streams.hold(job.id, work.stream)
 
     async def _ready_s(self, spec: HandlerSpec) -> float:
-        ready_s = 0.0
-        for name in spec.uses:
-            ready_s = max(ready_s, await self.cache.estimate_ready_s(name))
-        return ready_s
+        return max([await self.cache.estimate_ready_s(name) for name in spec.uses], default=0.0)
 
     async def _estimate_s(self, spec: HandlerSpec) -> float:
         return await self._ready_s(spec) + self.estimator.run_s(spec.name)
@@ -437,8 +440,7 @@ class Dispatcher:
             outcome.cancel()
 
     async def drain(self, grace_s: float) -> None:
-        """Refuse new work, let admitted and in-flight work finish for `grace_s` (on the
-        clock), abort the rest."""
+        """Refuse new work, let admitted and in-flight work finish for `grace_s`, abort the rest."""
         self.draining = True
         await self.books.quiet_by(self._now() + grace_s)
         await self.jobs.abort_all()

@@ -37,6 +37,13 @@ from runtime.http.routes.jobs import (
     submit_job_deprecated,
 )
 from runtime.http.routes.models import list_models, load_model, unload_model
+from runtime.http.routes.openai import (
+    create_chat_completion,
+    create_completion,
+    create_embeddings,
+    get_openai_model,
+    list_openai_models,
+)
 from runtime.instance import Instance
 from runtime.registry import Registry
 from runtime.settings import Settings
@@ -63,6 +70,12 @@ ROUTES = [
     Route("/drain", drain, methods=["POST"]),
     Route("/metrics", metrics, methods=["GET"]),
     Route("/openapi.json", openapi_document, methods=["GET"]),
+    # OpenAI's wire format over the handlers that declare it (routes/openai.py).
+    Route("/v1/embeddings", create_embeddings, methods=["POST"]),
+    Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
+    Route("/v1/completions", create_completion, methods=["POST"]),
+    Route("/v1/models", list_openai_models, methods=["GET"]),
+    Route("/v1/models/{model:path}", get_openai_model, methods=["GET"]),
 ]
 
 

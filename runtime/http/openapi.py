@@ -29,6 +29,7 @@ from typing import Any
 
 from starlette.routing import BaseRoute, Route
 
+from runtime.http.openai import openapi as openai_doc
 from runtime.http.problems import PROBLEM
 from runtime.http.schemas import (
     HEADERS,
@@ -206,6 +207,8 @@ OPERATIONS: dict[str, dict[str, Any]] = {
     "openapi_document": {
         "responses": {"200": json_response({"type": "object"}, "this document"), **errors(500)},
     },
+    # The /v1 routes: OpenAI's wire format, and its error body (runtime/http/openai/).
+    **openai_doc.OPERATIONS,
 }
 
 
@@ -228,7 +231,8 @@ def _operation(route: Route, auth: bool) -> dict[str, Any]:
     responses = dict(fragment.pop("responses"))
     open_endpoint = fragment.get("security") == []
     if auth and not open_endpoint:
-        responses.update(errors(401))
+        openai = name in openai_doc.OPERATIONS
+        responses.update(openai_doc.openai_errors(401) if openai else errors(401))
     if auth and name in OPERATOR_ONLY:
         responses.update(errors(403))
     if not auth:
@@ -283,12 +287,14 @@ def build_openapi(routes: Sequence[BaseRoute], *, auth: bool) -> dict[str, Any]:
                 "X-Request-Id. `POST /jobs/{handler}`, the submit route before "
                 "`POST /handlers/{handler}/jobs`, still answers for a known handler, "
                 "with `Deprecation` and a `Link` to its successor; it is not described "
-                "here, as OpenAPI 3.1 forbids it beside `/jobs/{job_id}`."
+                "here, as OpenAPI 3.1 forbids it beside `/jobs/{job_id}`. Under /v1/, "
+                "OpenAI's wire format: errors there are OpenAI's error body "
+                "(#/components/schemas/OpenAIError)."
             ),
         },
         "paths": paths,
         "components": {
-            "schemas": SCHEMAS,
+            "schemas": {**SCHEMAS, **openai_doc.SCHEMAS},
             "parameters": PARAMETERS,
             "headers": HEADERS,
             "responses": error_responses(),

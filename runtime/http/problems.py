@@ -10,9 +10,11 @@ other surface.
 from __future__ import annotations
 
 import logging
+import math
 from contextvars import ContextVar
 from http import HTTPStatus
 from types import TracebackType
+from typing import Any
 
 import orjson
 from starlette.exceptions import HTTPException
@@ -39,19 +41,55 @@ _CLOSES_CONNECTION = (RequestTimeout, Overloaded)
 
 
 def problem_response(exc: ThawError, request_path: str | None = None) -> Response:
-    """`exc` as application/problem+json (runtime/wire/render.py), `request_path` its `instance`."""
+    """`exc` as application/problem+json (runtime/wire/render.py), `request_path` its `instance`;
+    under /v1/ (the OpenAI routes), as OpenAI's error body instead (`openai_error`)."""
     headers = http_headers(exc)
     # A problem echoes what it was sent (a path, a handler's message): never sniffed as HTML.
     headers["X-Content-Type-Options"] = "nosniff"
     if isinstance(exc, _CLOSES_CONNECTION):
         # The rest of the body is never read: the connection cannot carry another request.
         headers["Connection"] = "close"
+    if request_path is not None and request_path.startswith(OPENAI_PREFIX):
+        if exc.retry_after_s is not None:
+            # The official clients read this one first, to the millisecond.
+            headers["retry-after-ms"] = str(max(1, math.ceil(exc.retry_after_s * 1000)))
+        return Response(
+            orjson.dumps(openai_error(exc), default=str),
+            status_code=exc.status,
+            headers=headers,
+            media_type="application/json",
+        )
     return Response(
         orjson.dumps(problem(exc, request_path), default=str),
         status_code=exc.status,
         headers=headers,
         media_type=PROBLEM,
     )
+
+
+# The routes whose errors are OpenAI's error body (runtime/http/routes/openai.py).
+OPENAI_PREFIX = "/v1/"
+# OpenAI's error `type` by status; its clients pick the exception class by status alone.
+_OPENAI_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    429: "rate_limit_error",
+}
+# Codes OpenAI's own API uses where Thaw has the same error; else the slug, snake_case.
+_OPENAI_CODES = {"unknown-handler": "model_not_found", "unauthorized": "invalid_api_key"}
+
+
+def openai_error(exc: ThawError) -> dict[str, Any]:
+    """`exc` as OpenAI's error body: {"error": {"message", "type", "param", "code"}}."""
+    if exc.status >= 500:
+        kind = "server_error"
+    else:
+        kind = _OPENAI_TYPES.get(exc.status, "invalid_request_error")
+    code = exc.extra.get("code") or _OPENAI_CODES.get(exc.slug, exc.slug.replace("-", "_"))
+    param = exc.extra.get("field")
+    return {"error": {"message": exc.message, "type": kind, "param": param, "code": code}}
 
 
 class _StatusOnly(ThawError):

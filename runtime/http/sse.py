@@ -56,6 +56,11 @@ def item_event(index: int, item: Any) -> bytes:
     return b"id: %d\ndata: %b\n\n" % (index, orjson.dumps(item, option=JSON_OPTIONS))
 
 
+def data_event(value: Any) -> bytes:
+    """An event of data alone (OpenAI's streams are these)."""
+    return b"data: " + orjson.dumps(value, default=str) + b"\n\n"
+
+
 def result_event(output_json: bytes) -> bytes:
     return b"event: result\ndata: " + output_json + b"\n\n"
 

@@ -71,6 +71,7 @@ from runtime.registry.policies import Batch as Batch
 from runtime.registry.policies import Decode as Decode
 from runtime.registry.policies import Steps as Steps
 from runtime.registry.policies import alone as alone
+from runtime.wire.openai_spec import OpenAI, clash
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -125,6 +126,8 @@ class HandlerSpec:
     # Set: a step-level handler; `make_steps(*models)` is its `Steps`.
     decode: Decode | None = None
     make_steps: Callable[..., Steps] | None = None
+    # The OpenAI routes it serves (runtime/wire/openai_spec.py).
+    openai: OpenAI | None = None
 
     @property
     def streams(self) -> bool:
@@ -171,6 +174,7 @@ def handler(
     batch: Batch | None = None,
     join: Callable[[list[Any]], Any] | None = None,
     decode: Decode | None = None,
+    openai: OpenAI | str | Iterable[str] | None = None,
 ) -> Callable[[F], F]:
     """Declare `fn(event, *models, ctx)` as handler `name`.
 
@@ -184,12 +188,16 @@ def handler(
     or batches, not both: a stream is one caller's.
 
     With `decode`, `fn(*models)` returns the handler's `Steps` (see the module doc).
+    With `openai`, it also serves those OpenAI routes (runtime/wire/openai_spec.py).
     """
+    declared = OpenAI.of(openai)
 
     def decorate(fn: F) -> F:
         uses_t = tuple(uses)
         if decode is not None:
-            return _decode_handler(fn, name, uses_t, decode, warmup, accelerator_warmup, join)
+            return _decode_handler(
+                fn, name, uses_t, decode, (warmup, accelerator_warmup), join, declared
+            )
         arity = len(inspect.signature(fn).parameters)
         if arity != len(uses_t) + 2:
             first, last = ("events", "ctxs") if batch is not None else ("event", "ctx")
@@ -216,6 +224,7 @@ def handler(
             batch=batch,
             stream_fn=fn if streams else None,
             join=rule,
+            openai=declared,
         )
         setattr(fn, _SPEC_ATTR, spec)
         return fn
@@ -228,9 +237,9 @@ def _decode_handler(
     name: str,
     uses: tuple[str, ...],
     decode: Decode,
-    warmup: Examples,
-    accelerator_warmup: Examples,
+    warmups: tuple[Examples, Examples],
     join: Callable[[list[Any]], Any] | None,
+    declared: OpenAI | None,
 ) -> F:
     if not isinstance(decode, Decode):
         raise TypeError(f"handler {name!r}: decode must be a runtime.Decode, not {decode!r}")
@@ -248,13 +257,14 @@ def _decode_handler(
         name=name,
         fn=joined(one, rule),
         uses=uses,
-        warmup=_examples(warmup),
-        accelerator_warmup=_examples(accelerator_warmup),
+        warmup=_examples(warmups[0]),
+        accelerator_warmup=_examples(warmups[1]),
         description=(inspect.getdoc(fn) or "").split("\n")[0],
         stream_fn=one,
         join=rule,
         decode=decode,
         make_steps=fn,
+        openai=declared,
     )
     setattr(fn, _SPEC_ATTR, spec)
     return fn
@@ -319,7 +329,10 @@ class Registry:
 
     def check(self) -> None:
         """Every bundle a handler uses has a builder; a handler whose builder is in a
-        broken module is not served either (it joins that module's handlers)."""
+        broken module is not served either (it joins that module's handlers); an
+        OpenAI model name is one handler's."""
+        if found := clash((h.name, h.openai) for h in self.handlers.values() if h.openai):
+            raise ConfigError(found)
         for h in list(self.handlers.values()):
             for b in h.uses:
                 if b in self.builders:

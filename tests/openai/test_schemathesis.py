@@ -1,0 +1,102 @@
+"""schemathesis's own CLI against a live `thaw serve` on the /v1 routes only: every
+check in the examples, coverage and fuzzing phases, open and with API keys. The
+server serves the fake OpenAI handlers (tests/handlers/openai_fakes.py), so the
+document's operations answer as they do for a user's handlers: what the fuzzer
+sends is answered with a documented status, in OpenAI's error shape where it is
+refused, and never a 5xx.
+
+Half the bodies name a model the server has (a dictionary for `body.model`), so
+requests reach the handlers and their answers are checked against the
+document; the others name random models, each a documented 404. The examples
+phase sends the document's own examples, which name the shipped handlers (not
+served here: 404 in OpenAI's shape).
+
+One check is left out, `positive_data_acceptance` (a body the document allows
+must not be a 400): the document is one for every handler and states OpenAI's
+bounds, which every handler is held to (`negative_data_rejection` checks them);
+a handler's own, tighter limits (generate's context, the fake's 64 tokens) are
+its documented 400s, which the document cannot list per handler.
+tests/openai/test_errors.py checks both kinds of refusal."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.security.conftest import Launch, launch_module  # noqa: F401 - the fixture
+from tests.support import make_bundle
+
+pytest.importorskip("schemathesis")
+
+KEY = "schemathesis-openai-5e1b"
+MODELS = """
+[dictionaries.models]
+values = ["fake_embed", "fake-embedding-3", "fake_chat", "fake-chat"]
+
+[parameters]
+"body.model" = { dictionary = "models", probability = 0.5 }
+"""
+CLI = [sys.executable, "-c", "from schemathesis.cli import schemathesis; schemathesis()"]
+
+
+@pytest.mark.parametrize("auth", [False, True], ids=["open", "keys"])
+def test_every_check_passes_on_the_v1_routes(
+    launch_module: Launch,  # noqa: F811
+    tmp_path: Path,
+    auth: bool,
+) -> None:
+    bundles = tmp_path / "bundles"
+    make_bundle(bundles, "lexicon")
+    env = {
+        "THAW_HANDLERS": "tests.handlers.openai_fakes",
+        "THAW_BUNDLE_SOURCE": str(bundles),
+        "THAW_MAX_BODY_BYTES": "65536",
+        "THAW_WAIT_S": "5",
+    }
+    if auth:
+        env["THAW_API_KEYS"] = KEY
+    server = launch_module(**env)
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(MODELS)
+    command = [
+        *CLI,
+        "--config-file",
+        str(config),
+        "--no-color",
+        "run",
+        f"{server.url}/openapi.json",
+        "--include-path-regex",
+        "^/v1/",
+        "--checks",
+        "all",
+        "--exclude-checks",
+        "positive_data_acceptance",
+        "--phases",
+        "examples,coverage,fuzzing",
+        "--max-examples",
+        "30",
+        "--seed",
+        "1",
+        "--workers",
+        "1",
+        "--generation-database",
+        "none",
+        "--request-timeout",
+        "30",
+    ]
+    if auth:
+        command += ["--header", f"Authorization: Bearer {KEY}"]
+    done = subprocess.run(
+        command, cwd=tmp_path, capture_output=True, text=True, timeout=400, check=False
+    )
+    report = done.stdout + done.stderr
+    assert done.returncode == 0, report[-8000:]
+    for phase in ("Examples", "Coverage", "Fuzzing"):
+        assert f"✅ {phase}" in report, report[-4000:]
+    assert "5 selected" in report, report[-4000:]
+    # The dictionary's models reached the handlers: no operation only ever met a 404.
+    assert "Missing test data" not in report, report[-4000:]
+    assert server.proc is not None and server.proc.poll() is None, server.log()
