@@ -9,22 +9,20 @@
     (a `jobless` caller gets a 503 to retry after instead of a job: warming.py)
 
 In a fleet, a job this instance cannot start soon is recorded queued, for an
-idle warm instance, and claimed by id as it starts here (claims.py).
-
-The work of every invocation is started once, at admission, and a request
+idle warm instance, and claimed by id as it starts here (claims.py). The work
+of every invocation is started once, at admission, and a request
 that becomes a job keeps that same work, so nothing runs twice. Every kind of
 work takes one path (`_start`, then `_run` once its models are leased): a
 sync handler to a handler thread, an async one on the loop, a batched one to
-its queue (runtime/dispatch/batcher.py), a step-level one to the decode steps
-(runtime/dispatch/decode.py). It costs a task only where it must
-wait on the loop: work that needs a load, or an async handler that suspends
-(runtime/dispatch/eager.py). Each piece of work is a `Work`
+its queue (batcher.py), a step-level one to the decode steps (decode.py). It
+costs a task only where it must wait on the loop: work that needs a load, or
+an async handler that suspends (eager.py). Each piece of work is a `Work`
 (runtime/dispatch/work.py), which records its own progress and ends through
 its one settlement, however it ran.
 
-A generator handler's work runs bound to a `Stream` (runtime/dispatch/streams.py).
-A stream begins once its work holds its models, whatever it then waits for (a
-thread, a batch, a decode slot): only a load past the deadline makes a 202 job.
+A generator handler's work runs bound to a `Stream` (streams.py). A stream
+begins once its work holds its models, whatever it then waits for (a thread, a
+batch, a decode slot): only a load past the deadline makes a 202 job.
 """
 
 from __future__ import annotations
