@@ -26,11 +26,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.errors import BadRequest, Draining
 from runtime.http.problems import problem_response, render_error
-from runtime.telemetry.logs import REQUEST_ID
+from runtime.telemetry.logs import ACCESS, REQUEST_ID, access_log
 from runtime.telemetry.metrics import UNMATCHED, RequestStats
-
-# One line per request, at info: method, route template, status, duration, request id.
-access_log = logging.getLogger("thaw.access")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # Matches uvicorn's h11_max_incomplete_event_size in server.py.
@@ -171,26 +168,9 @@ class Edge:
             if requests is not None and status:
                 requests.observe(method, template, status, took_s)
             if access_log.isEnabledFor(logging.INFO):
-                _access_line(method, template, status, took_s)
+                # Written after the answer, at the end of this loop turn (logs.py).
+                ACCESS.add(method, template, status, took_s, shown)
             REQUEST_ID.reset(token)
-
-
-def _access_line(method: str, template: str, status: int, took_s: float) -> None:
-    """One request's access-log line (status 0: it ended with no answer, cut off)."""
-    took_ms = round(took_s * 1000, 3)
-    access_log.info(
-        "%s %s %d %.1f ms",
-        method[:16],
-        template,
-        status,
-        took_ms,
-        extra={
-            "method": method[:16],
-            "route": template,
-            "status_code": status,
-            "duration_ms": took_ms,
-        },
-    )
 
 
 # Set by an in-process caller whose request already has an id unique to it and
