@@ -20,6 +20,7 @@ import re
 import time
 from collections.abc import Awaitable, Iterator
 from contextvars import ContextVar
+from typing import Any
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -39,6 +40,10 @@ def _stopping(scope: Scope) -> bool:
     app = scope.get("app")
     return bool(getattr(getattr(app, "state", None), "stopping", False))
 
+
+# The headers the warm path reads, picked out in `Edge`'s one pass (`header_of`).
+_PICKED = frozenset({b"x-request-id", b"content-length", b"accept", b"prefer"})
+PICKED_SCOPE = "thaw.headers"
 
 # Routes whose answer depends on the Prefer header (RFC 7240 §2: `Vary: Prefer`).
 _VARY_PREFER = frozenset({"/invoke/{handler}"})
@@ -98,11 +103,18 @@ class Edge:
             return
         started = time.monotonic()
         size = 0
-        given: bytes | None = None
+        # The one pass over the headers: the few the warm path reads are kept here
+        # (the first of each; every Prefer line), so no later reader scans them again.
+        picked: dict[bytes, Any] = {}
         for name, value in scope["headers"]:
             size += len(name) + len(value) + 4
-            if name == b"x-request-id" and given is None:
-                given = value
+            if name in _PICKED:
+                if name == b"prefer":
+                    picked.setdefault(name, []).append(value.decode("latin-1"))
+                elif name not in picked:
+                    picked[name] = value
+        scope[PICKED_SCOPE] = picked
+        given: bytes | None = picked.get(b"x-request-id")
         # An in-process caller's own unique id (the Lambda loop's invocation id), else new.
         request_id = INVOCATION_ID.get() or next(_IDS)
         scope["thaw.request_id"] = request_id
@@ -224,3 +236,22 @@ def correlation_id_in(request: Request) -> str | None:
     """The caller's X-Request-Id, when it gave a valid one."""
     correlation_id: str | None = request.scope["thaw.correlation_id"]
     return correlation_id
+
+
+def header_of(request: Request, name: bytes) -> str | None:
+    """The request's first `name` header (one of `_PICKED`, lower case), as Starlette's
+    `request.headers.get` gives it, from `Edge`'s pass when it ran (else a scan)."""
+    picked: dict[bytes, Any] | None = request.scope.get(PICKED_SCOPE)
+    if picked is None:
+        return request.headers.get(name.decode())
+    value: bytes | None = picked.get(name)
+    return None if value is None else value.decode("latin-1")
+
+
+def prefer_lines(request: Request) -> list[str]:
+    """Every Prefer header line of the request, in order."""
+    picked: dict[bytes, Any] | None = request.scope.get(PICKED_SCOPE)
+    if picked is None:
+        return request.headers.getlist("prefer")
+    lines: list[str] = picked.get(b"prefer", [])
+    return lines

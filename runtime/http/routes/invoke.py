@@ -15,7 +15,7 @@ from runtime.dispatch.streams import Streaming
 from runtime.errors import ThawError
 from runtime.http import sse
 from runtime.http.auth import key_id_of
-from runtime.http.edge import request_id_of
+from runtime.http.edge import header_of, prefer_lines, request_id_of
 from runtime.http.holds import Holds
 from runtime.http.intake import Intake, parse_json
 from runtime.http.prefer import NO_PREFERENCES, Preferences, parse_prefer
@@ -38,9 +38,7 @@ async def invocation(request: Request, *, force_async: bool) -> Response | sse.E
             size = len(raw)
             event = parse_json(raw, settings.max_json_depth)
             # The submit route always answers 202 and reads no preference.
-            prefs = (
-                NO_PREFERENCES if force_async else parse_prefer(request.headers.getlist("prefer"))
-            )
+            prefs = NO_PREFERENCES if force_async else parse_prefer(prefer_lines(request))
         except ThawError as exc:
             instance.count_refused(name, exc.status)
             raise
@@ -48,7 +46,7 @@ async def invocation(request: Request, *, force_async: bool) -> Response | sse.E
         if wait_s is not None and wait_s > settings.max_wait_s:
             wait_s = settings.max_wait_s  # bounded as `?wait=` is
         key_id = key_id_of(request)
-        stream = not force_async and sse.wants_events(request.headers.get("accept", ""))
+        stream = not force_async and sse.wants_events(header_of(request, b"accept") or "")
         if stream:
             # An event stream holds its connection (runtime/http/holds.py): refused
             # before any work begins, given back once the stream ends.
