@@ -19,7 +19,7 @@ from runtime.http.edge import header_of, prefer_lines, request_id_of
 from runtime.http.holds import Holds
 from runtime.http.intake import Intake, parse_json
 from runtime.http.prefer import NO_PREFERENCES, Preferences, parse_prefer
-from runtime.http.responses import job_response, server_timing
+from runtime.http.responses import OutputResponse, job_response, server_timing
 from runtime.instance import Instance
 from runtime.wire.outputs import encode_output
 
@@ -68,11 +68,7 @@ async def invocation(request: Request, *, force_async: bool) -> Response | sse.E
             return job_response(outcome.job, 202, outcome.retry_after_s, applied=applied)
         assert isinstance(outcome, Completed)
         body = encode_output(name, outcome.output)
-        return Response(
-            body,
-            media_type="application/json",
-            headers={"Server-Timing": server_timing(outcome.timings_ms, outcome.batch_size)},
-        )
+        return OutputResponse(body, server_timing(outcome.timings_ms, outcome.batch_size))
     finally:
         intake.release(size)
 
