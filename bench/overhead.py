@@ -261,12 +261,15 @@ async def _jobs_rows(ports: dict[str, int], rounds: int, duration_s: float) -> l
     ]
 
 
-def run(*, quick: bool = False, runpod_python: str | None = None) -> list[Row]:
-    """`runpod_python`: a Python with the `runpod` package, to add RunPod's worker."""
+def run(
+    *, quick: bool = False, runpod_python: str | None = None, log_level: str = "INFO"
+) -> list[Row]:
+    """`runpod_python`: a Python with the `runpod` package, to add RunPod's worker;
+    `log_level`: Thaw's THAW_LOG_LEVEL (INFO, as deployed, writes the access log)."""
     rounds, duration_s = (4, 0.6) if quick else (12, 1.0)
     with tempfile.TemporaryDirectory(prefix="thaw-bench-") as tmp_dir:
         tmp = Path(tmp_dir)
-        env = runtime_env(tmp, handlers="handlers.echo,bench.fixtures")
+        env = runtime_env(tmp, handlers="handlers.echo,bench.fixtures", log_level=log_level)
         ports = {"thaw": free_port(), "bare": free_port()}
         with stopping([]) as procs:
             procs.append(
@@ -296,5 +299,10 @@ if __name__ == "__main__":
         metavar="PYTHON",
         help="a Python with `pip install runpod`: RunPod's worker measured beside Thaw",
     )
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        help="Thaw's THAW_LOG_LEVEL (WARNING: no access log, to see what it costs)",
+    )
     args = parser.parse_args()
-    print(render(run(quick=args.quick, runpod_python=args.runpod_python)))
+    print(render(run(quick=args.quick, runpod_python=args.runpod_python, log_level=args.log_level)))
