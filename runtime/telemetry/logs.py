@@ -13,11 +13,15 @@ copy of the request's context). One `extra=` of its own wins.
 
 The access log (`thaw.access`, one line per answered request) is written after
 the answer, not on its path: `ACCESS.add` keeps the line's fields (its time
-stamped then) and the lines of one event-loop turn are written together at the
-end of that turn, in the order the requests ended, in one write to the stream
-when our JSON handler is where they go (`JSONLines`), else each through the
-logger as any record. Pending lines are written at exit and when the server
-stops (`ACCESS.flush`), so a stopped server has logged every request it answered.
+stamped then) and the lines are written together, in the order the requests
+ended, FLUSH_AFTER_S after the first of them was kept (or at once when
+FLUSH_LINES are pending), in one write to the stream when our JSON handler is
+where they go (`JSONLines`), else each through the logger as any record. A
+write per loop turn cost one client's warm requests 0.1-0.15x of the bare
+app's latency (issue 29, BENCHMARKS.md); a write per window costs a few per
+second. Pending lines are written at exit and when the server stops
+(`ACCESS.flush`), so a stopped server has logged every request it answered;
+what a SIGKILL loses is the last window's lines.
 """
 
 from __future__ import annotations
@@ -93,17 +97,28 @@ AccessEntry = tuple[float, str, str, int, float, str | None]
 access_log = logging.getLogger("thaw.access")
 
 
+# How long an access line may wait to be written with the lines after it, and how
+# many may wait: a window short enough to read the log live, long enough to
+# write a busy second's lines in tens of writes, not thousands.
+FLUSH_AFTER_S = 0.05
+FLUSH_LINES = 512
+
+
 class AccessLog:
     """The access log's lines not yet written (see the module docstring)."""
 
-    __slots__ = ("_pending",)
+    __slots__ = ("_pending", "_timer", "flush_after_s", "flush_lines")
 
-    def __init__(self) -> None:
+    def __init__(self, flush_after_s: float = FLUSH_AFTER_S, flush_lines: int = FLUSH_LINES):
         self._pending: list[AccessEntry] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self.flush_after_s = flush_after_s
+        self.flush_lines = flush_lines
 
     def add(self, method: str, route: str, status: int, took_s: float, request_id: str) -> None:
         """One answered request's line (status 0: it ended with no answer, cut off),
-        written at the end of this loop turn (at once outside a running loop)."""
+        written `flush_after_s` later with the lines kept meanwhile (at once outside
+        a running loop, or when `flush_lines` are pending)."""
         pending = self._pending
         took_ms = round(took_s * 1000, 3)
         pending.append((time.time(), method[:16], route, status, took_ms, request_id))
@@ -113,10 +128,15 @@ class AccessLog:
             except RuntimeError:
                 self.flush()
                 return
-            loop.call_soon(self.flush)
+            self._timer = loop.call_later(self.flush_after_s, self.flush)
+        elif len(pending) >= self.flush_lines:
+            self.flush()
 
     def flush(self) -> None:
         """Write every pending line now, in order."""
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()  # a no-op when it is the timer calling
         pending, self._pending = self._pending, []
         if not pending:
             return

@@ -1,8 +1,9 @@
 """The access log, written after the answer (runtime/telemetry/logs.py `AccessLog`):
 every answered request leaves its line, complete and in the order the requests
 ended, in a real `thaw serve` stopped by SIGTERM; a batch of lines written in one
-piece is the same text the logger would write line by line; and the lines of a
-loop turn wait for the end of that turn, not for anything longer.
+piece is the same text the logger would write line by line; and lines wait off
+the request's path for the flush window (or until enough are pending), then are
+written in one piece, in order.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from runtime.telemetry.logs import ACCESS, JSONFormatter, JSONLines
-from tests.support import ServerProcess
+from runtime.telemetry.logs import ACCESS, AccessLog, JSONFormatter, JSONLines
+from tests.support import SAFETY_S, ServerProcess
 
 # The fields of an access line, in the order JSONFormatter writes them.
 ACCESS_FIELDS = [
@@ -140,17 +141,56 @@ def test_a_batch_written_at_once_is_the_text_the_logger_writes(
 
 
 @pytest.mark.anyio
-async def test_lines_of_a_loop_turn_are_written_at_its_end_in_order(
+async def test_lines_wait_for_the_window_then_are_written_together_in_order(
     root_handler: list[logging.Handler],
 ) -> None:
     stream = io.StringIO()
     _install(stream, filtered=False)
+    log = AccessLog(flush_after_s=SAFETY_S)  # a window no test run outlasts
     for index in range(3):
-        ACCESS.add("GET", "/healthz", 200, 0.001, f"turn-{index}")
+        log.add("GET", "/healthz", 200, 0.001, f"turn-{index}")
     assert stream.getvalue() == ""  # not on the request's path
     await asyncio.sleep(0)
+    assert stream.getvalue() == ""  # nor at the end of its loop turn: the window's end
+    log.add("GET", "/healthz", 200, 0.001, "turn-3")  # a later turn, the same window
+    assert stream.getvalue() == ""
+    log.flush()  # as the window's end, or the server's stop, does
     assert [e["request_id"] for e in access_lines(stream.getvalue())] == [
         "turn-0",
         "turn-1",
         "turn-2",
+        "turn-3",
     ]
+    log.flush()
+    assert len(access_lines(stream.getvalue())) == 4  # written once
+
+
+@pytest.mark.anyio
+async def test_the_windows_end_writes_what_is_pending(root_handler: list[logging.Handler]) -> None:
+    stream = io.StringIO()
+    _install(stream, filtered=False)
+    log = AccessLog(flush_after_s=0.0)
+    log.add("GET", "/healthz", 200, 0.001, "timed")
+    deadline = asyncio.get_running_loop().time() + SAFETY_S
+    while not stream.getvalue() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+    assert [e["request_id"] for e in access_lines(stream.getvalue())] == ["timed"]
+
+
+@pytest.mark.anyio
+async def test_a_full_window_is_written_at_once(root_handler: list[logging.Handler]) -> None:
+    stream = io.StringIO()
+    _install(stream, filtered=False)
+    log = AccessLog(flush_after_s=SAFETY_S, flush_lines=4)
+    for index in range(3):
+        log.add("GET", "/healthz", 200, 0.001, f"many-{index}")
+    assert stream.getvalue() == ""
+    log.add("GET", "/healthz", 200, 0.001, "last")
+    written = [e["request_id"] for e in access_lines(stream.getvalue())]
+    assert written == ["many-0", "many-1", "many-2", "last"]
+    assert stream.getvalue().count("\n") == 4
+    # The next line opens a window of its own.
+    log.add("GET", "/healthz", 200, 0.001, "next")
+    assert len(access_lines(stream.getvalue())) == 4
+    log.flush()
+    assert access_lines(stream.getvalue())[-1]["request_id"] == "next"
