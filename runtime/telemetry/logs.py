@@ -107,11 +107,13 @@ FLUSH_LINES = 512
 class AccessLog:
     """The access log's lines not yet written (see the module docstring)."""
 
-    __slots__ = ("_pending", "_timer", "flush_after_s", "flush_lines")
+    __slots__ = ("_loop", "_pending", "_timer", "flush_after_s", "flush_lines")
 
     def __init__(self, flush_after_s: float = FLUSH_AFTER_S, flush_lines: int = FLUSH_LINES):
         self._pending: list[AccessEntry] = []
         self._timer: asyncio.TimerHandle | None = None
+        # The loop the open window's timer runs on; None: no window open.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.flush_after_s = flush_after_s
         self.flush_lines = flush_lines
 
@@ -122,19 +124,22 @@ class AccessLog:
         pending = self._pending
         took_ms = round(took_s * 1000, 3)
         pending.append((time.time(), method[:16], route, status, took_ms, request_id))
-        if len(pending) == 1:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                self.flush()
-                return
-            self._timer = loop.call_later(self.flush_after_s, self.flush)
-        elif len(pending) >= self.flush_lines:
+        if len(pending) >= self.flush_lines:
             self.flush()
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.flush()
+            return
+        if self._loop is not loop:
+            # No window open here: none yet, or one whose loop ended before its timer.
+            self._loop = loop
+            self._timer = loop.call_later(self.flush_after_s, self.flush)
 
     def flush(self) -> None:
         """Write every pending line now, in order."""
-        timer, self._timer = self._timer, None
+        timer, self._timer, self._loop = self._timer, None, None
         if timer is not None:
             timer.cancel()  # a no-op when it is the timer calling
         pending, self._pending = self._pending, []

@@ -194,3 +194,24 @@ async def test_a_full_window_is_written_at_once(root_handler: list[logging.Handl
     assert len(access_lines(stream.getvalue())) == 4
     log.flush()
     assert access_lines(stream.getvalue())[-1]["request_id"] == "next"
+
+
+def test_a_window_whose_loop_ended_does_not_hold_later_lines(
+    root_handler: list[logging.Handler],
+) -> None:
+    stream = io.StringIO()
+    _install(stream, filtered=False)
+    log = AccessLog(flush_after_s=SAFETY_S)
+
+    async def one_line(request_id: str) -> None:
+        log.add("GET", "/healthz", 200, 0.001, request_id)
+
+    asyncio.run(one_line("first-loop"))  # its loop closes before the window's end
+    assert stream.getvalue() == ""
+    asyncio.run(one_line("second-loop"))  # a window of its own, on the new loop
+    log.add("GET", "/healthz", 200, 0.001, "no-loop")  # outside any loop: written at once
+    assert [e["request_id"] for e in access_lines(stream.getvalue())] == [
+        "first-loop",
+        "second-loop",
+        "no-loop",
+    ]
