@@ -69,7 +69,7 @@ from runtime.errors import InvalidEvent, ThawError
 from runtime.http.edge import INVOCATION_ID
 from runtime.http.problems import ERROR_SINK, ErrorSink
 from runtime.settings import Settings
-from runtime.telemetry.logs import configure_logging
+from runtime.telemetry.logs import ACCESS, configure_logging
 from runtime.wire.render import LambdaError, lambda_error
 
 if TYPE_CHECKING:
@@ -245,6 +245,9 @@ def _client_context(text: str | None) -> Any:
 
 async def _worker(api: RuntimeAPI, invoker: Invoker, instance: Instance, concurrency: int) -> None:
     while True:
+        # Asking for the next event may freeze the sandbox (and a frozen one may be
+        # reaped): the access lines of what was answered are written first.
+        ACCESS.flush()
         invocation = await api.next()
         clock = instance.clock
         started = clock.monotonic()
