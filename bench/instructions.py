@@ -106,8 +106,16 @@ async def _start_lifespan(app: Any) -> asyncio.Task[None]:
 async def _drive(which: str, path: str, count: int) -> None:
     if which == "thaw":
         from runtime.http.app import create_app
+        from runtime.settings import Settings
+        from runtime.telemetry.logs import configure_logging
 
-        app = create_app()
+        settings = Settings.from_env()
+        # As `thaw serve` logs: JSON lines (the access log's among them) to stderr,
+        # here a file beside the job store (callgrind's own report is on fd 2).
+        Path(settings.state_dir).mkdir(parents=True, exist_ok=True)
+        sys.stderr = open(Path(settings.state_dir) / "server.log", "a")  # noqa: SIM115
+        configure_logging(settings.log_level)
+        app = create_app(settings)
         lifespan = await _start_lifespan(app)
     else:
         from bench import bare_app
@@ -201,6 +209,9 @@ def _per_request(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--server", action="store_true", help="also count the real servers")
+    parser.add_argument(
+        "--log-level", default="INFO", help="THAW_LOG_LEVEL (WARNING: no access log)"
+    )
     parser.add_argument("--drive", nargs=3, metavar=("WHICH", "PATH", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.drive:
@@ -216,7 +227,8 @@ def main() -> None:
     print("| instructions per request | Thaw | bare | ratio |")
     print("|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="thaw-ir-") as tmp:
-        env = runtime_env(Path(tmp), handlers=HANDLERS, log_level="WARNING")
+        # INFO, as deployed: every request writes its access-log line.
+        env = runtime_env(Path(tmp), handlers=HANDLERS, log_level=args.log_level)
         for mode, measure, counts in modes:
             for label, thaw_path, bare_path in PAIRS:
                 thaw = _per_request(measure, "thaw", thaw_path, counts, env)

@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
+
 from bench.common import (
     Conn,
     Proc,
@@ -42,8 +44,13 @@ from bench.common import (
 )
 
 BODY = b'{"hello": "world", "n": [1, 2, 3]}'
+# RunPod's request: the same event as its `input`.
+RUNPOD_BODY = b'{"input": ' + BODY + b"}"
 P50_TARGET = 1.25
+P99_TARGET = 1.5
 RPS_TARGET = 0.8
+# A durable async job, submitted and its result read (issue 29): an absolute target.
+JOB_P50_TARGET_S = 1.0e-3
 
 
 @dataclass
@@ -55,14 +62,14 @@ class Slot:
     rps: float
 
 
-async def _client(port: int, path: str, until: float, latencies: list[float]) -> None:
+async def _client(port: int, path: str, body: bytes, until: float, latencies: list[float]) -> None:
     conn = await Conn(port).open()
     try:
         while True:
             started = time.monotonic()
             if started >= until:
                 return
-            reply = await conn.request("POST", path, BODY)
+            reply = await conn.request("POST", path, body)
             if reply.status != 200:
                 raise RuntimeError(f"{path} answered {reply.status}: {reply.body[:200]!r}")
             latencies.append(reply.done_at - started)
@@ -70,13 +77,52 @@ async def _client(port: int, path: str, until: float, latencies: list[float]) ->
         await conn.close()
 
 
-async def measure(port: int, path: str, clients: int, duration_s: float) -> Slot:
+async def measure(
+    port: int, path: str, clients: int, duration_s: float, body: bytes = BODY
+) -> Slot:
     latencies: list[float] = []
     started = time.monotonic()
     until = started + duration_s
-    await asyncio.gather(*(_client(port, path, until, latencies) for _ in range(clients)))
+    await asyncio.gather(*(_client(port, path, body, until, latencies) for _ in range(clients)))
     elapsed = time.monotonic() - started
     return Slot(percentile(latencies, 50), percentile(latencies, 99), len(latencies) / elapsed)
+
+
+async def _thaw_cycle(conn: Conn) -> None:
+    """Submit a job of `echo`, then long-poll its result: durable in SQLite."""
+    submitted = await conn.request("POST", "/handlers/echo/jobs", BODY)
+    if submitted.status != 202:
+        raise RuntimeError(f"submit answered {submitted.status}: {submitted.body[:200]!r}")
+    job_id = orjson.loads(submitted.body)["id"]
+    done = await conn.request("GET", f"/jobs/{job_id}?wait=5")
+    if done.status != 200 or orjson.loads(done.body)["status"] != "succeeded":
+        raise RuntimeError(f"job answered {done.status}: {done.body[:200]!r}")
+
+
+async def _runpod_cycle(conn: Conn) -> None:
+    """RunPod's local worker: `/run` keeps the job in memory, `/status/{id}` runs it."""
+    submitted = await conn.request("POST", "/run", RUNPOD_BODY)
+    job_id = orjson.loads(submitted.body)["id"]
+    done = await conn.request("POST", f"/status/{job_id}")
+    if done.status != 200 or orjson.loads(done.body)["status"] != "COMPLETED":
+        raise RuntimeError(f"job answered {done.status}: {done.body[:200]!r}")
+
+
+async def measure_jobs(port: int, duration_s: float, runpod: bool = False) -> Slot:
+    """One client's submit -> result cycles, again and again: p50, p99, cycles/s."""
+    cycle = _runpod_cycle if runpod else _thaw_cycle
+    cycles: list[float] = []
+    conn = await Conn(port).open()
+    started = time.monotonic()
+    until = started + duration_s
+    try:
+        while (begun := time.monotonic()) < until:
+            await cycle(conn)
+            cycles.append(time.monotonic() - begun)
+    finally:
+        await conn.close()
+    elapsed = time.monotonic() - started
+    return Slot(percentile(cycles, 50), percentile(cycles, 99), len(cycles) / elapsed)
 
 
 def _ratio(a: list[Slot], b: list[Slot], field: str) -> float:
@@ -99,12 +145,14 @@ PAIRS = (
 
 async def _run(ports: dict[str, int], rounds: int, duration_s: float) -> list[Row]:
     variants = {
-        f"{server}{path}": (ports[server], path)
+        f"{server}{path}": (ports[server], path, BODY)
         for _, *pair in PAIRS
         for server, path in (pair[:2], pair[2:])
     }
-    for port, path in variants.values():  # warm every path: first calls, thread pools
-        await measure(port, path, 8, 0.5)
+    if "runpod" in ports:
+        variants["runpod/runsync"] = (ports["runpod"], "/runsync", RUNPOD_BODY)
+    for port, path, body in variants.values():  # warm every path: first calls, thread pools
+        await measure(port, path, 8, 0.5, body)
     rows: list[Row] = []
     for clients in (1, 8):
         slots: dict[str, list[Slot]] = {name: [] for name in variants}
@@ -112,45 +160,116 @@ async def _run(ports: dict[str, int], rounds: int, duration_s: float) -> list[Ro
             names = list(variants)
             order = names if index % 2 == 0 else names[::-1]
             for name in order:
-                port, path = variants[name]
-                slots[name].append(await measure(port, path, clients, duration_s))
+                port, path, body = variants[name]
+                slots[name].append(await measure(port, path, clients, duration_s, body))
         for label, thaw_server, thaw_path, bare_server, bare_path in PAIRS:
             thaw, bare = slots[thaw_server + thaw_path], slots[bare_server + bare_path]
-            p50_ratio = _ratio(thaw, bare, "p50_s")
-            rps_ratio = 1 / _ratio(bare, thaw, "rps")
-            prefix = f"warm {label}, {clients} client{'s' if clients > 1 else ''}"
-            rows += [
-                Row(
-                    f"{prefix}: p50 latency",
-                    fmt_s(median([s.p50_s for s in thaw])),
-                    fmt_s(median([s.p50_s for s in bare])),
-                    fmt_x(p50_ratio),
-                    f"<= {P50_TARGET}x bare",
-                    verdict(p50_ratio <= P50_TARGET),
-                ),
-                Row(
-                    f"{prefix}: p99 latency",
-                    fmt_s(median([s.p99_s for s in thaw])),
-                    fmt_s(median([s.p99_s for s in bare])),
-                    fmt_x(_ratio(thaw, bare, "p99_s")),
-                ),
-                Row(
-                    f"{prefix}: requests/s",
-                    f"{median([s.rps for s in thaw]):.0f}",
-                    f"{median([s.rps for s in bare]):.0f}",
-                    fmt_x(rps_ratio),
-                    f">= {RPS_TARGET}x bare",
-                    verdict(rps_ratio >= RPS_TARGET),
-                ),
-            ]
+            rows += _pair_rows(f"warm {label}, {_clients(clients)}", thaw, bare)
+        if "runpod/runsync" in slots:
+            thaw, runpod = slots["thaw/invoke/echo"], slots["runpod/runsync"]
+            rows += _runpod_rows(
+                f"warm `echo` vs RunPod `/runsync`, {_clients(clients)}", thaw, runpod
+            )
+    rows += await _jobs_rows(ports, rounds, duration_s)
     return rows
 
 
-def run(*, quick: bool = False) -> list[Row]:
+def _clients(count: int) -> str:
+    return f"{count} client{'s' if count > 1 else ''}"
+
+
+def _pair_rows(prefix: str, thaw: list[Slot], bare: list[Slot]) -> list[Row]:
+    p50_ratio = _ratio(thaw, bare, "p50_s")
+    p99_ratio = _ratio(thaw, bare, "p99_s")
+    rps_ratio = 1 / _ratio(bare, thaw, "rps")
+    return [
+        Row(
+            f"{prefix}: p50 latency",
+            fmt_s(median([s.p50_s for s in thaw])),
+            fmt_s(median([s.p50_s for s in bare])),
+            fmt_x(p50_ratio),
+            f"<= {P50_TARGET}x bare",
+            verdict(p50_ratio <= P50_TARGET),
+        ),
+        Row(
+            f"{prefix}: p99 latency",
+            fmt_s(median([s.p99_s for s in thaw])),
+            fmt_s(median([s.p99_s for s in bare])),
+            fmt_x(p99_ratio),
+            f"<= {P99_TARGET}x bare",
+            verdict(p99_ratio <= P99_TARGET),
+        ),
+        Row(
+            f"{prefix}: requests/s",
+            f"{median([s.rps for s in thaw]):.0f}",
+            f"{median([s.rps for s in bare]):.0f}",
+            fmt_x(rps_ratio),
+            f">= {RPS_TARGET}x bare",
+            verdict(rps_ratio >= RPS_TARGET),
+        ),
+    ]
+
+
+def _runpod_rows(prefix: str, thaw: list[Slot], runpod: list[Slot]) -> list[Row]:
+    """Thaw against RunPod's worker (baseline column: RunPod), for information."""
+    return [
+        Row(
+            f"{prefix}: {what}",
+            fmt(median([getattr(s, field) for s in thaw])),
+            fmt(median([getattr(s, field) for s in runpod])),
+            fmt_x(_ratio(thaw, runpod, field)),
+        )
+        for what, field, fmt in (
+            ("p50 latency", "p50_s", fmt_s),
+            ("p99 latency", "p99_s", fmt_s),
+            ("requests/s", "rps", lambda v: f"{v:.0f}"),
+        )
+    ]
+
+
+async def _jobs_rows(ports: dict[str, int], rounds: int, duration_s: float) -> list[Row]:
+    """Submit -> result, one client; Thaw's and (if it runs) RunPod's in alternate slots."""
+    arms = {"thaw": False} | ({"runpod": True} if "runpod" in ports else {})
+    for name, runpod in arms.items():  # the job path's first calls
+        await measure_jobs(ports[name], 0.5, runpod)
+    slots: dict[str, list[Slot]] = {name: [] for name in arms}
+    for index in range(rounds):
+        names = list(arms) if index % 2 == 0 else list(arms)[::-1]
+        for name in names:
+            slots[name].append(await measure_jobs(ports[name], duration_s, arms[name]))
+    thaw = slots["thaw"]
+    p50_s = median([s.p50_s for s in thaw])
+    runpod = slots.get("runpod")
+    base = "—" if runpod is None else fmt_s(median([s.p50_s for s in runpod]))
+    base99 = "—" if runpod is None else fmt_s(median([s.p99_s for s in runpod]))
+    return [
+        Row(
+            "durable async job (SQLite), 1 client: submit -> result p50"
+            + ("" if runpod is None else " (baseline: RunPod /run -> /status, in memory)"),
+            fmt_s(p50_s),
+            base,
+            "—" if runpod is None else fmt_x(_ratio(thaw, runpod, "p50_s")),
+            f"<= {fmt_s(JOB_P50_TARGET_S)}",
+            verdict(p50_s <= JOB_P50_TARGET_S),
+        ),
+        Row(
+            "durable async job (SQLite), 1 client: submit -> result p99",
+            fmt_s(median([s.p99_s for s in thaw])),
+            base99,
+            "—" if runpod is None else fmt_x(_ratio(thaw, runpod, "p99_s")),
+        ),
+    ]
+
+
+def run(
+    *, quick: bool = False, runpod_python: str | None = None, log_level: str = "INFO"
+) -> list[Row]:
+    """`runpod_python`: a Python with the `runpod` package, to add RunPod's worker;
+    `log_level`: Thaw's THAW_LOG_LEVEL (INFO, as deployed, writes the access log)."""
     rounds, duration_s = (4, 0.6) if quick else (12, 1.0)
     with tempfile.TemporaryDirectory(prefix="thaw-bench-") as tmp_dir:
         tmp = Path(tmp_dir)
-        env = runtime_env(tmp, handlers="handlers.echo,bench.fixtures")
+        env = runtime_env(tmp, handlers="handlers.echo,bench.fixtures", log_level=log_level)
         ports = {"thaw": free_port(), "bare": free_port()}
         with stopping([]) as procs:
             procs.append(
@@ -159,12 +278,31 @@ def run(*, quick: bool = False) -> list[Row]:
             procs.append(
                 Proc(bare_argv(ports["bare"]), env, ports["bare"], tmp / "bare.log").start()
             )
+            if runpod_python:
+                ports["runpod"] = port = free_port()
+                argv = [runpod_python, str(Path(__file__).with_name("runpod_worker.py")), str(port)]
+                procs.append(Proc(argv, env, port, tmp / "runpod.log").start())
             for proc in procs:
                 proc.wait_healthy()
             return asyncio.run(_run(ports, rounds, duration_s))
 
 
 if __name__ == "__main__":
+    import argparse
+
     from bench.common import render
 
-    print(render(run()))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="4 rounds of 0.6 s, not 12 of 1 s")
+    parser.add_argument(
+        "--runpod-python",
+        metavar="PYTHON",
+        help="a Python with `pip install runpod`: RunPod's worker measured beside Thaw",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        help="Thaw's THAW_LOG_LEVEL (WARNING: no access log, to see what it costs)",
+    )
+    args = parser.parse_args()
+    print(render(run(quick=args.quick, runpod_python=args.runpod_python, log_level=args.log_level)))

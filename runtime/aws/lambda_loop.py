@@ -80,7 +80,7 @@ from runtime.http.edge import INVOCATION_ID
 from runtime.http.problems import ERROR_SINK, ErrorSink
 from runtime.models.weights import host as host_memory
 from runtime.settings import Settings
-from runtime.telemetry.logs import configure_logging
+from runtime.telemetry.logs import ACCESS, configure_logging
 from runtime.wire.render import LambdaError, lambda_error, problem
 
 if TYPE_CHECKING:
@@ -287,6 +287,9 @@ def _client_context(text: str | None) -> Any:
 
 async def _worker(api: RuntimeAPI, invoker: Invoker, instance: Instance, concurrency: int) -> None:
     while True:
+        # Asking for the next event may freeze the sandbox (and a frozen one may be
+        # reaped): the access lines of what was answered are written first.
+        ACCESS.flush()
         invocation = await api.next()
         clock = instance.clock
         started = clock.monotonic()

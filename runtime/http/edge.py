@@ -20,17 +20,15 @@ import re
 import time
 from collections.abc import Awaitable, Iterator
 from contextvars import ContextVar
+from typing import Any
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.errors import BadRequest, Draining
 from runtime.http.problems import problem_response, render_error
-from runtime.telemetry.logs import REQUEST_ID
+from runtime.telemetry.logs import ACCESS, REQUEST_ID, access_log
 from runtime.telemetry.metrics import UNMATCHED, RequestStats
-
-# One line per request, at info: method, route template, status, duration, request id.
-access_log = logging.getLogger("thaw.access")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # Matches uvicorn's h11_max_incomplete_event_size in server.py.
@@ -42,6 +40,10 @@ def _stopping(scope: Scope) -> bool:
     app = scope.get("app")
     return bool(getattr(getattr(app, "state", None), "stopping", False))
 
+
+# The headers the warm path reads, picked out in `Edge`'s one pass (`header_of`).
+_PICKED = frozenset({b"x-request-id", b"content-length", b"accept", b"prefer"})
+PICKED_SCOPE = "thaw.headers"
 
 # Routes whose answer depends on the Prefer header (RFC 7240 §2: `Vary: Prefer`).
 _VARY_PREFER = frozenset({"/invoke/{handler}"})
@@ -101,11 +103,18 @@ class Edge:
             return
         started = time.monotonic()
         size = 0
-        given: bytes | None = None
+        # The one pass over the headers: the few the warm path reads are kept here
+        # (the first of each; every Prefer line), so no later reader scans them again.
+        picked: dict[bytes, Any] = {}
         for name, value in scope["headers"]:
             size += len(name) + len(value) + 4
-            if name == b"x-request-id" and given is None:
-                given = value
+            if name in _PICKED:
+                if name == b"prefer":
+                    picked.setdefault(name, []).append(value.decode("latin-1"))
+                elif name not in picked:
+                    picked[name] = value
+        scope[PICKED_SCOPE] = picked
+        given: bytes | None = picked.get(b"x-request-id")
         # An in-process caller's own unique id (the Lambda loop's invocation id), else new.
         request_id = INVOCATION_ID.get() or next(_IDS)
         scope["thaw.request_id"] = request_id
@@ -171,26 +180,9 @@ class Edge:
             if requests is not None and status:
                 requests.observe(method, template, status, took_s)
             if access_log.isEnabledFor(logging.INFO):
-                _access_line(method, template, status, took_s)
+                # Written after the answer, at the end of this loop turn (logs.py).
+                ACCESS.add(method, template, status, took_s, shown)
             REQUEST_ID.reset(token)
-
-
-def _access_line(method: str, template: str, status: int, took_s: float) -> None:
-    """One request's access-log line (status 0: it ended with no answer, cut off)."""
-    took_ms = round(took_s * 1000, 3)
-    access_log.info(
-        "%s %s %d %.1f ms",
-        method[:16],
-        template,
-        status,
-        took_ms,
-        extra={
-            "method": method[:16],
-            "route": template,
-            "status_code": status,
-            "duration_ms": took_ms,
-        },
-    )
 
 
 # Set by an in-process caller whose request already has an id unique to it and
@@ -244,3 +236,22 @@ def correlation_id_in(request: Request) -> str | None:
     """The caller's X-Request-Id, when it gave a valid one."""
     correlation_id: str | None = request.scope["thaw.correlation_id"]
     return correlation_id
+
+
+def header_of(request: Request, name: bytes) -> str | None:
+    """The request's first `name` header (one of `_PICKED`, lower case), as Starlette's
+    `request.headers.get` gives it, from `Edge`'s pass when it ran (else a scan)."""
+    picked: dict[bytes, Any] | None = request.scope.get(PICKED_SCOPE)
+    if picked is None:
+        return request.headers.get(name.decode())
+    value: bytes | None = picked.get(name)
+    return None if value is None else value.decode("latin-1")
+
+
+def prefer_lines(request: Request) -> list[str]:
+    """Every Prefer header line of the request, in order."""
+    picked: dict[bytes, Any] | None = request.scope.get(PICKED_SCOPE)
+    if picked is None:
+        return request.headers.getlist("prefer")
+    lines: list[str] = picked.get(b"prefer", [])
+    return lines

@@ -18,6 +18,7 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 
 from runtime.errors import BadRequest, InvalidJSON, Overloaded, PayloadTooLarge, RequestTimeout
+from runtime.http.edge import header_of
 
 
 def _too_deep(body: bytes, value: Any, max_depth: int) -> bool:
@@ -71,7 +72,7 @@ class Intake:
 
     async def read(self, request: Request, max_body_bytes: int) -> bytes:
         """The whole body, counted in `buffered` until `release(len(body))`."""
-        declared = request.headers.get("content-length")
+        declared = header_of(request, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
             raise PayloadTooLarge(
                 f"body of {declared} bytes exceeds THAW_MAX_BODY_BYTES={max_body_bytes}",

@@ -21,6 +21,26 @@ class JSONResponse(Response):
         return orjson.dumps(content, option=_JSON_OPTS)
 
 
+class OutputResponse(Response):
+    """A handler's output answered (200): its JSON bytes and its Server-Timing.
+
+    The header list is built here as is, not through Starlette's `init_headers`
+    (which lowercases and encodes a mapping, then scans it for the two headers it
+    adds): this is every warm invocation's answer (issue 29)."""
+
+    media_type = "application/json"
+
+    def __init__(self, body: bytes, timing: str) -> None:
+        self.status_code = 200
+        self.background = None
+        self.body = body
+        self.raw_headers = [
+            (b"server-timing", timing.encode("latin-1")),
+            (b"content-length", b"%d" % len(body)),
+            (b"content-type", b"application/json"),
+        ]
+
+
 def server_timing(timings_ms: dict[str, float], batch_size: int | None = None) -> str:
     """The Server-Timing value; the dispatcher fills `timings_ms` in phase order.
     A batched request's `batch` (its wait for the batch) says the batch's size."""

@@ -241,8 +241,13 @@ class JobManager:
         while not local.released:
             tries += 1
             try:
-                finish = partial(store.finish, attempt=job.attempts)  # fenced by the run
-                if await calls.write(finish, job.id, self.owner, status, output, error):
+                finish = partial(_finish_and_read, store, job.attempts)  # fenced by the run
+                final = await calls.write(finish, job.id, self.owner, status, output, error)
+                if final:
+                    if isinstance(final, Job):
+                        # Its polls (the caller's long-poll waits on `done`) are answered
+                        # from memory, with no store read of their own.
+                        self.finished.remember(final)
                     recorded = True
                     break
                 current = await calls.read(store.get, job.id)
@@ -310,6 +315,11 @@ class JobManager:
     ) -> Job:
         clock = self.clock
         deadline = clock.monotonic() + wait_s
+        local = self.local.get(job_id)
+        if wait_s > 0 and local is not None and local.job.key_id == key_id:
+            # Held here, for this key: its end is heard here, so wait for it before
+            # any read (then answered from `finished`, which its outcome filled).
+            await wait_set(clock, local.done, wait_s)
         while True:
             if changed is not None:
                 changed.clear()
@@ -427,3 +437,19 @@ class JobManager:
         self.leases.close()
         if self.owner_lock is not None:
             self.owner_lock.release(delete=self._abandoned == 0 and not self.local)
+
+
+def _finish_and_read(
+    store: JobStore,
+    attempt: int,
+    job_id: str,
+    owner: str,
+    status: JobStatus,
+    output: Any,
+    error: dict[str, Any] | None,
+) -> Job | bool:
+    """Finish the job (fenced by `attempt`); then, in the same thread call, its final
+    record as the store now has it (True when recorded but no longer readable)."""
+    if not store.finish(job_id, owner, status, output, error, attempt=attempt):
+        return False
+    return store.get(job_id) or True

@@ -10,10 +10,24 @@ for each request (runtime.http.edge.Edge) and the job manager for each job it
 runs: every line logged while a request or its job is served names it, the
 runtime's own lines and a handler's alike (handler threads and tasks run in a
 copy of the request's context). One `extra=` of its own wins.
+
+The access log (`thaw.access`, one line per answered request) is written after
+the answer, not on its path: `ACCESS.add` keeps the line's fields (its time
+stamped then) and the lines are written together, in the order the requests
+ended, FLUSH_AFTER_S after the first of them was kept (or at once when
+FLUSH_LINES are pending), in one write to the stream when our JSON handler is
+where they go (`JSONLines`), else each through the logger as any record. A
+write per loop turn cost one client's warm requests 0.1-0.15x of the bare
+app's latency (issue 29, BENCHMARKS.md); a write per window costs a few per
+second. Pending lines are written at exit and when the server stops
+(`ACCESS.flush`), so a stopped server has logged every request it answered;
+what a SIGKILL loses is the last window's lines.
 """
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import logging
 import sys
 import time
@@ -38,11 +52,24 @@ _EXTRA_FIELDS = (
 REQUEST_ID: ContextVar[str | None] = ContextVar("thaw_request_id", default=None)
 
 
+# The last second formatted by `_stamp`, and its text: lines of one second share it.
+_second: list[Any] = [None, ""]
+
+
+def _stamp(created: float) -> str:
+    """`created` (epoch seconds) as the line's ts: UTC, milliseconds, as LogRecord rounds."""
+    whole = int(created)
+    if _second[0] != whole:
+        _second[1] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+        _second[0] = whole
+    millis = int((created - whole) * 1000)  # LogRecord.msecs
+    return f"{_second[1]}.{millis:03d}Z"
+
+
 class JSONFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "ts": _stamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -59,8 +86,151 @@ class JSONFormatter(logging.Formatter):
         return orjson.dumps(entry, default=str).decode()
 
 
+class JSONLines(logging.StreamHandler):  # type: ignore[type-arg]
+    """The runtime's handler: JSON lines (`JSONFormatter`) to a stream."""
+
+
+# One request's access-log line, as kept until written:
+# (created, method, route template, status, duration ms, request id).
+AccessEntry = tuple[float, str, str, int, float, str | None]
+
+access_log = logging.getLogger("thaw.access")
+
+
+# How long an access line may wait to be written with the lines after it, and how
+# many may wait: a window short enough to read the log live, long enough to
+# write a busy second's lines in tens of writes, not thousands.
+FLUSH_AFTER_S = 0.05
+FLUSH_LINES = 512
+
+
+class AccessLog:
+    """The access log's lines not yet written (see the module docstring)."""
+
+    __slots__ = ("_loop", "_pending", "_timer", "flush_after_s", "flush_lines")
+
+    def __init__(self, flush_after_s: float = FLUSH_AFTER_S, flush_lines: int = FLUSH_LINES):
+        self._pending: list[AccessEntry] = []
+        self._timer: asyncio.TimerHandle | None = None
+        # The loop the open window's timer runs on; None: no window open.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.flush_after_s = flush_after_s
+        self.flush_lines = flush_lines
+
+    def add(self, method: str, route: str, status: int, took_s: float, request_id: str) -> None:
+        """One answered request's line (status 0: it ended with no answer, cut off),
+        written `flush_after_s` later with the lines kept meanwhile (at once outside
+        a running loop, or when `flush_lines` are pending)."""
+        pending = self._pending
+        took_ms = round(took_s * 1000, 3)
+        pending.append((time.time(), method[:16], route, status, took_ms, request_id))
+        if len(pending) >= self.flush_lines:
+            self.flush()
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.flush()
+            return
+        if self._loop is not loop:
+            # No window open here: none yet, or one whose loop ended before its timer.
+            self._loop = loop
+            self._timer = loop.call_later(self.flush_after_s, self.flush)
+
+    def flush(self) -> None:
+        """Write every pending line now, in order."""
+        timer, self._timer, self._loop = self._timer, None, None
+        if timer is not None:
+            timer.cancel()  # a no-op when it is the timer calling
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        handler = _direct_handler()
+        if handler is None:
+            for entry in pending:
+                access_log.handle(_record(entry))
+            return
+        text = "".join([_line(entry) + handler.terminator for entry in pending])
+        handler.acquire()
+        try:
+            handler.stream.write(text)
+            handler.flush()
+        except Exception:  # as StreamHandler.emit: reported, never raised into the caller
+            handler.handleError(_record(pending[0]))
+        finally:
+            handler.release()
+
+
+def _direct_handler() -> JSONLines | None:
+    """Our JSON handler when it alone takes `thaw.access` lines (no filter, no other
+    handler on the way): then a batch is written as one string; else None."""
+    if access_log.handlers or access_log.filters or not access_log.propagate:
+        return None
+    root = logging.getLogger()
+    if root.filters or len(root.handlers) != 1:
+        return None
+    handler = root.handlers[0]
+    if type(handler) is not JSONLines or handler.filters or handler.level > logging.INFO:
+        return None
+    if type(handler.formatter) is not JSONFormatter:
+        return None
+    return handler
+
+
+def _message(entry: AccessEntry) -> str:
+    _, method, route, status, took_ms, _ = entry
+    return "%s %s %d %.1f ms" % (method, route, status, took_ms)  # noqa: UP031  # the logged form
+
+
+def _line(entry: AccessEntry) -> str:
+    """The JSON line `JSONFormatter` writes for `_record(entry)`, field for field."""
+    created, method, route, status, took_ms, request_id = entry
+    line: dict[str, Any] = {
+        "ts": _stamp(created),
+        "level": "info",
+        "logger": access_log.name,
+        "msg": _message(entry),
+    }
+    if request_id is not None:
+        line["request_id"] = request_id
+    # In _EXTRA_FIELDS' order.
+    line["duration_ms"] = took_ms
+    line["method"] = method
+    line["route"] = route
+    line["status_code"] = status
+    return orjson.dumps(line).decode()
+
+
+def _record(entry: AccessEntry) -> logging.LogRecord:
+    created, method, route, status, took_ms, request_id = entry
+    record = access_log.makeRecord(
+        access_log.name,
+        logging.INFO,
+        __file__,
+        0,
+        _message(entry),
+        (),
+        None,
+        extra={
+            "method": method,
+            "route": route,
+            "status_code": status,
+            "duration_ms": took_ms,
+            "request_id": request_id,
+        },
+    )
+    record.created = created
+    record.msecs = int((created - int(created)) * 1000) + 0.0
+    return record
+
+
+ACCESS = AccessLog()
+# At exit (after the loop stopped): lines still pending are written before logging shuts down.
+atexit.register(ACCESS.flush)
+
+
 def configure_logging(level: str = "INFO") -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    handler = JSONLines(sys.stderr)
     handler.setFormatter(JSONFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -6,6 +6,7 @@ The test pushes events and reads back what the runtime posted:
     api.result(request_id)                        -> Posted(kind="response"|"error", ...)
     api.init_error()                              -> the /init/error post
     api.deliveries                                -> (request_id, time.time()) per `next`
+    api.asks                                      -> how many `next` calls arrived
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Posted:
 class FakeRuntimeAPI:
     port: int = field(default_factory=free_port)
     deliveries: list[tuple[str, float]] = field(default_factory=list)
+    asks: int = 0
     _loop: asyncio.AbstractEventLoop | None = None
     _queue: asyncio.Queue[tuple[str, bytes, int] | None] | None = None
     _results: dict[str, concurrent.futures.Future[Posted]] = field(default_factory=dict)
@@ -75,6 +77,7 @@ class FakeRuntimeAPI:
 
     async def _next(self, request: Request) -> Response:
         assert self._queue is not None
+        self.asks += 1
         item = await self._queue.get()
         if item is None:
             return JSONResponse({"errorType": "Stopped"}, status_code=410)

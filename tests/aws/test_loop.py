@@ -12,6 +12,7 @@ import orjson
 from runtime.aws import limits
 from tests.aws.conftest import LambdaProcess
 from tests.aws.fake_runtime_api import FakeRuntimeAPI
+from tests.support import until
 
 Start = Callable[..., LambdaProcess]
 HANDLERS = (
@@ -136,6 +137,25 @@ def test_http_event_round_trip_keeps_status_headers_and_body(
     assert problem["statusCode"] == 404
     assert problem["headers"]["content-type"] == "application/problem+json"
     assert orjson.loads(problem["body"])["type"].endswith("/unknown-job")
+
+
+def test_an_answers_access_line_is_written_before_the_next_event_is_asked_for(
+    start_runtime: Start, runtime_api: FakeRuntimeAPI
+) -> None:
+    # Asking for the next event may freeze the sandbox, and a frozen one may be
+    # reaped unannounced: the line must not wait for the access log's window.
+    runtime = start_runtime(THAW_HANDLERS=HANDLERS, THAW_LOG_LEVEL="INFO")
+    asked = until(lambda: runtime_api.asks >= 1, "the first next")
+    assert asked
+    answered = runtime_api.push(
+        http_event("POST", "/invoke/echo", b"{}", headers={"x-request-id": "before-next"})
+    )
+    assert runtime_api.result(answered).json()["statusCode"] == 200
+    until(lambda: runtime_api.asks >= 2, "the next event asked for")
+    runtime.kill()  # SIGKILL: no exit hook runs
+    lines = [orjson.loads(line) for line in runtime.log().splitlines() if line.startswith("{")]
+    access = [e for e in lines if e["logger"] == "thaw.access"]
+    assert [e["request_id"] for e in access] == ["before-next"], access
 
 
 def test_short_deadline_gives_a_job_that_ends_before_the_next_event(

@@ -182,8 +182,10 @@ async def test_every_line_about_a_request_and_its_job_names_the_request(
     def about(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [e for e in lines if e.get("request_id") == request_id]
 
+    # The access line waits for its flush window (runtime/telemetry/logs.py): both.
     lines = await wait_for_lines(
-        logs, lambda lines: any(e["logger"] == "thaw.jobs" for e in about(lines))
+        logs,
+        lambda lines: {"thaw.access", "thaw.jobs"} <= {e["logger"] for e in about(lines)},
     )
     loggers = {entry["logger"] for entry in about(lines)}
     # The access line, the handler's error, the job's end: all under the request's id.

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from runtime.clock import ManualClock
-from runtime.errors import LoadFailed
+from runtime.errors import LoadFailed, UnknownJob
 from runtime.jobs.job import Job, JobStatus
 from runtime.jobs.manager import JobManager
 from runtime.jobs.stores.sqlite import SQLiteJobStore
@@ -235,29 +235,24 @@ async def test_abort_all_records_running_jobs_as_drained(
     assert await tasks_back_to(before)
 
 
-class StaleRead(SQLiteJobStore):
-    """A real store whose next read, once `hold` is set, returns the row as it was
-    when the read began, but only after `go`: a poll overtaken by the job's end."""
+class CountedReads(SQLiteJobStore):
+    """A real store that counts its reads and says when one begins."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.hold = threading.Event()
-        self.began = threading.Event()
-        self.go = threading.Event()
+        self.reads = 0
+        self.read_began = threading.Event()
 
     def get(self, job_id: str) -> Job | None:
-        found = super().get(job_id)
-        if self.hold.is_set():
-            self.hold.clear()
-            self.began.set()
-            self.go.wait(SAFETY_S)
-        return found
+        self.reads += 1
+        self.read_began.set()
+        return super().get(job_id)
 
 
-async def test_a_poll_overtaken_by_the_jobs_end_here_reads_its_outcome_at_once(
+async def test_a_long_poll_of_a_job_held_here_waits_for_its_end_then_answers_from_memory(
     tmp_path: Path, clock: ManualClock
 ) -> None:
-    store = StaleRead(tmp_path / "jobs.sqlite3", ttl_s=60.0, clock=clock)
+    store = CountedReads(tmp_path / "jobs.sqlite3", ttl_s=60.0, clock=clock)
     jobs = manager(store)
     job = await jobs.record("echo", {}, phase="running", key_id=None)
     release = asyncio.Event()
@@ -267,12 +262,17 @@ async def test_a_poll_overtaken_by_the_jobs_end_here_reads_its_outcome_at_once(
         return "done"
 
     jobs.follow(job, asyncio.ensure_future(work()), lambda: ("running", None))
-    store.hold.set()
     poll = asyncio.ensure_future(jobs.get(job.id, key_id=None, wait_s=5.0))
-    await asyncio.to_thread(store.began.wait, SAFETY_S)  # it read the job running
+    for _ in range(20):  # turns of the loop, and a thread's time to begin a read
+        await asyncio.sleep(0)
+    await asyncio.to_thread(store.read_began.wait, 0.05)
+    assert not poll.done() and store.reads == 0  # waiting on the job's end, not the store
     release.set()
-    await asyncio.wait_for(jobs.wait_idle(), SAFETY_S)  # recorded, and no longer held here
-    store.go.set()
-    # No clock advance: the poll must not wait for one to read what it already missed.
+    # No clock advance: the poll wakes on the job's end, not on a timer.
     done = await asyncio.wait_for(poll, SAFETY_S)
     assert done.status is JobStatus.SUCCEEDED and done.output == "done"
+    # One read, by the outcome's own write (the record it stored), and none by the poll.
+    assert store.reads == 1
+    # Another key's poll of it is answered as for an unknown id, whatever is held here.
+    with pytest.raises(UnknownJob):
+        await jobs.get(job.id, key_id="someone-else", wait_s=5.0)

@@ -15,11 +15,11 @@ from runtime.dispatch.streams import Streaming
 from runtime.errors import ThawError
 from runtime.http import sse
 from runtime.http.auth import key_id_of
-from runtime.http.edge import request_id_of
+from runtime.http.edge import header_of, prefer_lines, request_id_of
 from runtime.http.holds import Holds
 from runtime.http.intake import Intake, parse_json
 from runtime.http.prefer import NO_PREFERENCES, Preferences, parse_prefer
-from runtime.http.responses import job_response, server_timing
+from runtime.http.responses import OutputResponse, job_response, server_timing
 from runtime.instance import Instance
 from runtime.wire.outputs import encode_output
 
@@ -38,9 +38,7 @@ async def invocation(request: Request, *, force_async: bool) -> Response | sse.E
             size = len(raw)
             event = parse_json(raw, settings.max_json_depth)
             # The submit route always answers 202 and reads no preference.
-            prefs = (
-                NO_PREFERENCES if force_async else parse_prefer(request.headers.getlist("prefer"))
-            )
+            prefs = NO_PREFERENCES if force_async else parse_prefer(prefer_lines(request))
         except ThawError as exc:
             instance.count_refused(name, exc.status)
             raise
@@ -48,7 +46,7 @@ async def invocation(request: Request, *, force_async: bool) -> Response | sse.E
         if wait_s is not None and wait_s > settings.max_wait_s:
             wait_s = settings.max_wait_s  # bounded as `?wait=` is
         key_id = key_id_of(request)
-        stream = not force_async and sse.wants_events(request.headers.get("accept", ""))
+        stream = not force_async and sse.wants_events(header_of(request, b"accept") or "")
         if stream:
             # An event stream holds its connection (runtime/http/holds.py): refused
             # before any work begins, given back once the stream ends.
@@ -70,11 +68,7 @@ async def invocation(request: Request, *, force_async: bool) -> Response | sse.E
             return job_response(outcome.job, 202, outcome.retry_after_s, applied=applied)
         assert isinstance(outcome, Completed)
         body = encode_output(name, outcome.output)
-        return Response(
-            body,
-            media_type="application/json",
-            headers={"Server-Timing": server_timing(outcome.timings_ms, outcome.batch_size)},
-        )
+        return OutputResponse(body, server_timing(outcome.timings_ms, outcome.batch_size))
     finally:
         intake.release(size)
 
