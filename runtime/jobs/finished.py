@@ -16,10 +16,13 @@ answers for a job the store has expired.
 
 from __future__ import annotations
 
+from typing import Any
+
 from cachetools import TLRUCache
 
 from runtime.clock import SYSTEM, Clock
-from runtime.jobs.job import Job
+from runtime.jobs.job import Job, JobStatus
+from runtime.jobs.store import JobStore
 
 MAX_JOBS = 4096
 
@@ -49,3 +52,19 @@ class FinishedJobs:
 
     def __len__(self) -> int:
         return len(self._jobs)
+
+
+def finish_and_read(
+    store: JobStore,
+    attempt: int,
+    job_id: str,
+    owner: str,
+    status: JobStatus,
+    output: Any,
+    error: dict[str, Any] | None,
+) -> Job | bool:
+    """Finish the job (fenced by `attempt`); then, in the same thread call, its final
+    record as the store now has it (True when recorded but no longer readable)."""
+    if not store.finish(job_id, owner, status, output, error, attempt=attempt):
+        return False
+    return store.get(job_id) or True

@@ -31,13 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from runtime.clock import SYSTEM, Clock
-from runtime.errors import (
-    StorageUnavailable,
-    UnknownJob,
-)
+from runtime.errors import StorageUnavailable, UnknownJob
 from runtime.jobs.batch import CreateBatcher
 from runtime.jobs.calls import RETRY_FIRST_S, RETRY_MAX_S, STORE_CONDITION, StoreCalls
-from runtime.jobs.finished import FinishedJobs
+from runtime.jobs.finished import FinishedJobs, finish_and_read
 from runtime.jobs.items import ItemSource, JobItems
 from runtime.jobs.job import Job, JobStatus, new_job_id
 from runtime.jobs.leases import Leases, LocalJob, Probe, outcome_of, wait_set
@@ -241,7 +238,7 @@ class JobManager:
         while not local.released:
             tries += 1
             try:
-                finish = partial(_finish_and_read, store, job.attempts)  # fenced by the run
+                finish = partial(finish_and_read, store, job.attempts)  # fenced by the run
                 final = await calls.write(finish, job.id, self.owner, status, output, error)
                 if final:
                     if isinstance(final, Job):
@@ -437,19 +434,3 @@ class JobManager:
         self.leases.close()
         if self.owner_lock is not None:
             self.owner_lock.release(delete=self._abandoned == 0 and not self.local)
-
-
-def _finish_and_read(
-    store: JobStore,
-    attempt: int,
-    job_id: str,
-    owner: str,
-    status: JobStatus,
-    output: Any,
-    error: dict[str, Any] | None,
-) -> Job | bool:
-    """Finish the job (fenced by `attempt`); then, in the same thread call, its final
-    record as the store now has it (True when recorded but no longer readable)."""
-    if not store.finish(job_id, owner, status, output, error, attempt=attempt):
-        return False
-    return store.get(job_id) or True
