@@ -14,10 +14,10 @@ sequences take the next step and tells each work what happened to it.
                                                      (cancelled, disconnected, overran,
                                                      drained): release() frees them
                                                    admit waiting ones to free slots:
-                                                     each prefill([one]), step([one])
-                                                   step(every sequence held before)
+                                                     prefill(the new ones)
+                                                   step(new and held together)
                                                    release() the finished ones
-    deliver(outs)  <-- call_soon_threadsafe ---  (one post per new sequence and per step)
+    deliver(outs)  <-- call_soon_threadsafe ---  (one post per step)
        admitted -> work.decode_started() (its stream begins)
        items -> each work's own stream
        finished -> work.ran(), work.succeed(join(items))
@@ -226,12 +226,11 @@ def _admit(lane: _Lane, held: int) -> list[_Member] | None:
 def _run_steps(lane: _Lane, post: Any) -> None:
     """Take steps for as long as any sequence is held or waits for a slot.
 
-    Each iteration first starts the sequences given a slot, one at a time: each is
-    prefilled and takes its first step (its first token, sampled from its prompt's
-    logits) on its own, and is posted at once, so a new caller's first token waits
-    for its own prompt and those admitted with it, not for a decode step of the
-    others. Then every sequence held from before takes one step together.
-    `post(admitted, outs, held)` hands each outcome to the loop.
+    Each iteration starts the sequences given a slot (`prefill`, all of them in
+    one call), then takes one step of every sequence, new and held together: the
+    handler may run the new ones' prompts in that step beside the others' next
+    tokens (SmolLM2 does, in chunks), so a prompt costs the running sequences no
+    step of their own. `post(admitted, outs, held)` hands each outcome to the loop.
     """
     steps = lane.steps
     held: list[_Member] = []
@@ -248,18 +247,11 @@ def _run_steps(lane: _Lane, post: Any) -> None:
             if new is None:
                 post([], [], 0)
                 return
-            fresh: list[_Member] = []
-            for member in new:
-                outs: list[_Out] = []
-                if not member.work.outcome.done():
-                    began = _prefill(steps, [member], outs)
-                    fresh += _step(steps, began, outs) if began else []
-                post([member], outs, len(held) + len(fresh))
+            outs: list[_Out] = []
+            held += _prefill(steps, new, outs)
             if held:
-                outs = []
                 held = _step(steps, held, outs)
-                post([], outs, len(held) + len(fresh))
-            held += fresh
+            post(new, outs, len(held))
     finally:
         for member in held:  # a failure outside any step: nothing is kept
             steps.release(member.sequence)

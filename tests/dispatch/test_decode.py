@@ -62,12 +62,12 @@ async def test_sequences_share_steps_and_later_ones_join_between_them(tmp_path: 
         assert response.status_code == 200, response.text
         assert response.json() == [f"{name}:{i}" for i in range(n)]
     steps = stepped.STEPS
-    # A sequence given a slot takes its first step on its own, right after its
-    # prefill; then those held from before step together.
-    assert steps[:4] == [["a"], ["b"], ["c"], ["a"]]
+    # Sequences given a slot are prefilled, then take their first step beside those
+    # held from before (in the same step: a prompt costs the others no step).
+    assert steps[:2] == [["a"], ["a", "b", "c"]]
     # a ended after its second step: d took its slot, beside b and c still running
-    # (admitted between steps, not after the others ended).
-    assert steps[4:7] == [["d"], ["b", "c"], ["b", "c", "d"]]
+    # (admitted between steps, not after the others ended), and e took d's.
+    assert steps[2:] == [["b", "c", "d"], ["b", "c", "d"], ["b", "c", "e"], ["e"]]
     assert max(len(step) for step in steps) == 3  # Decode(max_sequences=3)
     assert sum(len(step) > 1 for step in steps) >= 3  # shared
     assert sorted(stepped.RELEASED) == sorted(lengths)  # each freed, once
