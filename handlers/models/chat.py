@@ -18,7 +18,6 @@ from tokenizers import Tokenizer
 
 from handlers.models.llama import KVCache, Llama, LlamaConfig, Sampling, generate_steps, sample
 
-
 # Prompt tokens one batched step runs beside the decode rows: each step then costs
 # at most a chunk this size more than a decode step (bench/generation.py).
 PREFILL_TOKENS_PER_STEP = 128
