@@ -117,6 +117,16 @@ class ChatLM:
         """A sequence with its own KV cache; its prompt is run by the steps that follow."""
         return TextSequence(self, prompt_ids, max_tokens, opts, stop)
 
+    def run_prompt(self, sequence: TextSequence) -> None:
+        """Its whole prompt into its cache (`Llama.prefill`, as the per-request loop
+        runs it): its next step samples its first token and runs no forward pass."""
+        if sequence.cache is None:
+            raise ValueError("a released sequence cannot take another step")
+        device = self.model.embed.device
+        ids = torch.tensor(sequence.pending, dtype=torch.long, device=device)
+        sequence.logits = self.model.prefill(ids, sequence.cache)
+        sequence.pending = []
+
     def advance(self, sequences: Sequence[TextSequence]) -> list[list[str | Completion]]:
         """One step of each sequence: the pieces each yields now.
 
@@ -134,10 +144,7 @@ class ChatLM:
             raise ValueError("a released sequence cannot take another step")
         prompts = [s for s in sequences if s.pending]
         if len(sequences) == 1 and prompts:
-            only = prompts[0]
-            ids = torch.tensor(only.pending, dtype=torch.long, device=self.model.embed.device)
-            only.logits = self.model.prefill(ids, only.cache)  # type: ignore[arg-type]
-            only.pending = []
+            self.run_prompt(prompts[0])
         else:
             self._run([s for s in sequences if s.logits is None and not s.pending], prompts)
         return [

@@ -40,36 +40,38 @@ def settings(tmp_path: Path, **overrides: Any) -> Any:
 
 
 async def test_sequences_share_steps_and_later_ones_join_between_them(tmp_path: Path) -> None:
-    lengths = {"a": 2, "b": 4, "c": 4, "d": 2, "e": 2}
+    lengths = {"a": 3, "b": 4, "c": 4, "d": 2, "e": 2}
     async with serving(settings(tmp_path)) as served:
         decoder = served.instance.dispatcher.decoder
 
         def call(name: str) -> Any:
             event: dict[str, Any] = {"name": name, "n": lengths[name]}
-            if name == "a":  # holds its first step until the others queued behind it
-                event.update(hold_at=1, gate="a")
+            if name == "a":  # holds its second step until the others queued behind it
+                event.update(hold_at=2, gate="a")
             return asyncio.ensure_future(served.client.post("/invoke/stepped", json=event))
 
         first = call("a")
-        await until(lambda: stepped.STEPS, "the first step began")
+        await until(lambda: len(stepped.STEPS) == 2, "a's second step began")
         others = [call(name) for name in "bcde"]
-        # They wait for the step to end: b and c then take the two free slots (of
-        # max_sequences=3), and d and e wait on.
-        await until(lambda: decoder.waiting("stepped") == 4, "four sequences waiting")
+        # While a's step holds, b and c take the two free slots (of max_sequences=3)
+        # and are prefilled (their first steps, on a thread of their own); d and e wait.
+        await until(
+            lambda: decoder.running("stepped") == 3 and decoder.waiting("stepped") == 2,
+            "b and c prefilled, d and e waiting",
+        )
         stepped.GATES["a"].set()
         responses = [await first, *[await other for other in others]]
     for (name, n), response in zip(lengths.items(), responses, strict=True):
         assert response.status_code == 200, response.text
         assert response.json() == [f"{name}:{i}" for i in range(n)]
     steps = stepped.STEPS
-    # Sequences given a slot are prefilled, then take their first step beside those
-    # held from before (in the same step: a prompt costs the others no step).
-    assert steps[:2] == [["a"], ["a", "b", "c"]]
-    # a ended after its second step: d took its slot, beside b and c still running
-    # (admitted between steps, not after the others ended), and e took d's.
-    assert steps[2:] == [["b", "c", "d"], ["b", "c", "d"], ["b", "c", "e"], ["e"]]
+    # Each new sequence's first step is its own (right after its prefill, in arrival
+    # order), taken while a's step ran; then they join a's next step.
+    assert steps[:5] == [["a"], ["a"], ["b"], ["c"], ["a", "b", "c"]]
+    # a ended there: d took its slot (between steps, not after the others ended),
+    # then e took the next one freed.
+    assert steps.index(["d"]) < steps.index(["e"])
     assert max(len(step) for step in steps) == 3  # Decode(max_sequences=3)
-    assert sum(len(step) > 1 for step in steps) >= 3  # shared
     assert sorted(stepped.RELEASED) == sorted(lengths)  # each freed, once
     for name, n in lengths.items():
         assert sum(name in step for step in steps) == n
