@@ -1,7 +1,7 @@
 """Continuous batching (issue 26): `generate` under concurrent streaming callers.
 
-    .venv/bin/python bench/generation.py [--window S] [--pairs N] [--threads N]
-                                         [--bundles DIR] [--skip-transformers]
+    .venv/bin/python bench/generation.py [--window S] [--pairs N] [--ttft-prompts N]
+                                         [--threads N] [--bundles DIR] [--skip-transformers]
     .venv/bin/python bench/generation.py --identity N [--identity-tokens T]
     .venv/bin/python bench/generation.py --steps THREADS
 
@@ -21,8 +21,11 @@ from a fixed list of mixed lengths (a few tokens to ~330, raw and chat) and a
 `max_tokens` drawn from 16-128, greedy, the same seeded sequence for every server.
 Measured in the window: tokens/s (every token event that arrived), time to first
 token (request written -> first token event), inter-token gaps (between one
-request's token events). Lone callers run in alternating order, twice each;
-ratios are taken within the run. Prints one markdown table; progress on stderr.
+request's token events). A lone caller, alternating between the two handlers
+request by request: `--pairs` pairs of one 64-token request (tokens/s, TTFT), and
+`--ttft-prompts` pairs of the workload's first requests cut to one token (TTFT on
+the workload's own prompt mix: the baseline of TTFT under load). Ratios are taken
+within the run. Prints one markdown table; progress on stderr.
 Every process it starts runs on 127.0.0.1 and is stopped before it returns.
 
 `--identity N` only checks greedy output: N prompts (the list above, each made
@@ -188,6 +191,23 @@ async def lone_pairs(url: str, pairs: int) -> list[tuple[dict[str, float], dict[
                     "ttft_s": window.ttft_s[0],
                     "tokens_per_s": (window.tokens - 1) / decode_s,
                 }
+            out.append((seen["generate"], seen["generate_private"]))
+    return out
+
+
+async def lone_ttfts(url: str, seed: int, count: int) -> list[tuple[float, float]]:
+    """A lone caller's time to first token over the workload's own prompts (its first
+    `count` requests, one token each), the same request to each handler in turn (who
+    goes first alternates): the baseline of TTFT under load, on the same prompt mix."""
+    out: list[tuple[float, float]] = []
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        for i, event in enumerate(workload(seed)[:count]):
+            seen: dict[str, float] = {}
+            order = ("generate", "generate_private") if i % 2 else ("generate_private", "generate")
+            for handler in order:
+                window = Window(1.0)
+                await stream_one(client, handler, {**event, "max_tokens": 1}, window, float("inf"))
+                seen[handler] = window.ttft_s[0]
             out.append((seen["generate"], seen["generate_private"]))
     return out
 
@@ -384,6 +404,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=26)
     parser.add_argument("--pairs", type=int, default=10, help="lone-caller request pairs")
     parser.add_argument(
+        "--ttft-prompts", type=int, default=20, help="lone-caller TTFT pairs over the workload"
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         help="intra-op threads of the server and of transformers (OMP_NUM_THREADS; default: "
@@ -434,6 +457,8 @@ def main() -> int:
                 raise RuntimeError("the server never became ready")
         progress(f"a lone caller, {args.pairs} pairs ...")
         lone = asyncio.run(lone_pairs(url, args.pairs))
+        progress(f"a lone caller's first token, {args.ttft_prompts} workload prompts ...")
+        first = asyncio.run(lone_ttfts(url, args.seed, args.ttft_prompts))
         plan: list[tuple[str, int]] = [
             ("generate_private", 1),
             ("generate", 1),
@@ -462,7 +487,7 @@ def main() -> int:
             peer[callers] = transformers_tokens_per_s(bundle, callers, 3 * callers, args.seed)
             progress(f"  {peer[callers]}")
     load_after = os.getloadavg()
-    print(render(rows(results, peer, lone)))
+    print(render(rows(results, peer, lone, first)))
     print(
         f"\nload average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after; "
         f"{os.cpu_count()} CPUs; window {args.window:g} s; intra-op threads "
@@ -475,6 +500,7 @@ def rows(
     results: dict[tuple[str, int], list[Window]],
     peer: dict[int, tuple[float, str]],
     lone: list[tuple[dict[str, float], dict[str, float]]],
+    first: list[tuple[float, float]],
 ) -> list[Row]:
     def rate(handler: str, callers: int) -> float:
         return median([w.tokens_per_s for w in results[(handler, callers)]])
@@ -497,13 +523,15 @@ def rows(
                 verdict(ratio >= target) if target else "info",
             )
         )
-    lone_ttft = median(pooled("generate", 1, "ttft_s"))
+    # A lone caller's TTFT on the same prompt mix: the pairs, one request at a time.
+    lone_ttft = median([t for t, _ in first])
     for callers in (8, 16):
         ttft = median(pooled("generate", callers, "ttft_s"))
         ratio = ttft / lone_ttft
         out.append(
             Row(
-                f"TTFT p50, {callers} callers (vs a lone caller's; today at {callers}: "
+                f"TTFT p50, {callers} callers (vs a lone caller's, the same prompts one at a "
+                f"time; today at {callers}: "
                 f"{fmt_s(median(pooled('generate_private', callers, 'ttft_s')))})",
                 fmt_s(ttft),
                 fmt_s(lone_ttft),
@@ -542,6 +570,18 @@ def rows(
                 verdict(ok),
             )
         )
+    ratios = [t / p for t, p in first]
+    out.append(
+        Row(
+            f"TTFT, a lone caller, the workload's prompts, median of {len(first)} alternating "
+            f"pairs (vs today; pair ratios {min(ratios):.2f}-{max(ratios):.2f})",
+            fmt_s(lone_ttft),
+            fmt_s(median([p for _, p in first])),
+            fmt_x(median(ratios)),
+            f"<= {LONE_TARGET:g}x",
+            verdict(median(ratios) <= LONE_TARGET),
+        )
+    )
     for callers, (tokens_per_s, note) in peer.items():
         thaw = rate("generate", callers)
         ok = tokens_per_s == tokens_per_s  # not NaN

@@ -192,7 +192,10 @@ class Decoder:
 
     def _start(self, lane: _Lane) -> None:
         loop = asyncio.get_running_loop()
-        post = partial(loop.call_soon_threadsafe, self._stepped, lane)
+
+        def post(outs: list[_Out]) -> None:  # from the decode thread
+            loop.call_soon_threadsafe(self._stepped, lane, outs)
+
         try:
             self._calls.submit_call(
                 lane.spec, partial(_run_steps, lane, post), partial(self._stopped, lane)
