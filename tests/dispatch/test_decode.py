@@ -90,6 +90,43 @@ async def test_a_sequence_that_raises_fails_only_its_own_caller(tmp_path: Path) 
     assert sorted(stepped.RELEASED) == ["bad", "good"]  # its sequence freed all the same
 
 
+@pytest.mark.parametrize(
+    ("fault", "where"),
+    [
+        ({"crash": True}, "crashed in its prefill"),
+        ({"fail_at": 1}, "failed at step 1"),  # its first step, on the prefill thread
+        ({"fail_at": 3}, "failed at step 3"),  # a step it shares with the other
+    ],
+)
+async def test_a_fault_anywhere_in_a_sequence_fails_only_its_caller(
+    tmp_path: Path, fault: dict[str, Any], where: str
+) -> None:
+    async with serving(settings(tmp_path)) as served:
+        decoder = served.instance.dispatcher.decoder
+        good = asyncio.ensure_future(
+            served.client.post(
+                "/invoke/stepped", json={"name": "good", "n": 6, "hold_at": 2, "gate": "g"}
+            )
+        )
+        await until(lambda: len(stepped.STEPS) == 2, "good's second step began")
+        bad = asyncio.ensure_future(
+            served.client.post("/invoke/stepped", json={"name": "bad", "n": 5, **fault})
+        )
+        # While good's step holds, bad is prefilled (or fails there) beside it.
+        await until(lambda: bad.done() or decoder.running("stepped") == 2, "bad prefilled")
+        stepped.GATES["g"].set()
+        bad_response, good_response = await bad, await good
+    assert bad_response.status_code == 500, bad_response.text
+    assert bad_response.json()["type"].endswith("/handler-error")
+    assert where in bad_response.json()["detail"]
+    assert good_response.status_code == 200, good_response.text
+    assert good_response.json() == [f"good:{i}" for i in range(6)]
+    if "fail_at" in fault and fault["fail_at"] > 1:
+        assert ["good", "bad"] in stepped.STEPS  # it failed in a step the two shared
+    # Every sequence that began is freed once, the failed one too.
+    assert sorted(stepped.RELEASED) == (["good"] if "crash" in fault else ["bad", "good"])
+
+
 async def test_a_refused_sequence_is_a_400_and_the_others_run(tmp_path: Path) -> None:
     async with serving(settings(tmp_path)) as served:
         refused, fine = await asyncio.gather(
