@@ -294,8 +294,9 @@ def transformers_tokens_per_s(
 
 def identity(bundle: Path, prompts: int, max_tokens: int, seed: int) -> int:
     """`prompts` greedy completions run in a batch that changes size at every step
-    (two admitted, then one more per step, finished ones dropped) against each alone
-    (the per-request loop): prints how many differ, and where."""
+    (two admitted, then one more per step, finished ones dropped; each new prompt
+    prefilled on its own, as served) against each alone (the per-request loop):
+    prints how many differ, and where."""
     from safetensors.torch import load_file
 
     from handlers.models.chat import ChatLM, Completion, TextSequence
@@ -323,7 +324,10 @@ def identity(bundle: Path, prompts: int, max_tokens: int, seed: int) -> int:
     admit, sizes = 2, []
     started = time.perf_counter()
     while waiting or active:
-        active += [(i, lm.begin(p, max_tokens, greedy, [])) for i, p in waiting[:admit]]
+        for i, p in waiting[:admit]:
+            sequence = lm.begin(p, max_tokens, greedy, [])
+            lm.run_prompt(sequence)  # on its own, as the served path's prefill runs it
+            active.append((i, sequence))
         waiting, admit = waiting[admit:], 1
         sizes.append(len(active))
         for (i, sequence), out in zip(active, lm.advance([s for _, s in active]), strict=True):
