@@ -1,6 +1,6 @@
 """Continuous batching (issue 26): `generate` under concurrent streaming callers.
 
-    .venv/bin/python bench/generation.py [--window S] [--pairs N] [--ttft-prompts N]
+    .venv/bin/python bench/generation.py [--window S] [--rounds N] [--pairs N] [--ttft-prompts N]
                                          [--threads N] [--bundles DIR] [--skip-transformers]
     .venv/bin/python bench/generation.py --identity N [--identity-tokens T]
     .venv/bin/python bench/generation.py --steps THREADS
@@ -16,9 +16,11 @@ One run, one `thaw serve` process, the same SmolLM2 bundle and loaded model for 
   fed the same requests with the same number in flight.
 
 Load: closed loop. Each of C callers (1, 8, 16) streams (`Accept: text/event-stream`)
-one request after another for `--window` seconds; every request is a prompt drawn
-from a fixed list of mixed lengths (a few tokens to ~330, raw and chat) and a
-`max_tokens` drawn from 16-128, greedy, the same seeded sequence for every server.
+one request after another for `--window` seconds, every window (and the
+transformers runs) once per `--rounds`, in alternating order, medians across
+rounds; every request is a prompt drawn from a fixed list of mixed lengths (a
+few tokens to ~330, raw and chat) and a `max_tokens` drawn from 16-128, greedy,
+the same seeded sequence for every server.
 Measured in the window: tokens/s (every token event that arrived), time to first
 token (request written -> first token event), inter-token gaps (between one
 request's token events). A lone caller, alternating between the two handlers
@@ -170,12 +172,9 @@ async def lone_pairs(url: str, pairs: int) -> list[tuple[dict[str, float], dict[
     """A lone caller, request by request: the same request to each handler in turn (who
     goes first alternates), so the two of a pair see the same machine. Per request:
     time to first token, and tokens/s from the first token to the last."""
-    event = {
-        "messages": PROMPTS[1]["messages"],
-        "max_tokens": 64,
-        "temperature": 0.7,
-        "top_k": 1,
-    }  # sampled, yet deterministic: never stops early
+    # Counting never stops early: all 64 tokens come (a chat answer ends after ~8,
+    # leaving tokens/s to a handful of gaps).
+    event = {"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 64}
     out: list[tuple[dict[str, float], dict[str, float]]] = []
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         for i in range(pairs):
@@ -187,6 +186,8 @@ async def lone_pairs(url: str, pairs: int) -> list[tuple[dict[str, float], dict[
                 await stream_one(client, handler, event, window, float("inf"))
                 elapsed = time.perf_counter() - started
                 decode_s = elapsed - window.ttft_s[0]
+                if window.tokens < 64:
+                    raise RuntimeError(f"{handler}: the lone request stopped early")
                 seen[handler] = {
                     "ttft_s": window.ttft_s[0],
                     "tokens_per_s": (window.tokens - 1) / decode_s,
@@ -408,6 +409,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=26)
     parser.add_argument("--pairs", type=int, default=10, help="lone-caller request pairs")
     parser.add_argument(
+        "--rounds", type=int, default=1, help="rounds of every window (orders alternate)"
+    )
+    parser.add_argument(
         "--ttft-prompts", type=int, default=20, help="lone-caller TTFT pairs over the workload"
     )
     parser.add_argument(
@@ -472,29 +476,40 @@ def main() -> int:
             ("generate", 16),
         ]
         results: dict[tuple[str, int], list[Window]] = {}
-        for handler, callers in plan:
-            progress(f"{handler} x{callers} for {args.window:g} s ...")
-            window = asyncio.run(measure(url, handler, callers, args.window, args.seed))
-            results.setdefault((handler, callers), []).append(window)
-            progress(
-                f"  {window.tokens_per_s:.1f} tokens/s, {window.requests} requests, "
-                f"TTFT p50 {fmt_s(median(window.ttft_s))}"
-            )
-    peer: dict[int, tuple[float, str]] = {}
-    if args.threads:
-        import torch
+        runs: dict[int, list[tuple[float, str]]] = {}
+        if args.threads:
+            import torch
 
-        torch.set_num_threads(args.threads)
-    if not args.skip_transformers:
-        for callers in (8, 16):
-            progress(f"transformers continuous batching, {callers} in flight ...")
-            peer[callers] = transformers_tokens_per_s(bundle, callers, 3 * callers, args.seed)
-            progress(f"  {peer[callers]}")
+            torch.set_num_threads(args.threads)  # transformers, in this process
+        for round_ in range(args.rounds):
+            # Rounds alternate the order, so a load that rises or falls during the
+            # run weighs on both handlers (and on transformers) alike.
+            for handler, callers in plan if round_ % 2 == 0 else plan[::-1]:
+                progress(f"[{round_ + 1}/{args.rounds}] {handler} x{callers} for {args.window:g} s")
+                window = asyncio.run(measure(url, handler, callers, args.window, args.seed))
+                results.setdefault((handler, callers), []).append(window)
+                progress(
+                    f"  {window.tokens_per_s:.1f} tokens/s, {window.requests} requests, "
+                    f"TTFT p50 {fmt_s(median(window.ttft_s))}"
+                )
+            if not args.skip_transformers:
+                for callers in (8, 16) if round_ % 2 == 0 else (16, 8):
+                    progress(f"[{round_ + 1}/{args.rounds}] transformers, {callers} in flight")
+                    run = transformers_tokens_per_s(bundle, callers, 3 * callers, args.seed)
+                    runs.setdefault(callers, []).append(run)
+                    progress(f"  {run}")
+    peer: dict[int, tuple[float, str]] = {
+        callers: (
+            median([rate for rate, _ in done]),
+            f"{done[0][1]}" + (f"; median of {len(done)} rounds" if len(done) > 1 else ""),
+        )
+        for callers, done in sorted(runs.items())
+    }
     load_after = os.getloadavg()
     print(render(rows(results, peer, lone, first)))
     print(
         f"\nload average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after; "
-        f"{os.cpu_count()} CPUs; window {args.window:g} s; intra-op threads "
+        f"{os.cpu_count()} CPUs; {args.rounds} x window {args.window:g} s; intra-op threads "
         f"{args.threads or 'default'}"
     )
     return 0
