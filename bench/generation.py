@@ -1,7 +1,7 @@
 """Continuous batching (issue 26): `generate` under concurrent streaming callers.
 
-    .venv/bin/python bench/generation.py [--window S] [--pairs N] [--threads N]
-                                         [--bundles DIR] [--skip-transformers]
+    .venv/bin/python bench/generation.py [--window S] [--rounds N] [--pairs N] [--ttft-prompts N]
+                                         [--threads N] [--bundles DIR] [--skip-transformers]
     .venv/bin/python bench/generation.py --identity N [--identity-tokens T]
     .venv/bin/python bench/generation.py --steps THREADS
 
@@ -16,13 +16,18 @@ One run, one `thaw serve` process, the same SmolLM2 bundle and loaded model for 
   fed the same requests with the same number in flight.
 
 Load: closed loop. Each of C callers (1, 8, 16) streams (`Accept: text/event-stream`)
-one request after another for `--window` seconds; every request is a prompt drawn
-from a fixed list of mixed lengths (a few tokens to ~330, raw and chat) and a
-`max_tokens` drawn from 16-128, greedy, the same seeded sequence for every server.
+one request after another for `--window` seconds, every window (and the
+transformers runs) once per `--rounds`, in alternating order, medians across
+rounds; every request is a prompt drawn from a fixed list of mixed lengths (a
+few tokens to ~330, raw and chat) and a `max_tokens` drawn from 16-128, greedy,
+the same seeded sequence for every server.
 Measured in the window: tokens/s (every token event that arrived), time to first
 token (request written -> first token event), inter-token gaps (between one
-request's token events). Lone callers run in alternating order, twice each;
-ratios are taken within the run. Prints one markdown table; progress on stderr.
+request's token events). A lone caller, alternating between the two handlers
+request by request: `--pairs` pairs of one 64-token request (tokens/s, TTFT), and
+`--ttft-prompts` pairs of the workload's first requests cut to one token (TTFT on
+the workload's own prompt mix: the baseline of TTFT under load). Ratios are taken
+within the run. Prints one markdown table; progress on stderr.
 Every process it starts runs on 127.0.0.1 and is stopped before it returns.
 
 `--identity N` only checks greedy output: N prompts (the list above, each made
@@ -167,12 +172,9 @@ async def lone_pairs(url: str, pairs: int) -> list[tuple[dict[str, float], dict[
     """A lone caller, request by request: the same request to each handler in turn (who
     goes first alternates), so the two of a pair see the same machine. Per request:
     time to first token, and tokens/s from the first token to the last."""
-    event = {
-        "messages": PROMPTS[1]["messages"],
-        "max_tokens": 64,
-        "temperature": 0.7,
-        "top_k": 1,
-    }  # sampled, yet deterministic: never stops early
+    # Counting never stops early: all 64 tokens come (a chat answer ends after ~8,
+    # leaving tokens/s to a handful of gaps).
+    event = {"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 64}
     out: list[tuple[dict[str, float], dict[str, float]]] = []
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         for i in range(pairs):
@@ -184,10 +186,29 @@ async def lone_pairs(url: str, pairs: int) -> list[tuple[dict[str, float], dict[
                 await stream_one(client, handler, event, window, float("inf"))
                 elapsed = time.perf_counter() - started
                 decode_s = elapsed - window.ttft_s[0]
+                if window.tokens < 64:
+                    raise RuntimeError(f"{handler}: the lone request stopped early")
                 seen[handler] = {
                     "ttft_s": window.ttft_s[0],
                     "tokens_per_s": (window.tokens - 1) / decode_s,
                 }
+            out.append((seen["generate"], seen["generate_private"]))
+    return out
+
+
+async def lone_ttfts(url: str, seed: int, count: int) -> list[tuple[float, float]]:
+    """A lone caller's time to first token over the workload's own prompts (its first
+    `count` requests, one token each), the same request to each handler in turn (who
+    goes first alternates): the baseline of TTFT under load, on the same prompt mix."""
+    out: list[tuple[float, float]] = []
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        for i, event in enumerate(workload(seed)[:count]):
+            seen: dict[str, float] = {}
+            order = ("generate", "generate_private") if i % 2 else ("generate_private", "generate")
+            for handler in order:
+                window = Window(1.0)
+                await stream_one(client, handler, {**event, "max_tokens": 1}, window, float("inf"))
+                seen[handler] = window.ttft_s[0]
             out.append((seen["generate"], seen["generate_private"]))
     return out
 
@@ -274,8 +295,9 @@ def transformers_tokens_per_s(
 
 def identity(bundle: Path, prompts: int, max_tokens: int, seed: int) -> int:
     """`prompts` greedy completions run in a batch that changes size at every step
-    (two admitted, then one more per step, finished ones dropped) against each alone
-    (the per-request loop): prints how many differ, and where."""
+    (two admitted, then one more per step, finished ones dropped; each new prompt
+    prefilled on its own, as served) against each alone (the per-request loop):
+    prints how many differ, and where."""
     from safetensors.torch import load_file
 
     from handlers.models.chat import ChatLM, Completion, TextSequence
@@ -303,7 +325,10 @@ def identity(bundle: Path, prompts: int, max_tokens: int, seed: int) -> int:
     admit, sizes = 2, []
     started = time.perf_counter()
     while waiting or active:
-        active += [(i, lm.begin(p, max_tokens, greedy, [])) for i, p in waiting[:admit]]
+        for i, p in waiting[:admit]:
+            sequence = lm.begin(p, max_tokens, greedy, [])
+            lm.run_prompt(sequence)  # on its own, as the served path's prefill runs it
+            active.append((i, sequence))
         waiting, admit = waiting[admit:], 1
         sizes.append(len(active))
         for (i, sequence), out in zip(active, lm.advance([s for _, s in active]), strict=True):
@@ -384,6 +409,12 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=26)
     parser.add_argument("--pairs", type=int, default=10, help="lone-caller request pairs")
     parser.add_argument(
+        "--rounds", type=int, default=1, help="rounds of every window (orders alternate)"
+    )
+    parser.add_argument(
+        "--ttft-prompts", type=int, default=20, help="lone-caller TTFT pairs over the workload"
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         help="intra-op threads of the server and of transformers (OMP_NUM_THREADS; default: "
@@ -434,6 +465,8 @@ def main() -> int:
                 raise RuntimeError("the server never became ready")
         progress(f"a lone caller, {args.pairs} pairs ...")
         lone = asyncio.run(lone_pairs(url, args.pairs))
+        progress(f"a lone caller's first token, {args.ttft_prompts} workload prompts ...")
+        first = asyncio.run(lone_ttfts(url, args.seed, args.ttft_prompts))
         plan: list[tuple[str, int]] = [
             ("generate_private", 1),
             ("generate", 1),
@@ -443,29 +476,40 @@ def main() -> int:
             ("generate", 16),
         ]
         results: dict[tuple[str, int], list[Window]] = {}
-        for handler, callers in plan:
-            progress(f"{handler} x{callers} for {args.window:g} s ...")
-            window = asyncio.run(measure(url, handler, callers, args.window, args.seed))
-            results.setdefault((handler, callers), []).append(window)
-            progress(
-                f"  {window.tokens_per_s:.1f} tokens/s, {window.requests} requests, "
-                f"TTFT p50 {fmt_s(median(window.ttft_s))}"
-            )
-    peer: dict[int, tuple[float, str]] = {}
-    if args.threads:
-        import torch
+        runs: dict[int, list[tuple[float, str]]] = {}
+        if args.threads:
+            import torch
 
-        torch.set_num_threads(args.threads)
-    if not args.skip_transformers:
-        for callers in (8, 16):
-            progress(f"transformers continuous batching, {callers} in flight ...")
-            peer[callers] = transformers_tokens_per_s(bundle, callers, 3 * callers, args.seed)
-            progress(f"  {peer[callers]}")
+            torch.set_num_threads(args.threads)  # transformers, in this process
+        for round_ in range(args.rounds):
+            # Rounds alternate the order, so a load that rises or falls during the
+            # run weighs on both handlers (and on transformers) alike.
+            for handler, callers in plan if round_ % 2 == 0 else plan[::-1]:
+                progress(f"[{round_ + 1}/{args.rounds}] {handler} x{callers} for {args.window:g} s")
+                window = asyncio.run(measure(url, handler, callers, args.window, args.seed))
+                results.setdefault((handler, callers), []).append(window)
+                progress(
+                    f"  {window.tokens_per_s:.1f} tokens/s, {window.requests} requests, "
+                    f"TTFT p50 {fmt_s(median(window.ttft_s))}"
+                )
+            if not args.skip_transformers:
+                for callers in (8, 16) if round_ % 2 == 0 else (16, 8):
+                    progress(f"[{round_ + 1}/{args.rounds}] transformers, {callers} in flight")
+                    run = transformers_tokens_per_s(bundle, callers, 3 * callers, args.seed)
+                    runs.setdefault(callers, []).append(run)
+                    progress(f"  {run}")
+    peer: dict[int, tuple[float, str]] = {
+        callers: (
+            median([rate for rate, _ in done]),
+            f"{done[0][1]}" + (f"; median of {len(done)} rounds" if len(done) > 1 else ""),
+        )
+        for callers, done in sorted(runs.items())
+    }
     load_after = os.getloadavg()
-    print(render(rows(results, peer, lone)))
+    print(render(rows(results, peer, lone, first)))
     print(
         f"\nload average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after; "
-        f"{os.cpu_count()} CPUs; window {args.window:g} s; intra-op threads "
+        f"{os.cpu_count()} CPUs; {args.rounds} x window {args.window:g} s; intra-op threads "
         f"{args.threads or 'default'}"
     )
     return 0
@@ -475,6 +519,7 @@ def rows(
     results: dict[tuple[str, int], list[Window]],
     peer: dict[int, tuple[float, str]],
     lone: list[tuple[dict[str, float], dict[str, float]]],
+    first: list[tuple[float, float]],
 ) -> list[Row]:
     def rate(handler: str, callers: int) -> float:
         return median([w.tokens_per_s for w in results[(handler, callers)]])
@@ -497,13 +542,15 @@ def rows(
                 verdict(ratio >= target) if target else "info",
             )
         )
-    lone_ttft = median(pooled("generate", 1, "ttft_s"))
+    # A lone caller's TTFT on the same prompt mix: the pairs, one request at a time.
+    lone_ttft = median([t for t, _ in first])
     for callers in (8, 16):
         ttft = median(pooled("generate", callers, "ttft_s"))
         ratio = ttft / lone_ttft
         out.append(
             Row(
-                f"TTFT p50, {callers} callers (vs a lone caller's; today at {callers}: "
+                f"TTFT p50, {callers} callers (vs a lone caller's, the same prompts one at a "
+                f"time; today at {callers}: "
                 f"{fmt_s(median(pooled('generate_private', callers, 'ttft_s')))})",
                 fmt_s(ttft),
                 fmt_s(lone_ttft),
@@ -542,6 +589,18 @@ def rows(
                 verdict(ok),
             )
         )
+    ratios = [t / p for t, p in first]
+    out.append(
+        Row(
+            f"TTFT, a lone caller, the workload's prompts, median of {len(first)} alternating "
+            f"pairs (vs today; pair ratios {min(ratios):.2f}-{max(ratios):.2f})",
+            fmt_s(lone_ttft),
+            fmt_s(median([p for _, p in first])),
+            fmt_x(median(ratios)),
+            f"<= {LONE_TARGET:g}x",
+            verdict(median(ratios) <= LONE_TARGET),
+        )
+    )
     for callers, (tokens_per_s, note) in peer.items():
         thaw = rate("generate", callers)
         ok = tokens_per_s == tokens_per_s  # not NaN

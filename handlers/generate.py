@@ -219,7 +219,9 @@ class GenerateSteps:
         for event in events:
             try:
                 r = parse_request(event, self.lm)
-                started.append(self.lm.begin(r.prompt_ids, r.max_tokens, r.opts, r.stop))
+                sequence = self.lm.begin(r.prompt_ids, r.max_tokens, r.opts, r.stop)
+                self.lm.run_prompt(sequence)  # beside the others' steps (decode.py)
+                started.append(sequence)
             except Exception as exc:  # this caller's alone (InvalidInput: 400)
                 started.append(exc)
         return started

@@ -18,6 +18,12 @@ from tokenizers import Tokenizer
 
 from handlers.models.llama import KVCache, Llama, LlamaConfig, Sampling, generate_steps, sample
 
+# Prompt tokens one batched step runs beside the decode rows: each step then costs
+# at most a chunk this size more than a decode step (bench/generation.py).
+PREFILL_TOKENS_PER_STEP = 128
+# What the oldest prompt runs in a step whose budget shorter prompts took.
+MIN_PREFILL_CHUNK = 32
+
 
 @dataclass(frozen=True)
 class Completion:
@@ -111,29 +117,66 @@ class ChatLM:
     def begin(
         self, prompt_ids: Sequence[int], max_tokens: int, opts: Sampling, stop: Sequence[str]
     ) -> TextSequence:
-        """A sequence with its prompt prefilled into its own KV cache."""
-        sequence = TextSequence(self, prompt_ids, max_tokens, opts, stop)
-        ids = torch.tensor(list(prompt_ids), dtype=torch.long, device=self.model.embed.device)
-        assert sequence.cache is not None
+        """A sequence with its own KV cache; its prompt is run by the steps that follow."""
+        return TextSequence(self, prompt_ids, max_tokens, opts, stop)
+
+    def run_prompt(self, sequence: TextSequence) -> None:
+        """Its whole prompt into its cache (`Llama.prefill`, as the per-request loop
+        runs it): its next step samples its first token and runs no forward pass."""
+        if sequence.cache is None:
+            raise ValueError("a released sequence cannot take another step")
+        device = self.model.embed.device
+        ids = torch.tensor(sequence.pending, dtype=torch.long, device=device)
         sequence.logits = self.model.prefill(ids, sequence.cache)
-        return sequence
+        sequence.pending = []
 
     def advance(self, sequences: Sequence[TextSequence]) -> list[list[str | Completion]]:
-        """One token for each sequence: the pieces each yields now.
+        """One step of each sequence: the pieces each yields now.
 
-        Sequences whose last token has no logits yet share one batched forward pass
-        (`Llama.decode`); each then samples with its own generator, so a seed gives
-        the same tokens whoever else is in the step.
+        The step is one forward pass (`Llama.run`) of every sequence's last sampled
+        token and of prompt chunks of the sequences not yet prefilled, at most
+        `PREFILL_TOKENS_PER_STEP` prompt tokens, shortest prompts first (so a short
+        prompt does not wait behind a long one; the oldest always gets a chunk, so
+        none waits forever). A sequence whose prompt is done samples its first
+        token in that step. Each sequence samples with its own generator, so a seed
+        gives the same tokens whoever else is in the step. A lone sequence runs as
+        the per-request loop does: its whole prompt (`Llama.prefill`), then one
+        token a step.
         """
-        waiting = [s for s in sequences if s.logits is None]
-        if waiting:
-            caches = [s.cache for s in waiting]
-            if any(cache is None for cache in caches):
-                raise ValueError("a released sequence cannot take another step")
-            rows = self.model.decode([s.ids[-1] for s in waiting], caches)  # type: ignore[arg-type]
-            for sequence, row in zip(waiting, rows, strict=True):
-                sequence.logits = row
-        return [s.take(sample(s.logits, s.opts, s.generator)) for s in sequences]  # type: ignore[arg-type]
+        if any(s.cache is None for s in sequences):
+            raise ValueError("a released sequence cannot take another step")
+        prompts = [s for s in sequences if s.pending]
+        if len(sequences) == 1 and prompts:
+            self.run_prompt(prompts[0])
+        else:
+            self._run([s for s in sequences if s.logits is None and not s.pending], prompts)
+        return [
+            s.take(sample(s.logits, s.opts, s.generator)) if s.logits is not None else []
+            for s in sequences
+        ]
+
+    def _run(self, decoding: list[TextSequence], prompts: list[TextSequence]) -> None:
+        budget = PREFILL_TOKENS_PER_STEP
+        chunks: dict[int, int] = {}
+        for s in sorted(prompts, key=lambda s: len(s.pending)):
+            if budget <= 0:
+                break
+            chunks[id(s)] = take = min(len(s.pending), budget)
+            budget -= take
+        if prompts and id(prompts[0]) not in chunks:
+            chunks[id(prompts[0])] = min(len(prompts[0].pending), MIN_PREFILL_CHUNK)
+        chunked = [s for s in prompts if id(s) in chunks]
+        pieces = [([s.ids[-1]], s.cache) for s in decoding]
+        pieces += [(s.pending[: chunks[id(s)]], s.cache) for s in chunked]
+        if not pieces:
+            return
+        rows = self.model.run(pieces)  # type: ignore[arg-type]
+        for sequence, row in zip(decoding + chunked, rows, strict=True):
+            if sequence.pending:
+                sequence.pending = sequence.pending[chunks[id(sequence)] :]
+                if sequence.pending:
+                    continue  # mid-prompt: its row's logits are not a next token
+            sequence.logits = row
 
 
 class TextPieces:
@@ -204,6 +247,8 @@ class TextSequence:
             self.generator = torch.Generator(device="cpu")
             self.generator.manual_seed(opts.seed if opts.seed is not None else torch.seed())
         self.cache: KVCache | None = lm.model.new_cache(len(prompt_ids) + max_tokens)
+        # Prompt tokens not yet run into the cache (`ChatLM.advance` runs them).
+        self.pending: list[int] = list(prompt_ids)
         self.logits: torch.Tensor | None = None
         self.pieces = TextPieces(lm.tokenizer, stop)
         self.finished = False
@@ -230,4 +275,5 @@ class TextSequence:
     def release(self) -> None:
         """Its KV cache freed (the sequence takes no more steps)."""
         self.cache = None
+        self.pending = []
         self.logits = None

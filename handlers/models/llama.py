@@ -51,11 +51,13 @@ class LlamaConfig:
 
 @dataclass(frozen=True)
 class _Layer:
+    """One decoder layer; every matrix stored transposed, (in, out), see `Llama`."""
+
     attn_norm: torch.Tensor
-    qkv: torch.Tensor  # (q + k + v rows, hidden)
+    qkv: torch.Tensor  # (hidden, q + k + v)
     o: torch.Tensor
     mlp_norm: torch.Tensor
-    gate_up: torch.Tensor  # (2 * intermediate, hidden)
+    gate_up: torch.Tensor  # (hidden, 2 * intermediate)
     down: torch.Tensor
 
 
@@ -78,7 +80,17 @@ def compute_dtype(device: str) -> torch.dtype:
     return torch.float32 if torch.device(device).type == "cpu" else torch.float16
 
 
+def _transposed(*parts: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's (out, in) matrices, stacked along out, as one (in, out) matrix."""
+    return torch.cat(parts).t().contiguous()
+
+
 class Llama:
+    """The weights are stored transposed, (in, out), and applied as `x @ w`: MKL's
+    GEMM of a few rows (a decode step of 2-15 sequences) runs up to 2x faster
+    against a row-major right operand than against `F.linear`'s transposed one,
+    and no slower for one row or a prefill chunk (docs/generation.md)."""
+
     def __init__(
         self,
         cfg: LlamaConfig,
@@ -106,22 +118,28 @@ class Llama:
                 raise ValueError(f"weights lack tensor {name!r}") from None
             return tensor.to(device=device, dtype=dtype)
 
-        self.embed = w("model.embed_tokens.weight")
-        self.lm_head = self.embed if cfg.tie_word_embeddings else w("lm_head.weight")
+        # Tied embeddings keep one copy: the head, (hidden, vocab); the embedding
+        # table is its transposed view (a lookup reads one strided column per token).
+        embed = w("model.embed_tokens.weight")
+        self.lm_head = _transposed(embed if cfg.tie_word_embeddings else w("lm_head.weight"))
+        self.embed = self.lm_head.t() if cfg.tie_word_embeddings else embed
+        del embed
         self.norm = w("model.norm.weight")
         self.layers: list[_Layer] = []
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
-            qkv = [w(p + f"self_attn.{n}_proj.weight") for n in ("q", "k", "v")]
-            gate_up = [w(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]
+
+            def t(*names: str, p: str = p) -> torch.Tensor:
+                return _transposed(*(w(p + n + ".weight") for n in names))
+
             self.layers.append(
                 _Layer(
                     attn_norm=w(p + "input_layernorm.weight"),
-                    qkv=torch.cat(qkv).contiguous(),
-                    o=w(p + "self_attn.o_proj.weight"),
+                    qkv=t("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                    o=t("self_attn.o_proj"),
                     mlp_norm=w(p + "post_attention_layernorm.weight"),
-                    gate_up=torch.cat(gate_up).contiguous(),
-                    down=w(p + "mlp.down_proj.weight"),
+                    gate_up=t("mlp.gate_proj", "mlp.up_proj"),
+                    down=t("mlp.down_proj"),
                 )
             )
         # RoPE tables for every position the model may see, built once (HF rotate-half layout).
@@ -171,7 +189,7 @@ class Llama:
         x = self.embed[ids]
         for i, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer.attn_norm)
-            q, k, v = torch.split(F.linear(h, layer.qkv), [q_rows, kv_rows, kv_rows], dim=-1)
+            q, k, v = torch.split((h @ layer.qkv), [q_rows, kv_rows, kv_rows], dim=-1)
             q = self._rope(q.view(n, cfg.num_heads, cfg.head_dim).transpose(0, 1), cos, sin)
             k = self._rope(k.view(n, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1), cos, sin)
             v = v.view(n, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1)
@@ -185,57 +203,82 @@ class Llama:
             qg = q.reshape(1, cfg.num_kv_heads, groups * n, cfg.head_dim)
             out = F.scaled_dot_product_attention(qg, k[None], v[None], attn_mask=mask)
             out = out.view(cfg.num_heads, n, cfg.head_dim).transpose(0, 1).reshape(n, q_rows)
-            x = x + F.linear(out, layer.o)
+            x = x + out @ layer.o
             h = self._rms_norm(x, layer.mlp_norm)
-            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = (h @ layer.gate_up).chunk(2, dim=-1)
+            x = x + (F.silu(gate) * up) @ layer.down
         if cache is not None:
             cache.length = end
-        return F.linear(self._rms_norm(x[-1], self.norm), self.lm_head)
+        return (self._rms_norm(x[-1:], self.norm) @ self.lm_head)[0]
 
     def decode(self, tokens: Sequence[int], caches: Sequence[KVCache]) -> torch.Tensor:
         """Logits (one row each) of the next token of several sequences, one new token
-        each, every sequence with its own cache (they may differ in length).
+        each, every sequence with its own cache (they may differ in length)."""
+        return self.run([([token], cache) for token, cache in zip(tokens, caches, strict=True)])
 
-        The linear layers run once for all rows (the weights are read once per step,
-        which is what a decode step on any device is bound by); attention runs per
-        sequence against its own cache, with exactly the shapes a lone sequence
-        has. One sequence goes through `forward`, today's path, so a lone caller
-        runs the very kernels it ran before batching existed.
+    def run(self, pieces: Sequence[tuple[Sequence[int], KVCache]]) -> torch.Tensor:
+        """Logits (one row each) of the last token of every piece: each piece is the
+        next tokens of one sequence (one, a decode step; more, a chunk of its prompt),
+        appended to its own cache (the caches may differ in length).
+
+        The linear layers run once for all the pieces' rows: a decode step reads the
+        weights once whatever the batch, and decode rows riding along a prompt chunk
+        cost a few rows of its GEMMs. Attention runs per piece against its own cache,
+        with exactly the shapes (and causal mask) that piece has alone. One piece of
+        one token goes through `forward`, so a lone caller runs the per-request kernels.
         """
-        if len(tokens) == 1:
-            step = torch.tensor([tokens[0]], dtype=torch.long, device=self.embed.device)
-            return self.forward(step, caches[0].length, caches[0])[None]
+        if len(pieces) == 1 and len(pieces[0][0]) == 1:
+            (token,), cache = pieces[0]
+            step = torch.tensor([token], dtype=torch.long, device=self.embed.device)
+            return self.forward(step, cache.length, cache)[None]
         cfg = self.cfg
-        b = len(tokens)
+        device = self.embed.device
         groups = cfg.num_heads // cfg.num_kv_heads
         q_rows, kv_rows = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        starts = [cache.length for cache in caches]
-        where = torch.tensor(starts, dtype=torch.long, device=self.embed.device)
-        cos, sin = self.cos[where][:, None], self.sin[where][:, None]  # (b, 1, head_dim)
-        ids = torch.tensor(list(tokens), dtype=torch.long, device=self.embed.device)
+        spans: list[tuple[int, int, int, KVCache, torch.Tensor | None]] = []  # row, n, start
+        row = 0
+        for tokens, cache in pieces:
+            n, start = len(tokens), cache.length
+            mask = None
+            if n > 1:  # as in `forward`: query row g*n + j may see keys 0..start+j
+                allowed = torch.arange(start + n, device=device)[None, :] <= (
+                    start + torch.arange(n, device=device)[:, None]
+                )
+                mask = allowed.repeat(groups, 1)
+            spans.append((row, n, start, cache, mask))
+            row += n
+        total = row
+        positions = torch.tensor(
+            [start + j for _, n, start, _, _ in spans for j in range(n)], device=device
+        )
+        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # (rows, 1, hd)
+        ids = torch.tensor([t for tokens, _ in pieces for t in tokens], device=device)
         x = self.embed[ids]
         for i, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer.attn_norm)
-            q, k, v = torch.split(F.linear(h, layer.qkv), [q_rows, kv_rows, kv_rows], dim=-1)
-            q = self._rope(q.view(b, cfg.num_heads, cfg.head_dim), cos, sin)
-            k = self._rope(k.view(b, cfg.num_kv_heads, cfg.head_dim), cos, sin)
-            v = v.view(b, cfg.num_kv_heads, cfg.head_dim)
+            q, k, v = torch.split((h @ layer.qkv), [q_rows, kv_rows, kv_rows], dim=-1)
+            q = self._rope(q.view(total, cfg.num_heads, cfg.head_dim), cos, sin)
+            k = self._rope(k.view(total, cfg.num_kv_heads, cfg.head_dim), cos, sin)
+            v = v.view(total, cfg.num_kv_heads, cfg.head_dim)
             outs = []
-            for j, (cache, start) in enumerate(zip(caches, starts, strict=True)):
-                cache.k[i, :, start] = k[j]
-                cache.v[i, :, start] = v[j]
-                qg = q[j].reshape(1, cfg.num_kv_heads, groups, cfg.head_dim)
-                kj, vj = cache.k[i, :, : start + 1], cache.v[i, :, : start + 1]
-                outs.append(F.scaled_dot_product_attention(qg, kj[None], vj[None]))
-            out = torch.cat(outs).view(b, q_rows)
-            x = x + F.linear(out, layer.o)
+            for first, n, start, cache, mask in spans:
+                end = start + n
+                cache.k[i, :, start:end] = k[first : first + n].transpose(0, 1)
+                cache.v[i, :, start:end] = v[first : first + n].transpose(0, 1)
+                qg = q[first : first + n].transpose(0, 1)
+                qg = qg.reshape(1, cfg.num_kv_heads, groups * n, cfg.head_dim)
+                kj, vj = cache.k[i, :, :end], cache.v[i, :, :end]
+                out = F.scaled_dot_product_attention(qg, kj[None], vj[None], attn_mask=mask)
+                outs.append(out.view(cfg.num_heads, n, cfg.head_dim).transpose(0, 1))
+            out = torch.cat(outs).reshape(total, q_rows)
+            x = x + out @ layer.o
             h = self._rms_norm(x, layer.mlp_norm)
-            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
-        for cache, start in zip(caches, starts, strict=True):
-            cache.length = start + 1
-        return F.linear(self._rms_norm(x, self.norm), self.lm_head)
+            gate, up = (h @ layer.gate_up).chunk(2, dim=-1)
+            x = x + (F.silu(gate) * up) @ layer.down
+        for _, n, start, cache, _ in spans:
+            cache.length = start + n
+        last = torch.tensor([first + n - 1 for first, n, _, _, _ in spans], device=device)
+        return self._rms_norm(x[last], self.norm) @ self.lm_head
 
     def prefill(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Run the prompt through the cache in chunks; logits of its last token."""

@@ -7,30 +7,27 @@ it, leases its models (one request slot of the memory budget: its KV cache),
 and hands it here once it holds them. This module only decides which
 sequences take the next step and tells each work what happened to it.
 
-    loop                                         one handler thread per model
-    join(work) -> waiting (arrival order) -->
-                                                 while anything is held or waiting:
-                                                   drop sequences whose work ended
-                                                     (cancelled, disconnected, overran,
-                                                     drained): release() frees them
-                                                   admit waiting ones to free slots:
-                                                     each prefill([one]), step([one])
-                                                   step(every sequence held before)
-                                                   release() the finished ones
-    deliver(outs)  <-- call_soon_threadsafe ---  (one post per new sequence and per step)
-       admitted -> work.decode_started() (its stream begins)
-       items -> each work's own stream
-       finished -> work.ran(), work.succeed(join(items))
-       an exception -> work.fail(), that caller only
+    loop                                 prefill call            decode thread
+    join(work) -> waiting (arrival order)                        (one per model, while
+    _pump: a free slot, no prefill in      a handler thread:      any sequence is held)
+      flight -> decode_started(), ------>  prefill([one]),        loop:
+      submit the prefill call              step([one]) (its         take the ready ones
+    _begun: its first items delivered <--  first token)             drop those ended from
+      still running -> ready ------------------------------------>    outside: release()
+    _deliver: each step's items  <----- call_soon_threadsafe ----   step(every one held)
+      to each work's own stream;                                    release() finished
+      finished -> ran(), succeed(join(items)); an exception -> fail(), that caller only
 
-The steps run back to back on one handler thread for as long as any sequence
-is held, so a lone sequence runs as today's private decode loop did: the
-thread never waits for the event loop, it posts each step's items to it. New
-sequences join between two steps, never in the middle of one, and a sequence
-that ends from outside is dropped, and its cache released, before the next
-step begins. A streaming caller's stream began when its models were leased
-(the dispatcher's `_run`): a sequence waiting for a slot is a stream of
-heartbeats, never a 202 job.
+A new sequence's prompt runs on a handler thread of its own while the held
+sequences keep stepping on theirs (torch releases the GIL in its kernels: on
+two cores the prefill and the decode steps run side by side): its first token
+comes after its own prompt, not after a step of the others, and a long prompt
+stalls nobody's next token. One prefill runs at a time per lane, in arrival
+order. Once prefilled, a sequence joins the held ones between two steps, never
+in the middle of one. A sequence that ends from outside is dropped, and its
+cache released, before the next step begins. A streaming caller's stream began
+when its models were leased (the dispatcher's `_run`): a sequence waiting for a
+slot is a stream of heartbeats, never a 202 job.
 """
 
 from __future__ import annotations
@@ -77,18 +74,28 @@ class _Out:
 class _Lane:
     """The sequences of one handler on one set of model objects."""
 
+    key: tuple[str, tuple[int, ...]]
     spec: HandlerSpec
     policy: Decode
     steps: Steps
-    clock: Clock
     # Every member not yet told its end (the loop's), for a thread that fails outside a step.
     members: set[_Member] = field(default_factory=set)
-    # Sequences the thread holds (their caches allocated), as of its last step.
-    held: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    # Waiting for a slot, in arrival order (appended on the loop, taken by the thread).
+    # Waiting for a slot, in arrival order (on the loop only).
     waiting: deque[_Member] = field(default_factory=deque)
+    # A prefill call is in flight (on the loop only).
+    prefilling: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # Under `lock`: the members given a slot and not yet ended (prefilling, ready or
+    # held), the prefilled ones waiting to join the next step, whether the decode
+    # thread runs, and the sequences it holds (their caches allocated) as of its last step.
+    slots: int = 0
+    ready: list[_Member] = field(default_factory=list)
     running: bool = False
+    held: int = 0
+
+    def idle(self) -> bool:
+        with self.lock:
+            return not (self.waiting or self.prefilling or self.ready or self.running)
 
 
 class Decoder:
@@ -103,8 +110,9 @@ class Decoder:
         return [lane for (name, _), lane in self._lanes.items() if name == handler]
 
     def running(self, handler: str) -> int:
-        """Sequences of `handler` whose caches are held now (as of the last step)."""
-        return sum(lane.held for lane in self._of(handler))
+        """Sequences of `handler` whose caches are held now: prefilled, and stepping
+        (as of the last step) or about to join the next step."""
+        return sum(lane.held + len(lane.ready) for lane in self._of(handler))
 
     def waiting(self, handler: str) -> int:
         """Sequences of `handler` waiting for a slot."""
@@ -124,36 +132,83 @@ class Decoder:
         lane = self._lanes.get(key)
         if lane is None:
             steps = spec.make_steps(*models)
-            lane = self._lanes[key] = _Lane(spec, spec.decode, steps, self._clock)
+            lane = self._lanes[key] = _Lane(key, spec, spec.decode, steps)
         member = _Member(work, event)
         lane.members.add(member)
-        with lane.lock:
-            lane.waiting.append(member)
-            start = not lane.running
-            lane.running = True
-        if start:
-            self._start(key, lane)
+        lane.waiting.append(member)
+        self._pump(lane)
 
     # ---- on the loop ------------------------------------------------------------
 
-    def _start(self, key: tuple[str, tuple[int, ...]], lane: _Lane) -> None:
+    def _pump(self, lane: _Lane) -> None:
+        """Give the first waiting member a free slot and start its prefill (one at a time)."""
+        while lane.waiting and not lane.prefilling:
+            with lane.lock:
+                if lane.slots >= lane.policy.max_sequences:
+                    return
+            member = lane.waiting.popleft()
+            if member.work.outcome.done():  # ended while it waited
+                lane.members.discard(member)
+                continue
+            with lane.lock:
+                lane.slots += 1
+            lane.prefilling = True
+            member.admitted_at = self._clock.monotonic()
+            member.work.decode_started(member.admitted_at)
+            try:
+                self._calls.submit_call(
+                    lane.spec,
+                    partial(_begin, lane.steps, member),
+                    partial(self._begun, lane, member),
+                )
+            except Draining as exc:
+                self._fail_all(lane, exc)
+
+    def _begun(self, lane: _Lane, member: _Member, done: ThreadOutcome) -> None:
+        """A prefill call returned: its first items delivered; still running, it joins
+        the decode thread's next step."""
+        lane.prefilling = False
+        exc = None if done.cancelled() else done.exception()
+        if exc is not None or done.cancelled():  # a failure outside the handler's calls
+            with lane.lock:
+                lane.slots -= 1
+            self._fail(lane, member, exc or Draining("this instance is shutting down"))
+        else:
+            outs: list[_Out] = done.result()
+            self._deliver(lane, outs)
+            if outs and outs[-1].error is None and not outs[-1].finished:
+                with lane.lock:
+                    lane.ready.append(member)
+                    start = not lane.running
+                    lane.running = True
+                if start:
+                    self._start(lane)
+            else:
+                with lane.lock:
+                    lane.slots -= 1
+        self._pump(lane)
+        self._forget_if_idle(lane)
+
+    def _start(self, lane: _Lane) -> None:
         loop = asyncio.get_running_loop()
-        deliver = partial(self._deliver, lane)
+
+        def post(outs: list[_Out]) -> None:  # from the decode thread
+            loop.call_soon_threadsafe(self._stepped, lane, outs)
+
         try:
             self._calls.submit_call(
-                lane.spec,
-                partial(_run_steps, lane, partial(loop.call_soon_threadsafe, deliver)),
-                partial(self._stopped, key, lane),
+                lane.spec, partial(_run_steps, lane, post), partial(self._stopped, lane)
             )
         except Draining as exc:
             self._fail_all(lane, exc)
 
-    def _deliver(self, lane: _Lane, admitted: list[_Member], outs: list[_Out], held: int) -> None:
-        """One step's outcome, on the loop: each member told what happened to it."""
-        lane.held = held
-        for member in admitted:
-            if not member.work.outcome.done():
-                member.work.decode_started(member.admitted_at)
+    def _stepped(self, lane: _Lane, outs: list[_Out]) -> None:
+        """One decode step's outcome: slots may be free for the waiting."""
+        self._deliver(lane, outs)
+        self._pump(lane)
+
+    def _deliver(self, lane: _Lane, outs: list[_Out]) -> None:
+        """Each member told what happened to it."""
         join = lane.spec.join or list
         for out in outs:
             member = out.member
@@ -161,8 +216,7 @@ class Decoder:
             if work.outcome.done():  # ended from outside meanwhile
                 lane.members.discard(member)
             elif out.error is not None:
-                lane.members.discard(member)
-                work.fail(user_error(lane.spec, work.ctx, out.error))
+                self._fail(lane, member, out.error)
             else:
                 if out.items:
                     member.items.extend(out.items)
@@ -177,90 +231,80 @@ class Decoder:
         for member in [m for m in lane.members if m.work.outcome.done()]:
             lane.members.discard(member)
 
-    def _stopped(self, key: tuple[str, tuple[int, ...]], lane: _Lane, done: ThreadOutcome) -> None:
-        """The lane's thread returned: nothing was left to step, or it failed outside a step."""
+    def _fail(self, lane: _Lane, member: _Member, error: BaseException) -> None:
+        lane.members.discard(member)
+        if not member.work.outcome.done():
+            member.work.fail(user_error(lane.spec, member.work.ctx, error))
+
+    def _stopped(self, lane: _Lane, done: ThreadOutcome) -> None:
+        """The decode thread returned: nothing was left to step, or it failed outside a step."""
         exc = None if done.cancelled() else done.exception()
         if exc is not None or done.cancelled():
-            lane.held = 0
-            with lane.lock:
-                lane.running = False
-                lane.waiting.clear()
             self._fail_all(
                 lane, exc or Draining("this instance is shutting down and runs no more handlers")
             )
-        with lane.lock:
-            idle = not lane.running and not lane.waiting
-        if idle and self._lanes.get(key) is lane:
-            del self._lanes[key]
+        self._forget_if_idle(lane)
+
+    def _forget_if_idle(self, lane: _Lane) -> None:
+        if lane.idle() and self._lanes.get(lane.key) is lane:
+            del self._lanes[lane.key]
 
     def _fail_all(self, lane: _Lane, error: BaseException) -> None:
+        lane.waiting.clear()
         with lane.lock:
             lane.running = False
-            lane.waiting.clear()
+            lane.ready.clear()
+            lane.slots = lane.held = 0
         for member in list(lane.members):
-            lane.members.discard(member)
-            if not member.work.outcome.done():
-                member.work.fail(user_error(lane.spec, member.work.ctx, error))
+            self._fail(lane, member, error)
 
 
-# ---- on the handler thread --------------------------------------------------------
+# ---- on the handler threads -------------------------------------------------------
 
 
-def _admit(lane: _Lane, held: int) -> list[_Member] | None:
-    """Members given the free slots, in arrival order (those ended while they waited
-    are dropped); None when there is nothing left to step: the thread ends."""
-    new: list[_Member] = []
-    with lane.lock:
-        while lane.waiting and held + len(new) < lane.policy.max_sequences:
-            member = lane.waiting.popleft()
-            if not member.work.outcome.done():
-                new.append(member)
-        if not new and not held:
-            lane.running = False  # the next join starts a thread again
-            return None
-    now = lane.clock.monotonic()
-    for member in new:
-        member.admitted_at = now
-    return new
+def _begin(steps: Steps, member: _Member) -> list[_Out]:
+    """Prefill one member and take its first step (its first token, from its prompt)."""
+    outs: list[_Out] = []
+    began = _prefill(steps, [member], outs)
+    if began:
+        _step(steps, began, outs)
+    return outs
 
 
 def _run_steps(lane: _Lane, post: Any) -> None:
-    """Take steps for as long as any sequence is held or waits for a slot.
+    """Step every held sequence together for as long as any is held or ready.
 
-    Each iteration first starts the sequences given a slot, one at a time: each is
-    prefilled and takes its first step (its first token, sampled from its prompt's
-    logits) on its own, and is posted at once, so a new caller's first token waits
-    for its own prompt and those admitted with it, not for a decode step of the
-    others. Then every sequence held from before takes one step together.
-    `post(admitted, outs, held)` hands each outcome to the loop.
+    Before each step the prefilled members join, and those whose work ended from
+    outside (cancelled, gone, overran, drained) are dropped and released.
+    `post(outs)` hands each step's outcome to the loop.
     """
     steps = lane.steps
     held: list[_Member] = []
     try:
         while True:
-            kept: list[_Member] = []
-            for member in held:
-                if member.work.outcome.done():  # cancelled, gone, overran, drained
-                    steps.release(member.sequence)
-                else:
-                    kept.append(member)
-            held = kept
-            new = _admit(lane, len(held))
-            if new is None:
-                post([], [], 0)
-                return
-            fresh: list[_Member] = []
-            for member in new:
-                outs: list[_Out] = []
-                if not member.work.outcome.done():
-                    began = _prefill(steps, [member], outs)
-                    fresh += _step(steps, began, outs) if began else []
-                post([member], outs, len(held) + len(fresh))
-            if held:
-                outs = []
-                held = _step(steps, held, outs)
-                post([], outs, len(held) + len(fresh))
-            held += fresh
+            with lane.lock:
+                held += lane.ready
+                lane.ready.clear()
+            gone = [m for m in held if m.work.outcome.done()]
+            for member in gone:
+                steps.release(member.sequence)
+            held = [m for m in held if not m.work.outcome.done()] if gone else held
+            with lane.lock:
+                lane.slots -= len(gone)
+                lane.held = len(held)
+                if not held and not lane.ready:
+                    lane.running = False  # the next one prefilled starts a thread again
+                    post([])
+                    return
+            if not held:
+                continue
+            outs: list[_Out] = []
+            before = len(held)
+            held = _step(steps, held, outs)
+            with lane.lock:
+                lane.slots -= before - len(held)
+                lane.held = len(held)
+            post(outs)
     finally:
         for member in held:  # a failure outside any step: nothing is kept
             steps.release(member.sequence)

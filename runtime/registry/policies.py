@@ -65,7 +65,10 @@ class Decode:
 
 
 class Steps(Protocol):
-    """Generation as steps, called on a handler thread, one call at a time per model.
+    """Generation as steps, called on handler threads: `step` of the held sequences
+    on one, one call at a time per model; a new sequence's `prefill` and its first
+    `step([it])` on another, beside them (runtime/dispatch/decode.py). Never two
+    calls for the same sequence at once; `release` may come from either thread.
 
     A sequence is whatever object the handler keeps per caller (its tokens, its
     cache, its sampler). Where a list is returned, it has one entry per input, in

@@ -272,17 +272,17 @@ def test_concurrent_slots_share_decode_steps(
     steps (runtime/dispatch/decode.py), each slot answered with its own output."""
     start_runtime(THAW_HANDLERS="tests.handlers.stepped", AWS_LAMBDA_MAX_CONCURRENCY="4")
     opened = tmp_path / "open"
-    first = {"name": "a", "n": 3, "hold_at": 1, "hold_file": str(opened), "sizes": True}
+    first = {"name": "a", "n": 4, "hold_at": 2, "hold_file": str(opened), "sizes": True}
     held = runtime_api.push({"handler": "stepped", "input": first})
-    _until_queue_depth(runtime_api, "stepped", 1)  # its first step holds
+    _until_metric(runtime_api, _RUNNING, 1)  # prefilled: its second step holds
     rest = [
         runtime_api.push({"handler": "stepped", "input": {"name": n, "n": 3, "sizes": True}})
         for n in "bc"
     ]
-    _until_queue_depth(runtime_api, "stepped", 3)  # the two wait for the step to end
+    _until_metric(runtime_api, _RUNNING, 3)  # the two prefilled beside it
     opened.touch()
     outputs = [runtime_api.result(r).json()["output"] for r in (held, *rest)]
-    assert [[step for step, _ in o] for o in outputs] == [[0, 1, 2]] * 3  # each its own
+    assert [[step for step, _ in o] for o in outputs] == [[0, 1, 2, 3], [0, 1, 2], [0, 1, 2]]
     # Each one's first step is its own (after its prefill); then one step held all three.
     assert all(o[0][1] == 1 and 3 in [size for _, size in o] for o in outputs), outputs
 
@@ -320,3 +320,18 @@ def test_an_answer_over_lambdas_buffered_limit_is_never_posted(
     assert failed.json()["errorType"] == "response-too-large"
     assert '"stream": true' in failed.json()["errorMessage"]
     assert runtime_api.result(fits).json() == {"output": {"blob": "x" * 1000}}
+
+
+_RUNNING = 'thaw_decode_sequences{handler="stepped",state="running"}'
+
+
+def _until_metric(runtime_api: FakeRuntimeAPI, series: str, value: float) -> None:
+    """Until `series` (read through Function URL events, another slot) is `value`."""
+    for _ in range(2000):  # a hang guard, not a time bound
+        result = runtime_api.result(runtime_api.push(http_event("GET", "/metrics"))).json()
+        body = result["body"]
+        text = (base64.b64decode(body) if result["isBase64Encoded"] else body.encode()).decode()
+        values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(series)]
+        if values == [value]:
+            return
+    raise AssertionError(f"{series} never read {value}")

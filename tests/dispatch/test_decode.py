@@ -40,36 +40,38 @@ def settings(tmp_path: Path, **overrides: Any) -> Any:
 
 
 async def test_sequences_share_steps_and_later_ones_join_between_them(tmp_path: Path) -> None:
-    lengths = {"a": 2, "b": 4, "c": 4, "d": 2, "e": 2}
+    lengths = {"a": 3, "b": 4, "c": 4, "d": 2, "e": 2}
     async with serving(settings(tmp_path)) as served:
         decoder = served.instance.dispatcher.decoder
 
         def call(name: str) -> Any:
             event: dict[str, Any] = {"name": name, "n": lengths[name]}
-            if name == "a":  # holds its first step until the others queued behind it
-                event.update(hold_at=1, gate="a")
+            if name == "a":  # holds its second step until the others queued behind it
+                event.update(hold_at=2, gate="a")
             return asyncio.ensure_future(served.client.post("/invoke/stepped", json=event))
 
         first = call("a")
-        await until(lambda: stepped.STEPS, "the first step began")
+        await until(lambda: len(stepped.STEPS) == 2, "a's second step began")
         others = [call(name) for name in "bcde"]
-        # They wait for the step to end: b and c then take the two free slots (of
-        # max_sequences=3), and d and e wait on.
-        await until(lambda: decoder.waiting("stepped") == 4, "four sequences waiting")
+        # While a's step holds, b and c take the two free slots (of max_sequences=3)
+        # and are prefilled (their first steps, on a thread of their own); d and e wait.
+        await until(
+            lambda: decoder.running("stepped") == 3 and decoder.waiting("stepped") == 2,
+            "b and c prefilled, d and e waiting",
+        )
         stepped.GATES["a"].set()
         responses = [await first, *[await other for other in others]]
     for (name, n), response in zip(lengths.items(), responses, strict=True):
         assert response.status_code == 200, response.text
         assert response.json() == [f"{name}:{i}" for i in range(n)]
     steps = stepped.STEPS
-    # A sequence given a slot takes its first step on its own, right after its
-    # prefill; then those held from before step together.
-    assert steps[:4] == [["a"], ["b"], ["c"], ["a"]]
-    # a ended after its second step: d took its slot, beside b and c still running
-    # (admitted between steps, not after the others ended).
-    assert steps[4:7] == [["d"], ["b", "c"], ["b", "c", "d"]]
+    # Each new sequence's first step is its own (right after its prefill, in arrival
+    # order), taken while a's step ran; then they join a's next step.
+    assert steps[:5] == [["a"], ["a"], ["b"], ["c"], ["a", "b", "c"]]
+    # a ended there: d took its slot (between steps, not after the others ended),
+    # then e took the next one freed.
+    assert steps.index(["d"]) < steps.index(["e"])
     assert max(len(step) for step in steps) == 3  # Decode(max_sequences=3)
-    assert sum(len(step) > 1 for step in steps) >= 3  # shared
     assert sorted(stepped.RELEASED) == sorted(lengths)  # each freed, once
     for name, n in lengths.items():
         assert sum(name in step for step in steps) == n
@@ -86,6 +88,43 @@ async def test_a_sequence_that_raises_fails_only_its_own_caller(tmp_path: Path) 
     assert "bad failed at step 2" in bad.json()["detail"]
     assert good.status_code == 200 and good.json() == [f"good:{i}" for i in range(4)]
     assert sorted(stepped.RELEASED) == ["bad", "good"]  # its sequence freed all the same
+
+
+@pytest.mark.parametrize(
+    ("fault", "where"),
+    [
+        ({"crash": True}, "crashed in its prefill"),
+        ({"fail_at": 1}, "failed at step 1"),  # its first step, on the prefill thread
+        ({"fail_at": 3}, "failed at step 3"),  # a step it shares with the other
+    ],
+)
+async def test_a_fault_anywhere_in_a_sequence_fails_only_its_caller(
+    tmp_path: Path, fault: dict[str, Any], where: str
+) -> None:
+    async with serving(settings(tmp_path)) as served:
+        decoder = served.instance.dispatcher.decoder
+        good = asyncio.ensure_future(
+            served.client.post(
+                "/invoke/stepped", json={"name": "good", "n": 6, "hold_at": 2, "gate": "g"}
+            )
+        )
+        await until(lambda: len(stepped.STEPS) == 2, "good's second step began")
+        bad = asyncio.ensure_future(
+            served.client.post("/invoke/stepped", json={"name": "bad", "n": 5, **fault})
+        )
+        # While good's step holds, bad is prefilled (or fails there) beside it.
+        await until(lambda: bad.done() or decoder.running("stepped") == 2, "bad prefilled")
+        stepped.GATES["g"].set()
+        bad_response, good_response = await bad, await good
+    assert bad_response.status_code == 500, bad_response.text
+    assert bad_response.json()["type"].endswith("/handler-error")
+    assert where in bad_response.json()["detail"]
+    assert good_response.status_code == 200, good_response.text
+    assert good_response.json() == [f"good:{i}" for i in range(6)]
+    if "fail_at" in fault and fault["fail_at"] > 1:
+        assert ["good", "bad"] in stepped.STEPS  # it failed in a step the two shared
+    # Every sequence that began is freed once, the failed one too.
+    assert sorted(stepped.RELEASED) == (["good"] if "crash" in fault else ["bad", "good"])
 
 
 async def test_a_refused_sequence_is_a_400_and_the_others_run(tmp_path: Path) -> None:

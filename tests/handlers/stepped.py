@@ -3,6 +3,7 @@
 Each sequence counts from 0 for its event's `n` steps, one item per step; the
 output is the list of items. `{"fail_at": k}`: its k-th step raises for it
 alone; `{"refuse": true}`: prefill refuses it (InvalidInput, a 400);
+`{"crash": true}`: prefill fails it with a RuntimeError (a 500, its alone);
 `{"hold_at": k, "gate": NAME}`: its k-th step (and with it the whole step) waits
 in the handler thread until the test sets `GATES[NAME]`.
 
@@ -47,6 +48,9 @@ class CountingSteps:
         for event in events:
             if event.get("refuse"):
                 started.append(InvalidInput("refuse", "this sequence is refused"))
+                continue
+            if event.get("crash"):
+                started.append(RuntimeError(f"{event['name']} crashed in its prefill"))
                 continue
             started.append(
                 Counting(

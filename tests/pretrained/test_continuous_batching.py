@@ -3,9 +3,11 @@
 Greedy output is token-for-token the output of each prompt alone (today's private
 decode loop, `ChatLM.complete`), over prompts of mixed lengths and batches whose
 size changes at every step; a seed gives the same sampled text in a batch as
-alone; and over HTTP concurrent callers get their own answers, a caller that goes
-away frees its slot (memory and gauge) at the next step, and a sequence the
-budget cannot admit waits and, past its deadline, becomes a 202 job.
+alone (whether a new prompt runs on its own first, as served, or in chunks beside
+the decode rows); and over HTTP concurrent callers get their own answers, a
+caller that goes away frees its slot (memory and gauge) at the next step,
+sequences the budget cannot admit wait in arrival order and, past a deadline,
+become a 202 job, and bad input is a 400 that costs a running sequence nothing.
 """
 
 from __future__ import annotations
@@ -53,18 +55,26 @@ def prompts(lm: ChatLM) -> list[list[int]]:
 
 
 def run_together(
-    lm: ChatLM, requests: list[tuple[list[int], int, Sampling]], admit_per_step: int = 1
+    lm: ChatLM,
+    requests: list[tuple[list[int], int, Sampling]],
+    admit_per_step: int = 1,
+    prefilled: bool = True,
 ) -> list[Completion]:
     """Every request as one sequence of `ChatLM.advance`, two admitted at first and
     `admit_per_step` more after each step, finished ones dropped: the batch grows and
-    shrinks as it would under callers that come and go."""
+    shrinks as it would under callers that come and go. `prefilled`: each new one's
+    prompt runs on its own first (`run_prompt`, as the served path's `prefill` does);
+    otherwise the batched steps run it in chunks beside the decode rows."""
     done: dict[int, Completion] = {}
     waiting = list(enumerate(requests))
     active: list[tuple[int, TextSequence]] = []
     admit = 2
     while waiting or active:
         for index, (ids, max_tokens, opts) in waiting[:admit]:
-            active.append((index, lm.begin(ids, max_tokens, opts, [])))
+            sequence = lm.begin(ids, max_tokens, opts, [])
+            if prefilled:
+                lm.run_prompt(sequence)
+            active.append((index, sequence))
         waiting = waiting[admit:]
         admit = admit_per_step
         pieces = lm.advance([s for _, s in active])
@@ -77,14 +87,15 @@ def run_together(
     return [done[i] for i in range(len(requests))]
 
 
-def test_greedy_in_a_changing_batch_is_each_prompt_alone(smollm2: ChatLM) -> None:
+@pytest.mark.parametrize("prefilled", [True, False], ids=["prefilled", "chunked"])
+def test_greedy_in_a_changing_batch_is_each_prompt_alone(smollm2: ChatLM, prefilled: bool) -> None:
     ids = prompts(smollm2)
     lengths = [len(p) for p in ids]
     assert min(lengths) < 8 and max(lengths) > 100  # mixed lengths
     greedy = Sampling()
     requests = [(p, 8 + 2 * (i % 3), greedy) for i, p in enumerate(ids)]  # 8..12 tokens
     alone = [smollm2.complete(p, n, opts, []) for p, n, opts in requests]
-    together = run_together(smollm2, requests)
+    together = run_together(smollm2, requests, prefilled=prefilled)
     for a, t in zip(alone, together, strict=True):
         assert t == a  # text, token counts and finish reason
     assert sum(c.completion_tokens for c in together) > 60
@@ -204,16 +215,28 @@ async def test_a_caller_that_goes_away_frees_its_slot_at_the_next_step(
 
 
 @pytest.mark.anyio
-async def test_a_sequence_the_budget_cannot_admit_waits_then_becomes_a_job(
+async def test_sequences_the_budget_cannot_admit_wait_in_order_then_become_jobs(
     tmp_path: Path, bundle_root: Path, long_stream: dict[str, Any], smollm2: ChatLM
 ) -> None:
     memory = json.loads((bundle_root / "smollm2" / "bundle.json").read_text())["memory"]
     one_sequence = memory["weights_bytes"] + memory["per_request_bytes"]
-    short = {"prompt": "The capital of France is", "max_tokens": 6}
-    expected = smollm2.complete(smollm2.encode_prompt(short["prompt"]), 6, Sampling(), [])
-    budget = settings(tmp_path, bundle_root, memory_budget=one_sequence)
+    texts = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
+    short = [{"prompt": t, "max_tokens": 6} for t in texts]
+    expected = [smollm2.complete(smollm2.encode_prompt(t), 6, Sampling(), []) for t in texts]
+    # No default deadline cuts the first two waiters short on a loaded machine.
+    budget = settings(
+        tmp_path, bundle_root, memory_budget=one_sequence, wait_s=600.0, max_wait_s=600.0
+    )
     async with listening(budget) as served, served.client(timeout=300) as client:
         await ready(client)
+        reserved = served.instance.cache.budget
+        finished: list[int] = []
+
+        def answered(index: int) -> Any:
+            task = asyncio.ensure_future(client.post("/invoke/generate", json=short[index]))
+            task.add_done_callback(lambda _: finished.append(index))
+            return task
+
         async with served.client(timeout=300) as first:
             stream = first.stream("POST", "/invoke/generate", json=long_stream, headers=SSE)
             async with stream as response:
@@ -221,15 +244,70 @@ async def test_a_sequence_the_budget_cannot_admit_waits_then_becomes_a_job(
                 async for event in events:
                     if "id" in event:
                         break
-                # The budget holds one sequence: this one waits for its slot, and is
-                # answered 202 at its deadline, never cut short.
+                # The budget holds one sequence: the others wait for its slot, in
+                # arrival order; the one with a short deadline is answered 202 at
+                # it, never cut short.
+                calls = [answered(0)]
+                await until(lambda: reserved.waiting("smollm2") == 1, "the first one queued")
+                calls.append(answered(1))
+                await until(lambda: reserved.waiting("smollm2") == 2, "the second one queued")
                 late = await client.post(
-                    "/invoke/generate", json=short, headers={"Prefer": "wait=0.5", **SSE}
+                    "/invoke/generate", json=short[2], headers={"Prefer": "wait=0.5", **SSE}
                 )
                 assert late.status_code == 202, late.text
                 location = late.headers["location"]
+                assert reserved.admitted("smollm2") == 1
                 await events.aclose()
+        responses = await asyncio.gather(*calls)
         job = (await client.get(f"{location}?wait=120")).json()
-        assert job["status"] == "succeeded", job
-        assert job["output"]["text"] == expected.text
-        assert job["output"]["usage"]["completion_tokens"] == expected.completion_tokens
+    assert finished == [0, 1]  # one slot: the second began only once the first ended
+    for response, want in zip(responses, expected[:2], strict=True):
+        assert response.status_code == 200, response.text
+        assert response.json()["text"] == want.text
+    assert job["status"] == "succeeded", job
+    assert job["output"]["text"] == expected[2].text
+    assert job["output"]["usage"]["completion_tokens"] == expected[2].completion_tokens
+
+
+@pytest.mark.anyio
+async def test_bad_input_is_a_400_beside_a_running_sequence(
+    tmp_path: Path, bundle_root: Path, long_stream: dict[str, Any]
+) -> None:
+    """An empty prompt, or `max_tokens` past the context, is refused (400 naming the
+    field) when its prefill checks it, as JSON and as a stream; the sequence already
+    running keeps its slot and its tokens."""
+    beyond = {"prompt": "Thaw keeps models warm. " * 400, "max_tokens": 400}  # > 2,048
+    bad = [
+        ({"prompt": ""}, "prompt"),
+        ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6}, "max_tokens"),
+        (beyond, "prompt"),
+    ]
+    async with (
+        listening(settings(tmp_path, bundle_root)) as served,
+        served.client(timeout=300) as client,
+    ):
+        await ready(client)
+        stream = client.stream("POST", "/invoke/generate", json=long_stream, headers=SSE)
+        async with stream as response:
+            events = aread_events(response.aiter_lines())
+            tokens = 0
+            async for event in events:
+                tokens += "id" in event
+                if tokens == 1:
+                    break
+            for event, field in bad:
+                for headers in ({}, SSE):
+                    refused = await client.post("/invoke/generate", json=event, headers=headers)
+                    assert refused.status_code == 400, refused.text
+                    problem = refused.json()
+                    assert problem["type"].endswith("/invalid-input"), problem
+                    assert problem["field"] == field, problem
+            # The running sequence lost nothing: its tokens keep coming.
+            async for event in events:
+                tokens += "id" in event
+                if tokens == 3:
+                    break
+            assert tokens == 3
+            metrics = (await client.get("/metrics")).text
+            assert decode_gauge(metrics, "running") == 1
+            await events.aclose()
