@@ -3,10 +3,12 @@
 As `sam local start-lambda` does, but with Lambda's execution environment
 kept where a container can keep it:
 
-- the image's own entrypoint, user, bundles and environment, plus the
+- the image's own entrypoint, bundles and environment, plus the
   template's Environment.Variables, Lambda's platform variables and any other
   THAW_* set where the emulator runs (the laptop's bundle source, cache and
   state paths are not passed: they do not exist in the container);
+- Lambda's own non-root user, whatever the image's USER (SANDBOX_USER), so a
+  file the function cannot read fails here as it would deployed;
 - a read-only root filesystem with a tmpfs /tmp of the function's
   EphemeralStorage, the function's MemorySize as the memory limit, and
   Lambda's limits of 1024 open files and 1024 processes;
@@ -14,7 +16,7 @@ kept where a container can keep it:
   `127.0.0.1:PORT`, as on Lambda (the runtime listens on nothing);
 - one job store for all sandboxes, as in process mode: a SQLite file in a
   directory of the emulator's, mounted into every container (podman's `:U`
-  gives it to the image's user; with docker it is made world-writable).
+  gives it to the sandbox's user; with docker it is made world-writable).
 
 The engine is podman, or docker where podman is missing. Containers are named
 `thaw-<sid>` and labelled `io.thaw.emulate=<emulator pid>`; they are removed
@@ -35,6 +37,11 @@ from signal import Signals
 from runtime.emulator.sandboxes import Sandbox, exit_reason, sandbox_env
 from runtime.errors import ConfigError
 
+# Lambda runs an image as a least-privileged user of its own, whatever its USER
+# says, and that user must be able to read every file the function needs
+# (https://docs.aws.amazon.com/lambda/latest/dg/images-create.html, Requirements).
+# The uid is not documented; 993:990 is what functions observe (sbx_user1051).
+SANDBOX_USER = "993:990"
 # Where the shared job store is mounted in every container.
 JOBS_MOUNT = "/var/lib/thaw-emulate"
 # Lambda's quotas: 1,024 file descriptors and 1,024 processes or threads.
@@ -90,6 +97,7 @@ class ContainerLauncher:
         # line: nothing the function is configured with shows up in `ps`.
         argv = [self.engine, "run", "--rm", "--pull=never", "--name", self.name(sandbox)]
         argv += ["--label", f"io.thaw.emulate={os.getpid()}", "--network", "host"]
+        argv += ["--user", SANDBOX_USER]
         argv += ["--read-only", "--tmpfs", f"/tmp:rw,mode=1777,size={function.ephemeral_mb}m"]
         argv += ["--memory", f"{function.memory_mb}m", "--memory-swap", f"{function.memory_mb}m"]
         for ulimit in ULIMITS:

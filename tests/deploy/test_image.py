@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from runtime.emulator.containers import SANDBOX_USER
 from runtime.version import __version__
 from scripts import image as image_script
 from tests.deploy.conftest import ROOT, Engine, owned_label, record
@@ -258,6 +259,10 @@ def test_lambda_mode_under_thaw_emulate_image(
         record("lambda_cold_report", report.fields)
         names = engine("ps", "--filter", "label=io.thaw.emulate", "--format", "{{.Names}}")
         assert names.stdout.split(), "no container runs the instance"
+        # As on Lambda: its own unprivileged user, not the image's (root, no USER).
+        status = engine("exec", names.stdout.split()[0], "cat", "/proc/1/status").stdout
+        uids = re.search(r"^Uid:\s+(\d+)", status, re.MULTILINE)
+        assert uids is not None and uids.group(1) == SANDBOX_USER.split(":")[0], status
         warm = client.invoke(
             FunctionName="ThawFunction",
             Payload=b'{"handler": "fahrenheit", "input": {"celsius": [100]}}',
