@@ -20,13 +20,11 @@ tests/openai/test_errors.py checks both kinds of refusal."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.security.conftest import Launch, launch_module  # noqa: F401 - the fixture
+from tests.security.conftest import Launch, launch_module, run_schemathesis  # noqa: F401
 from tests.support import make_bundle
 
 pytest.importorskip("schemathesis")
@@ -39,7 +37,6 @@ values = ["fake_embed", "fake-embedding-3", "fake_chat", "fake-chat"]
 [parameters]
 "body.model" = { dictionary = "models", probability = 0.5 }
 """
-CLI = [sys.executable, "-c", "from schemathesis.cli import schemathesis; schemathesis()"]
 
 
 @pytest.mark.parametrize("auth", [False, True], ids=["open", "keys"])
@@ -59,43 +56,16 @@ def test_every_check_passes_on_the_v1_routes(
     if auth:
         env["THAW_API_KEYS"] = KEY
     server = launch_module(**env)
-    config = tmp_path / "schemathesis.toml"
-    config.write_text(MODELS)
-    command = [
-        *CLI,
-        "--config-file",
-        str(config),
-        "--no-color",
-        "run",
-        f"{server.url}/openapi.json",
-        "--include-path-regex",
-        "^/v1/",
-        "--checks",
-        "all",
-        "--exclude-checks",
-        "positive_data_acceptance",
-        "--phases",
-        "examples,coverage,fuzzing",
-        "--max-examples",
-        "30",
-        "--seed",
-        "1",
-        "--workers",
-        "1",
-        "--generation-database",
-        "none",
-        "--request-timeout",
-        "30",
-    ]
-    if auth:
-        command += ["--header", f"Authorization: Bearer {KEY}"]
-    done = subprocess.run(
-        command, cwd=tmp_path, capture_output=True, text=True, timeout=400, check=False
+    report = run_schemathesis(
+        server.url,
+        tmp_path,
+        MODELS,
+        phases=("examples", "coverage", "fuzzing"),
+        max_examples=30,
+        key=KEY if auth else None,
+        extra=("--include-path-regex", "^/v1/", "--exclude-checks", "positive_data_acceptance"),
+        timeout_s=400,
     )
-    report = done.stdout + done.stderr
-    assert done.returncode == 0, report[-8000:]
-    for phase in ("Examples", "Coverage", "Fuzzing"):
-        assert f"✅ {phase}" in report, report[-4000:]
     assert "5 selected" in report, report[-4000:]
     # The dictionary's models reached the handlers: no operation only ever met a 404.
     assert "Missing test data" not in report, report[-4000:]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -93,3 +95,39 @@ def key_id_of(key: str) -> str:
 
 def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
+
+
+# schemathesis's console entry point, run by this interpreter (no PATH lookup).
+SCHEMATHESIS = [sys.executable, "-c", "from schemathesis.cli import schemathesis; schemathesis()"]
+
+
+def run_schemathesis(
+    url: str,
+    workdir: Path,
+    config: str,
+    *,
+    phases: tuple[str, ...],
+    max_examples: int,
+    key: str | None = None,
+    extra: tuple[str, ...] = (),
+    timeout_s: float = 300,
+) -> str:
+    """`schemathesis run` of the document at `url` as a user runs it: every check,
+    seeded, one worker, no example database; it must exit 0 with every phase
+    passed. Returns its report."""
+    config_file = workdir / "schemathesis.toml"
+    config_file.write_text(config)
+    command = [*SCHEMATHESIS, "--config-file", str(config_file), "--no-color", "run"]
+    command += [f"{url}/openapi.json", "--checks", "all", "--phases", ",".join(phases)]
+    command += ["--max-examples", str(max_examples), "--seed", "1", "--workers", "1"]
+    command += ["--generation-database", "none", "--request-timeout", "30", *extra]
+    if key is not None:
+        command += ["--header", f"Authorization: Bearer {key}"]
+    done = subprocess.run(
+        command, cwd=workdir, capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+    report = done.stdout + done.stderr
+    assert done.returncode == 0, report[-8000:]
+    for phase in phases:
+        assert f"✅ {phase.capitalize()}" in report, report[-4000:]
+    return report

@@ -17,13 +17,11 @@ DELETE to remove what it names. The plain runs keep it (they make no job).
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.security.conftest import Launch
+from tests.security.conftest import Launch, run_schemathesis
 
 pytest.importorskip("schemathesis")
 
@@ -35,8 +33,6 @@ values = ["echo"]
 [parameters]
 handler = { dictionary = "handlers", probability = 0.5 }
 """
-# schemathesis's console entry point, run by this interpreter (no PATH lookup).
-CLI = [sys.executable, "-c", "from schemathesis.cli import schemathesis; schemathesis()"]
 
 
 @pytest.mark.parametrize(
@@ -51,43 +47,19 @@ def test_every_check_in_every_phase_passes(
     if auth:
         env["THAW_API_KEYS"] = KEY
     server = launch(**env)
-    config = tmp_path / "schemathesis.toml"
-    config.write_text(HANDLERS if handlers else "")
-    command = [
-        *CLI,
-        "--config-file",
-        str(config),
-        "--no-color",
-        "run",
-        f"{server.url}/openapi.json",
-        "--checks",
-        "all",
-        "--phases",
-        "examples,coverage,fuzzing,stateful",
-        "--exclude-path",
-        "/drain",
-        "--max-examples",
-        "20",
-        "--seed",
-        "1",
-        "--workers",
-        "1",
-        "--generation-database",
-        "none",
-        "--request-timeout",
-        "30",
-    ]
-    if auth:
-        command += ["--header", f"Authorization: Bearer {KEY}"]
-    if handlers:
-        command += ["--exclude-checks", "use_after_free"]
-    done = subprocess.run(
-        command, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
+    report = run_schemathesis(
+        server.url,
+        tmp_path,
+        HANDLERS if handlers else "",
+        phases=("examples", "coverage", "fuzzing", "stateful"),
+        max_examples=20,
+        key=KEY if auth else None,
+        extra=(
+            "--exclude-path",
+            "/drain",
+            *(("--exclude-checks", "use_after_free") if handlers else ()),
+        ),
     )
-    report = done.stdout + done.stderr
-    assert done.returncode == 0, report[-8000:]
-    for phase in ("Examples", "Coverage", "Fuzzing", "Stateful"):
-        assert f"✅ {phase}" in report, report[-4000:]
     if handlers:
         # The stateful phase followed the document's links (it made jobs and polled them).
         assert "API Links:" in report and "0 covered" not in report, report[-4000:]
