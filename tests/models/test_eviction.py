@@ -10,6 +10,8 @@ import asyncio
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -358,6 +360,25 @@ PER_REQUEST = {"a": 10, "b": 15, "c": 0, "pin": 5, "huge": 0}
 BUDGET = 100
 
 
+class CountingExecutor(ThreadPoolExecutor):
+    """The loop's default executor, knowing whether any thread work is in flight: the
+    cache's manifest reads, builds and releases all run there, so "no thread busy"
+    is what makes the loop quiet, however slowly a loaded machine runs them."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=4)
+        self._running: set[Future[Any]] = set()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future = super().submit(fn, *args, **kwargs)
+        self._running.add(future)
+        future.add_done_callback(self._running.discard)
+        return future
+
+    def busy(self) -> bool:
+        return bool(self._running)
+
+
 class CacheMachine(RuleBasedStateMachine):
     """Any sequence of acquire/release/unload either raises the documented error
     or does what was asked; work that must wait (for memory, for a drain) waits
@@ -369,6 +390,8 @@ class CacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
+        self.executor = CountingExecutor()
+        self.loop.set_default_executor(self.executor)
         self.state_dir = Path(tempfile.mkdtemp(prefix="thaw-eviction-"))
         self.cache, self.builds = make_cache(
             SIZES, self.state_dir, budget=BUDGET, pinned=("pin",), per_request=PER_REQUEST
@@ -403,7 +426,9 @@ class CacheMachine(RuleBasedStateMachine):
         return bool(self.leases) or self.loading()
 
     def settle(self) -> None:
-        """Run the loop until nothing can progress: no load mid-way, no wait unjustified."""
+        """Run the loop until nothing can progress: no thread work in flight, no load
+        mid-way, no wait unjustified. Polls count loop turns, not time: a step on a
+        thread may take any time, and the loop is quiet only once none is running."""
 
         async def quiet() -> None:
             stable = 0
@@ -414,7 +439,8 @@ class CacheMachine(RuleBasedStateMachine):
                     not task.done() and not self.justified_wait(kind, name)
                     for kind, name, task in self.pending
                 )
-                stable = 0 if self.loading() or waiting_wrongly else stable + 1
+                busy = self.executor.busy() or self.loading()
+                stable = 0 if busy or waiting_wrongly else stable + 1
                 if stable >= 3:
                     return
             raise AssertionError(f"cache never settled: {states(self.cache)} {self.pending}")
