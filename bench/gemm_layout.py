@@ -1,4 +1,4 @@
-"""Why `Llama` stores its weights (in, out): a decode step's GEMMs in both layouts.
+"""Why `Llama` stores its weights as it does: a decode step's GEMMs in each layout.
 
     .venv/bin/python bench/gemm_layout.py [--threads 1] [--rows 1,8,16]
 
@@ -6,7 +6,11 @@ SmolLM2-135M's matrices (hidden 576, intermediate 1536, vocab 49,152; 30 layers)
 random float32 values (the kernels' times do not depend on them): for M rows (a
 decode step of M sequences), `F.linear(x, w)` with Hugging Face's (out, in) `w`
 against `x @ w` with `w` stored transposed, (in, out), as `Llama` applies it.
-The two alternate call by call (the same machine for both); medians of each.
+Where the CPU has AMX (`handlers.models.llama.packed_bf16`), a third column:
+bfloat16 weights reordered once by oneDNN (`_reorder_linear_weight`) and applied
+by `_linear_pointwise`, as `Llama` does by default there; its time includes the
+casts of `x` to bfloat16 and of the result back to float32.
+The layouts alternate call by call (the same machine for all); medians of each.
 A step's GEMMs are 30 layers of qkv, o, gate_up and down, plus the LM head.
 Prints one markdown table.
 """
@@ -19,6 +23,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+
+from handlers.models.llama import packed_bf16
 
 LAYERS = 30
 SHAPES = {  # (out, in)
@@ -36,6 +42,13 @@ def timed(fn: object, x: torch.Tensor, w: torch.Tensor) -> float:
     return time.perf_counter() - started
 
 
+def packed_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+        x.to(torch.bfloat16), w, None, "none", [], ""
+    )
+    return y.float()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads")
@@ -43,28 +56,42 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=30)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print("| rows | F.linear (out, in), ms per step | x @ w (in, out), ms per step | ratio |")
-    print("|---|---|---|---|")
+    packed = packed_bf16("cpu")
+    head = "| rows | F.linear (out, in), ms per step | x @ w (in, out), ms per step | ratio |"
+    rule = "|---|---|---|---|"
+    if packed:
+        head += " packed bfloat16, ms per step | ratio to x @ w |"
+        rule += "---|---|"
+    print(head)
+    print(rule)
     for rows in (int(r) for r in args.rows.split(",")):
-        linear_s = matmul_s = 0.0
+        linear_s = matmul_s = packed_s = 0.0
         for name, (out, inn) in SHAPES.items():
             w = torch.randn(out, inn)
             wt = w.t().contiguous()
+            wp = torch.ops.mkldnn._reorder_linear_weight(w.to(torch.bfloat16)) if packed else None
             x = torch.randn(rows, inn)
             reps = args.reps if name != "lm_head" else max(3, args.reps // 3)
             a: list[float] = []
             b: list[float] = []
+            c: list[float] = []
             for i in range(reps + 3):  # the first three warm the kernels
                 ta, tb = timed(F.linear, x, w), timed(torch.matmul, x, wt)
+                tc = timed(packed_mm, x, wp) if wp is not None else 0.0
                 if i >= 3:
                     a.append(ta)
                     b.append(tb)
+                    c.append(tc)
             times = 1 if name == "lm_head" else LAYERS
             linear_s += statistics.median(a) * times
             matmul_s += statistics.median(b) * times
-        print(
+            packed_s += statistics.median(c) * times
+        row = (
             f"| {rows} | {linear_s * 1e3:.1f} | {matmul_s * 1e3:.1f} | {matmul_s / linear_s:.2f}x |"
         )
+        if packed:
+            row += f" {packed_s * 1e3:.1f} | {packed_s / matmul_s:.2f}x |"
+        print(row)
     print(f"\nintra-op threads {args.threads}")
     return 0
 

@@ -215,12 +215,18 @@ async def lone_ttfts(url: str, seed: int, count: int) -> list[tuple[float, float
 
 # ---- transformers' continuous batching, in this process -------------------------
 
+# Thaw's matrices are bfloat16 where the CPU has AMX (handlers/models/llama.py
+# `packed_bf16`), so the peer runs in both: its float32 and its bfloat16 (every
+# tensor, attention and cache included), and Thaw is held to each.
+TRANSFORMERS_DTYPES = ("float32", "bfloat16")
+
 
 def transformers_tokens_per_s(
-    bundle: Path, callers: int, requests: int, seed: int
+    bundle: Path, callers: int, requests: int, seed: int, dtype: str = "float32"
 ) -> tuple[float, str]:
-    """Its manager fed the workload's first `requests`, `callers` in flight at a time:
-    generated tokens over the elapsed time; or NaN and why it could not run."""
+    """Its manager fed the workload's first `requests`, `callers` in flight at a time,
+    its model in `dtype`: generated tokens over the elapsed time; or NaN and why it
+    could not run."""
     try:
         import torch
         from safetensors.torch import load_file
@@ -246,8 +252,9 @@ def transformers_tokens_per_s(
         max_position_embeddings=config["max_context_tokens"],
     )
     model = LlamaForCausalLM(hf)
-    model.load_state_dict({k: v.float() for k, v in weights.items()}, strict=False)
-    model = model.float().eval()
+    as_dtype = getattr(torch, dtype)
+    model.load_state_dict({k: v.to(as_dtype) for k, v in weights.items()}, strict=False)
+    model = model.to(as_dtype).eval()
     events = workload(seed)[:requests]
     ids = [
         lm.encode_prompt(e["prompt"])
@@ -476,7 +483,7 @@ def main() -> int:
             ("generate", 16),
         ]
         results: dict[tuple[str, int], list[Window]] = {}
-        runs: dict[int, list[tuple[float, str]]] = {}
+        runs: dict[tuple[int, str], list[tuple[float, str]]] = {}
         if args.threads:
             import torch
 
@@ -493,17 +500,20 @@ def main() -> int:
                     f"TTFT p50 {fmt_s(median(window.ttft_s))}"
                 )
             if not args.skip_transformers:
-                for callers in (8, 16) if round_ % 2 == 0 else (16, 8):
-                    progress(f"[{round_ + 1}/{args.rounds}] transformers, {callers} in flight")
-                    run = transformers_tokens_per_s(bundle, callers, 3 * callers, args.seed)
-                    runs.setdefault(callers, []).append(run)
+                peers = [(c, d) for c in (8, 16) for d in TRANSFORMERS_DTYPES]
+                for callers, dtype in peers if round_ % 2 == 0 else peers[::-1]:
+                    progress(
+                        f"[{round_ + 1}/{args.rounds}] transformers ({dtype}), {callers} in flight"
+                    )
+                    run = transformers_tokens_per_s(bundle, callers, 3 * callers, args.seed, dtype)
+                    runs.setdefault((callers, dtype), []).append(run)
                     progress(f"  {run}")
-    peer: dict[int, tuple[float, str]] = {
-        callers: (
+    peer: dict[tuple[int, str], tuple[float, str]] = {
+        key: (
             median([rate for rate, _ in done]),
             f"{done[0][1]}" + (f"; median of {len(done)} rounds" if len(done) > 1 else ""),
         )
-        for callers, done in sorted(runs.items())
+        for key, done in sorted(runs.items())
     }
     load_after = os.getloadavg()
     print(render(rows(results, peer, lone, first)))
@@ -517,7 +527,7 @@ def main() -> int:
 
 def rows(
     results: dict[tuple[str, int], list[Window]],
-    peer: dict[int, tuple[float, str]],
+    peer: dict[tuple[int, str], tuple[float, str]],
     lone: list[tuple[dict[str, float], dict[str, float]]],
     first: list[tuple[float, float]],
 ) -> list[Row]:
@@ -601,12 +611,13 @@ def rows(
             verdict(median(ratios) <= LONE_TARGET),
         )
     )
-    for callers, (tokens_per_s, note) in peer.items():
+    for (callers, dtype), (tokens_per_s, note) in peer.items():
         thaw = rate("generate", callers)
         ok = tokens_per_s == tokens_per_s  # not NaN
         out.append(
             Row(
-                f"tokens/s, {callers} in flight vs transformers continuous batching ({note})",
+                f"tokens/s, {callers} in flight vs transformers continuous batching, its "
+                f"model in {dtype} ({note})",
                 f"{thaw:.1f}",
                 f"{tokens_per_s:.1f}" if ok else "n/a",
                 fmt_x(thaw / tokens_per_s) if ok else "n/a",

@@ -30,6 +30,9 @@ class LlamaConfig:
     max_context_tokens: int
     prefill_chunk_tokens: int
     tie_word_embeddings: bool
+    # "auto": bfloat16 matrices prepacked for AMX where the CPU has it (`packed_bf16`);
+    # "plain": the compute dtype everywhere, as on a CPU without AMX.
+    matmul: str = "auto"
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> LlamaConfig:
@@ -46,7 +49,14 @@ class LlamaConfig:
             max_context_tokens=int(config["max_context_tokens"]),
             prefill_chunk_tokens=int(config.get("prefill_chunk_tokens", 256)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+            matmul=_matmul(config.get("matmul", "auto")),
         )
+
+
+def _matmul(value: Any) -> str:
+    if value not in ("auto", "plain"):
+        raise ValueError(f"config matmul must be 'auto' or 'plain', not {value!r}")
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -80,16 +90,46 @@ def compute_dtype(device: str) -> torch.dtype:
     return torch.float32 if torch.device(device).type == "cpu" else torch.float16
 
 
+def packed_bf16(device: str) -> bool:
+    """Whether the matrices are bfloat16, prepacked for oneDNN's AMX kernels.
+
+    On a CPU with AMX tiles (Intel Sapphire Rapids and later), a bfloat16 GEMM on
+    weights reordered once into oneDNN's blocked layout costs about the same for
+    1 to 16 rows and reads half float32's bytes. Over SmolLM2-135M, one thread:
+    a decode step of one sequence takes 0.79x float32's time, of 8 sequences
+    0.49x, and a 128-token prefill 0.36x (bench/model_steps.py). Each output row
+    is bit-identical whatever the number of rows, which float32's MKL kernels are
+    not (docs/generation.md). The cost is precision: bfloat16 keeps 8 significant
+    bits against the bundle's float16 11, and perplexity rises by about 0.5%
+    (tests/pretrained/test_matmul_precision.py bounds it at 2%). Norms, RoPE,
+    attention, the KV cache and the logits stay float32. Elsewhere (no AMX, an
+    accelerator, or a bundle whose config says `matmul: plain`) the matrices are
+    the compute dtype and multiplied plainly.
+    """
+    if torch.device(device).type != "cpu":
+        return False
+    init_amx = getattr(torch._C._cpu, "_init_amx", None)
+    ops = torch.ops.mkldnn
+    return (
+        init_amx is not None
+        and bool(init_amx())
+        and hasattr(ops, "_linear_pointwise")
+        and hasattr(ops, "_reorder_linear_weight")
+    )
+
+
 def _transposed(*parts: torch.Tensor) -> torch.Tensor:
     """Hugging Face's (out, in) matrices, stacked along out, as one (in, out) matrix."""
     return torch.cat(parts).t().contiguous()
 
 
 class Llama:
-    """The weights are stored transposed, (in, out), and applied as `x @ w`: MKL's
-    GEMM of a few rows (a decode step of 2-15 sequences) runs up to 2x faster
-    against a row-major right operand than against `F.linear`'s transposed one,
-    and no slower for one row or a prefill chunk (docs/generation.md)."""
+    """Matrices are applied by `_mm`, stored as `_matrix` lays them out: prepacked
+    bfloat16 where `packed_bf16` holds, else transposed, (in, out), and applied as
+    `x @ w`: MKL's GEMM of a few rows (a decode step of 2-15 sequences) runs up to
+    2x faster against a row-major right operand than against `F.linear`'s
+    transposed one, and no slower for one row or a prefill chunk
+    (bench/gemm_layout.py, docs/generation.md)."""
 
     def __init__(
         self,
@@ -101,6 +141,8 @@ class Llama:
     ) -> None:
         self.cfg = cfg
         dtype = compute_dtype(device)
+        self.packed = cfg.matmul == "auto" and packed_bf16(device)
+        self.matmul_dtype = torch.bfloat16 if self.packed else dtype
         # With `consume` each tensor leaves `weights` as it is taken (the runtime
         # hands a builder its own dict): the fused copies below (qkv, gate_up) then
         # never sit beside all of their sources, so a load peaks near the weights'
@@ -111,26 +153,31 @@ class Llama:
                 raise TypeError("consume=True needs a mutable mapping of weights")
             taken = weights
 
-        def w(name: str) -> torch.Tensor:
+        def w(name: str, as_dtype: torch.dtype = dtype) -> torch.Tensor:
             try:
                 tensor = taken.pop(name) if taken is not None else weights[name]
             except KeyError:
                 raise ValueError(f"weights lack tensor {name!r}") from None
-            return tensor.to(device=device, dtype=dtype)
+            return tensor.to(device=device, dtype=as_dtype)
 
-        # Tied embeddings keep one copy: the head, (hidden, vocab); the embedding
-        # table is its transposed view (a lookup reads one strided column per token).
-        embed = w("model.embed_tokens.weight")
-        self.lm_head = _transposed(embed if cfg.tie_word_embeddings else w("lm_head.weight"))
-        self.embed = self.lm_head.t() if cfg.tie_word_embeddings else embed
-        del embed
+        # Tied embeddings keep one plain copy: the head, (hidden, vocab), with the
+        # embedding table its transposed view (a lookup reads one strided column per
+        # token). A packed head is opaque, so the table is then kept beside it.
+        embed = w("model.embed_tokens.weight", self.matmul_dtype)
+        head = embed if cfg.tie_word_embeddings else w("lm_head.weight", self.matmul_dtype)
+        self.lm_head = self._matrix(head)
+        if self.packed or not cfg.tie_word_embeddings:
+            self.embed = embed
+        else:
+            self.embed = self.lm_head.t()
+        del embed, head
         self.norm = w("model.norm.weight")
         self.layers: list[_Layer] = []
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
 
             def t(*names: str, p: str = p) -> torch.Tensor:
-                return _transposed(*(w(p + n + ".weight") for n in names))
+                return self._matrix(*(w(p + n + ".weight", self.matmul_dtype) for n in names))
 
             self.layers.append(
                 _Layer(
@@ -151,13 +198,39 @@ class Llama:
         self.cos = angles.cos().to(device=device, dtype=dtype)
         self.sin = angles.sin().to(device=device, dtype=dtype)
 
+    def _matrix(self, *parts: torch.Tensor) -> torch.Tensor:
+        """Hugging Face's (out, in) matrices, stacked along out, as `_mm` takes them."""
+        if self.packed:
+            fused = torch.cat(parts).to(torch.bfloat16).contiguous()
+            packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(fused)
+            return packed
+        return _transposed(*parts).to(self.matmul_dtype)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activations' (and KV cache's) dtype."""
+        return self.norm.dtype
+
     def new_cache(self, capacity_tokens: int) -> KVCache:
-        return KVCache(self.cfg, capacity_tokens, self.embed)
+        return KVCache(self.cfg, capacity_tokens, self.norm)
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed[ids].to(self.dtype)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """Normalized `x`, in the matmul dtype: every norm feeds a matrix."""
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps)
-        return x32.to(x.dtype) * weight
+        return (x32.to(x.dtype) * weight).to(self.matmul_dtype)
+
+    def _mm(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """`a @ w` in the matmul dtype, back in the activations' dtype."""
+        if self.packed:
+            y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+                a.to(torch.bfloat16), w, None, "none", [], ""
+            )
+            return y.to(self.dtype)
+        return (a.to(w.dtype) @ w).to(self.dtype)
 
     @staticmethod
     def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -186,10 +259,10 @@ class Llama:
                 start + torch.arange(n, device=ids.device)[:, None]
             )
             mask = allowed.repeat(groups, 1)
-        x = self.embed[ids]
+        x = self._embed(ids)
         for i, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer.attn_norm)
-            q, k, v = torch.split((h @ layer.qkv), [q_rows, kv_rows, kv_rows], dim=-1)
+            q, k, v = torch.split(self._mm(h, layer.qkv), [q_rows, kv_rows, kv_rows], dim=-1)
             q = self._rope(q.view(n, cfg.num_heads, cfg.head_dim).transpose(0, 1), cos, sin)
             k = self._rope(k.view(n, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1), cos, sin)
             v = v.view(n, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1)
@@ -203,13 +276,13 @@ class Llama:
             qg = q.reshape(1, cfg.num_kv_heads, groups * n, cfg.head_dim)
             out = F.scaled_dot_product_attention(qg, k[None], v[None], attn_mask=mask)
             out = out.view(cfg.num_heads, n, cfg.head_dim).transpose(0, 1).reshape(n, q_rows)
-            x = x + out @ layer.o
+            x = x + self._mm(out, layer.o)
             h = self._rms_norm(x, layer.mlp_norm)
-            gate, up = (h @ layer.gate_up).chunk(2, dim=-1)
-            x = x + (F.silu(gate) * up) @ layer.down
+            gate, up = self._mm(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + self._mm(F.silu(gate) * up, layer.down)
         if cache is not None:
             cache.length = end
-        return (self._rms_norm(x[-1:], self.norm) @ self.lm_head)[0]
+        return self._mm(self._rms_norm(x[-1:], self.norm), self.lm_head)[0]
 
     def decode(self, tokens: Sequence[int], caches: Sequence[KVCache]) -> torch.Tensor:
         """Logits (one row each) of the next token of several sequences, one new token
@@ -253,10 +326,10 @@ class Llama:
         )
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # (rows, 1, hd)
         ids = torch.tensor([t for tokens, _ in pieces for t in tokens], device=device)
-        x = self.embed[ids]
+        x = self._embed(ids)
         for i, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer.attn_norm)
-            q, k, v = torch.split((h @ layer.qkv), [q_rows, kv_rows, kv_rows], dim=-1)
+            q, k, v = torch.split(self._mm(h, layer.qkv), [q_rows, kv_rows, kv_rows], dim=-1)
             q = self._rope(q.view(total, cfg.num_heads, cfg.head_dim), cos, sin)
             k = self._rope(k.view(total, cfg.num_kv_heads, cfg.head_dim), cos, sin)
             v = v.view(total, cfg.num_kv_heads, cfg.head_dim)
@@ -271,14 +344,14 @@ class Llama:
                 out = F.scaled_dot_product_attention(qg, kj[None], vj[None], attn_mask=mask)
                 outs.append(out.view(cfg.num_heads, n, cfg.head_dim).transpose(0, 1))
             out = torch.cat(outs).reshape(total, q_rows)
-            x = x + out @ layer.o
+            x = x + self._mm(out, layer.o)
             h = self._rms_norm(x, layer.mlp_norm)
-            gate, up = (h @ layer.gate_up).chunk(2, dim=-1)
-            x = x + (F.silu(gate) * up) @ layer.down
+            gate, up = self._mm(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + self._mm(F.silu(gate) * up, layer.down)
         for _, n, start, cache, _ in spans:
             cache.length = start + n
         last = torch.tensor([first + n - 1 for first, n, _, _, _ in spans], device=device)
-        return self._rms_norm(x[last], self.norm) @ self.lm_head
+        return self._mm(self._rms_norm(x[last], self.norm), self.lm_head)
 
     def prefill(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Run the prompt through the cache in chunks; logits of its last token."""

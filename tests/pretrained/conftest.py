@@ -100,6 +100,17 @@ def smollm2(smollm2_bundle: Path) -> ChatLM:
 
 
 @pytest.fixture(scope="session")
+def smollm2_plain(smollm2_bundle: Path) -> ChatLM:
+    """SmolLM2 with float32 matrices (config `matmul: plain`), whatever the CPU: the
+    reference that the default (bfloat16 on AMX) is held against."""
+    from handlers.generate import build_smollm2
+
+    manifest, weights, files = builder_inputs(smollm2_bundle)
+    config = {**manifest.config, "matmul": "plain"}
+    return build_smollm2(weights=weights, config=config, device="cpu", files=files)
+
+
+@pytest.fixture(scope="session")
 def efficientnet(efficientnet_bundle: Path) -> ImageClassifier:
     from handlers.classify import build_efficientnet
 

@@ -28,7 +28,11 @@ def run(model: ChatLM, **event: Any) -> dict[str, Any]:
     return join_completion(list(generate(event, model, CTX)))
 
 
-def test_reference_answer_greedy(smollm2: ChatLM) -> None:
+def test_reference_answer_greedy(smollm2_plain: ChatLM) -> None:
+    # float32 matrices: this small model's first token here is a near tie ("The"
+    # 0.152, "L" 0.140) that bfloat16's rounding can flip; bfloat16's quality is held
+    # to float32's by perplexity instead (test_matmul_precision.py).
+    smollm2 = smollm2_plain
     out = run(smollm2, messages=FRANCE, max_tokens=24)
     assert "Paris" in out["text"]
     assert out["finish_reason"] == "stop"
@@ -66,8 +70,13 @@ def chunked(model: ChatLM, chunk_tokens: int) -> Llama:
     return llama
 
 
+# The cache tests run on float32 matrices: with bfloat16's the fp32-ulp differences
+# of attention over other chunk shapes are rounded up to bfloat16's steps at the next
+# GEMM (a prompt in 7-token chunks against one pass: up to 0.5 in logits of 25), which
+# would hide a cache bug under the noise. The served path prefills every prompt alike.
 @pytest.mark.parametrize("chunk_tokens", [7, 256])
-def test_cached_prefill_matches_full_forward(smollm2: ChatLM, chunk_tokens: int) -> None:
+def test_cached_prefill_matches_full_forward(smollm2_plain: ChatLM, chunk_tokens: int) -> None:
+    smollm2 = smollm2_plain
     llama = chunked(smollm2, chunk_tokens)
     prompt = torch.tensor(smollm2.encode_chat([("user", "Write a short poem about snow.")]))
     assert prompt.shape[0] > 3 * 7  # several chunks, the last one ragged, at the small size
@@ -77,7 +86,8 @@ def test_cached_prefill_matches_full_forward(smollm2: ChatLM, chunk_tokens: int)
     assert torch.allclose(cached, full, atol=1e-3, rtol=1e-3)
 
 
-def test_kv_cache_generation_matches_full_recompute(smollm2: ChatLM) -> None:
+def test_kv_cache_generation_matches_full_recompute(smollm2_plain: ChatLM) -> None:
+    smollm2 = smollm2_plain
     llama = chunked(smollm2, 7)
     prompt = smollm2.encode_chat([("user", "Write a short poem about snow.")])
     never = frozenset[int]()  # no stop token: compare every step
@@ -96,8 +106,8 @@ def test_seeded_sampling_is_reproducible(smollm2: ChatLM) -> None:
     assert others != {first["text"]}
 
 
-def test_stop_string_cuts_the_text(smollm2: ChatLM) -> None:
-    out = run(smollm2, messages=FRANCE, max_tokens=24, stop=["Paris", "Lyon"])
+def test_stop_string_cuts_the_text(smollm2_plain: ChatLM) -> None:
+    out = run(smollm2_plain, messages=FRANCE, max_tokens=24, stop=["Paris", "Lyon"])
     assert out["finish_reason"] == "stop"
     assert "Paris" not in out["text"] and out["text"].startswith("The capital of France")
 
