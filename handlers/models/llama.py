@@ -72,17 +72,32 @@ class _Layer:
 
 
 class KVCache:
-    """Keys and values of one sequence, preallocated for its whole length."""
+    """Keys and values of one sequence, preallocated for its whole length.
+
+    One allocation, (layers, 2, kv heads, capacity, head dim), with a view per
+    layer made once: a step writes a sequence's new keys and values of a layer
+    in one copy and reads both in one indexing. (What a sequence adds to a
+    decode step is mostly its attention kernel, ~45 us a layer on this CPU, not
+    these Python calls: halving them measured no faster, bench/model_steps.py.)
+    """
 
     def __init__(self, cfg: LlamaConfig, capacity_tokens: int, like: torch.Tensor) -> None:
-        shape = (cfg.num_layers, cfg.num_kv_heads, capacity_tokens, cfg.head_dim)
-        self.k = torch.empty(shape, dtype=like.dtype, device=like.device)
-        self.v = torch.empty(shape, dtype=like.dtype, device=like.device)
+        shape = (cfg.num_layers, 2, cfg.num_kv_heads, capacity_tokens, cfg.head_dim)
+        self.kv = torch.empty(shape, dtype=like.dtype, device=like.device)
+        self.layers: list[torch.Tensor] = list(self.kv.unbind(0))
         self.length = 0
 
     @property
+    def k(self) -> torch.Tensor:
+        return self.kv[:, 0]
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self.kv[:, 1]
+
+    @property
     def capacity_tokens(self) -> int:
-        return self.k.shape[2]
+        return self.kv.shape[3]
 
 
 def compute_dtype(device: str) -> torch.dtype:
@@ -267,14 +282,17 @@ class Llama:
             k = self._rope(k.view(n, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1), cos, sin)
             v = v.view(n, cfg.num_kv_heads, cfg.head_dim).transpose(0, 1)
             if cache is not None:
-                cache.k[i, :, start:end] = k
-                cache.v[i, :, start:end] = v
-                k, v = cache.k[i, :, :end], cache.v[i, :, :end]
+                kv = cache.layers[i]
+                kv[0, :, start:end] = k
+                kv[1, :, start:end] = v
+                k, v = kv[:, None, :, :end]  # as `run` reads them, to the bit
+            else:
+                k, v = k[None], v[None]
             # Grouped-query attention without copying K/V per query head: the query
             # heads sharing a KV head are stacked along the sequence axis. 4-D
             # inputs let CPU torch pick its flash kernel (3-D falls back to ~5x slower math).
             qg = q.reshape(1, cfg.num_kv_heads, groups * n, cfg.head_dim)
-            out = F.scaled_dot_product_attention(qg, k[None], v[None], attn_mask=mask)
+            out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
             out = out.view(cfg.num_heads, n, cfg.head_dim).transpose(0, 1).reshape(n, q_rows)
             x = x + self._mm(out, layer.o)
             h = self._rms_norm(x, layer.mlp_norm)
@@ -333,17 +351,23 @@ class Llama:
             q = self._rope(q.view(total, cfg.num_heads, cfg.head_dim), cos, sin)
             k = self._rope(k.view(total, cfg.num_kv_heads, cfg.head_dim), cos, sin)
             v = v.view(total, cfg.num_kv_heads, cfg.head_dim)
+            # Heads first, once for every row, so that each sequence below costs as
+            # few Python-level operations as possible (see `KVCache`).
+            kv_rows_t = torch.stack((k, v)).transpose(1, 2)  # (2, kv heads, rows, hd)
+            q_t = q.transpose(0, 1)  # (heads, rows, hd)
             outs = []
             for first, n, start, cache, mask in spans:
                 end = start + n
-                cache.k[i, :, start:end] = k[first : first + n].transpose(0, 1)
-                cache.v[i, :, start:end] = v[first : first + n].transpose(0, 1)
-                qg = q[first : first + n].transpose(0, 1)
-                qg = qg.reshape(1, cfg.num_kv_heads, groups * n, cfg.head_dim)
-                kj, vj = cache.k[i, :, :end], cache.v[i, :, :end]
-                out = F.scaled_dot_product_attention(qg, kj[None], vj[None], attn_mask=mask)
-                outs.append(out.view(cfg.num_heads, n, cfg.head_dim).transpose(0, 1))
-            out = torch.cat(outs).reshape(total, q_rows)
+                kv = cache.layers[i]
+                kv[:, :, start:end] = kv_rows_t[:, :, first : first + n]
+                kj, vj = kv[:, None, :, :end]
+                qg = q_t[:, first : first + n].reshape(1, cfg.num_kv_heads, groups * n, -1)
+                out = F.scaled_dot_product_attention(qg, kj, vj, attn_mask=mask)
+                if n == 1:  # (1, kv heads, groups, hd) is already one row in head order
+                    outs.append(out.view(1, q_rows))
+                else:
+                    outs.append(out.view(cfg.num_heads, n, -1).transpose(0, 1).reshape(n, q_rows))
+            out = torch.cat(outs)
             x = x + self._mm(out, layer.o)
             h = self._rms_norm(x, layer.mlp_norm)
             gate, up = self._mm(h, layer.gate_up).chunk(2, dim=-1)

@@ -23,8 +23,14 @@ sequences keep stepping on theirs (torch releases the GIL in its kernels: on
 two cores the prefill and the decode steps run side by side): its first token
 comes after its own prompt, not after a step of the others, and a long prompt
 stalls nobody's next token. One prefill runs at a time per lane, in arrival
-order. Once prefilled, a sequence joins the held ones between two steps, never
-in the middle of one. A sequence that ends from outside is dropped, and its
+order. While a prefill runs, the decode thread's next step waits for it, at
+most `Decode.prefill_pause_s` (by default as long as the last step took): the
+two threads share one interpreter, and every tensor operation called from
+Python takes and gives back the GIL, so a prompt run beside the steps took
+1.3x as long as alone, and each step 1.3x (docs/generation.md). The pause
+makes the new caller's first token come sooner, and costs each held sequence
+at most one extra step's wait. Once prefilled, a sequence joins the held ones
+between two steps, never in the middle of one. A sequence that ends from outside is dropped, and its
 cache released, before the next step begins. A streaming caller's stream began
 when its models were leased (the dispatcher's `_run`): a sequence waiting for a
 slot is a stream of heartbeats, never a 202 job.
@@ -70,6 +76,12 @@ class _Out:
     finished: bool = False
 
 
+def _set_event() -> threading.Event:
+    event = threading.Event()
+    event.set()
+    return event
+
+
 @dataclass(eq=False)
 class _Lane:
     """The sequences of one handler on one set of model objects."""
@@ -92,6 +104,8 @@ class _Lane:
     ready: list[_Member] = field(default_factory=list)
     running: bool = False
     held: int = 0
+    # Clear while a prefill call runs; its handler thread sets it as the call ends.
+    no_prefill: threading.Event = field(default_factory=_set_event)
 
     def idle(self) -> bool:
         with self.lock:
@@ -153,21 +167,24 @@ class Decoder:
             with lane.lock:
                 lane.slots += 1
             lane.prefilling = True
+            lane.no_prefill.clear()
             member.admitted_at = self._clock.monotonic()
             member.work.decode_started(member.admitted_at)
             try:
                 self._calls.submit_call(
                     lane.spec,
-                    partial(_begin, lane.steps, member),
+                    partial(_begin, lane, member),
                     partial(self._begun, lane, member),
                 )
             except Draining as exc:
+                lane.no_prefill.set()
                 self._fail_all(lane, exc)
 
     def _begun(self, lane: _Lane, member: _Member, done: ThreadOutcome) -> None:
         """A prefill call returned: its first items delivered; still running, it joins
         the decode thread's next step."""
         lane.prefilling = False
+        lane.no_prefill.set()  # already, unless the call never ran
         exc = None if done.cancelled() else done.exception()
         if exc is not None or done.cancelled():  # a failure outside the handler's calls
             with lane.lock:
@@ -197,7 +214,9 @@ class Decoder:
 
         try:
             self._calls.submit_call(
-                lane.spec, partial(_run_steps, lane, post), partial(self._stopped, lane)
+                lane.spec,
+                partial(_run_steps, lane, post, self._clock),
+                partial(self._stopped, lane),
             )
         except Draining as exc:
             self._fail_all(lane, exc)
@@ -262,23 +281,29 @@ class Decoder:
 # ---- on the handler threads -------------------------------------------------------
 
 
-def _begin(steps: Steps, member: _Member) -> list[_Out]:
+def _begin(lane: _Lane, member: _Member) -> list[_Out]:
     """Prefill one member and take its first step (its first token, from its prompt)."""
     outs: list[_Out] = []
-    began = _prefill(steps, [member], outs)
-    if began:
-        _step(steps, began, outs)
+    try:
+        began = _prefill(lane.steps, [member], outs)
+        if began:
+            _step(lane.steps, began, outs)
+    finally:
+        lane.no_prefill.set()  # the paused step may go (see `_run_steps`)
     return outs
 
 
-def _run_steps(lane: _Lane, post: Any) -> None:
+def _run_steps(lane: _Lane, post: Any, clock: Clock) -> None:
     """Step every held sequence together for as long as any is held or ready.
 
     Before each step the prefilled members join, and those whose work ended from
-    outside (cancelled, gone, overran, drained) are dropped and released.
+    outside (cancelled, gone, overran, drained) are dropped and released; a
+    prefill in flight is waited for, at most the policy's pause.
     `post(outs)` hands each step's outcome to the loop.
     """
     steps = lane.steps
+    fixed_pause = lane.policy.prefill_pause_s
+    last_step_s = 0.0
     held: list[_Member] = []
     try:
         while True:
@@ -298,9 +323,14 @@ def _run_steps(lane: _Lane, post: Any) -> None:
                     return
             if not held:
                 continue
+            pause = last_step_s if fixed_pause is None else fixed_pause
+            if pause > 0 and not lane.no_prefill.is_set():
+                lane.no_prefill.wait(pause)
             outs: list[_Out] = []
             before = len(held)
+            started = clock.monotonic()
             held = _step(steps, held, outs)
+            last_step_s = clock.monotonic() - started
             with lane.lock:
                 lane.slots -= before - len(held)
                 lane.held = len(held)

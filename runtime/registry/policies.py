@@ -51,17 +51,30 @@ class Batch:
 class Decode:
     """A step-level handler's scheduling policy (runtime/dispatch/decode.py): at most
     `max_sequences` sequences share a step; later callers wait, in arrival order,
-    and are admitted between steps as sequences end."""
+    and are admitted between steps as sequences end.
+
+    While a new sequence's prompt is prefilled, the held sequences' next step
+    waits for it, at most `prefill_pause_s` (None: as long as the last step took,
+    so no held sequence waits more than one extra step; 0: never): the prompt, and
+    with it the new caller's first token, then runs without the steps contending
+    with it for the interpreter.
+    """
 
     max_sequences: int = 16
+    prefill_pause_s: float | None = None
 
     def __post_init__(self) -> None:
         value = self.max_sequences
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"Decode.max_sequences must be an int >= 1, not {value!r}")
+        pause = self.prefill_pause_s
+        if pause is not None and (
+            isinstance(pause, bool) or not isinstance(pause, int | float) or not pause >= 0
+        ):
+            raise ValueError(f"Decode.prefill_pause_s must be None or >= 0, not {pause!r}")
 
     def describe(self) -> dict[str, Any]:
-        return {"max_sequences": self.max_sequences}
+        return {"max_sequences": self.max_sequences, "prefill_pause_s": self.prefill_pause_s}
 
 
 class Steps(Protocol):

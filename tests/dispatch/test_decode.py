@@ -29,6 +29,7 @@ def anyio_backend() -> str:
 def fresh_logs() -> Iterator[None]:
     stepped.STEPS.clear()
     stepped.RELEASED.clear()
+    stepped.EVENTS.clear()
     stepped.GATES.clear()
     yield
     for gate in stepped.GATES.values():  # never leave a handler thread waiting
@@ -75,6 +76,58 @@ async def test_sequences_share_steps_and_later_ones_join_between_them(tmp_path: 
     assert sorted(stepped.RELEASED) == sorted(lengths)  # each freed, once
     for name, n in lengths.items():
         assert sum(name in step for step in steps) == n
+
+
+async def _held_sequence_meets_a_prefill(served: Any, handler: str) -> tuple[Any, Any]:
+    """`a` (4 steps) holds its second step until `b`'s prefill, held by its own gate,
+    has begun; then a's step ends with b's prefill still in flight."""
+    first = asyncio.ensure_future(
+        served.client.post(f"/invoke/{handler}", json={"name": "a", "n": 4, "hold_at": 2})
+    )
+    await until(lambda: stepped.EVENTS.count("step a") == 2, "a's second step began")
+    second = asyncio.ensure_future(
+        served.client.post(f"/invoke/{handler}", json={"name": "b", "n": 2, "prefill_gate": "b"})
+    )
+    await until(lambda: "prefill b" in stepped.EVENTS, "b's prefill began")
+    stepped.GATES[""].set()  # a's second step ends
+    await until(lambda: stepped.EVENTS.count("stepped a") >= 2, "a's second step ended")
+    return first, second
+
+
+async def test_a_step_waits_for_a_prefill_in_flight(tmp_path: Path) -> None:
+    """With a pause, the held sequences' next step begins only once the new prompt
+    is in: the two never contend for the interpreter."""
+    async with serving(settings(tmp_path)) as served:
+        first, second = await _held_sequence_meets_a_prefill(served, "stepped_paused")
+        stepped.GATES["b"].set()
+        responses = [await first, await second]
+    assert [r.status_code for r in responses] == [200, 200]
+    events = stepped.EVENTS
+    third_step = [i for i, e in enumerate(events) if e.startswith("step ")][2]
+    assert events.index("prefilled b") < third_step, events
+
+
+async def test_without_a_pause_the_steps_go_on_beside_a_prefill(tmp_path: Path) -> None:
+    async with serving(settings(tmp_path)) as served:
+        first, second = await _held_sequence_meets_a_prefill(served, "stepped_beside")
+        # a's last two steps run while b's prompt is still held.
+        await until(lambda: stepped.EVENTS.count("stepped a") == 4, "a's steps ran")
+        assert "prefilled b" not in stepped.EVENTS
+        stepped.GATES["b"].set()
+        responses = [await first, await second]
+    assert [r.json() for r in responses] == [[f"a:{i}" for i in range(4)], ["b:0", "b:1"]]
+
+
+async def test_a_prefill_that_hangs_pauses_the_steps_only_a_step_long(tmp_path: Path) -> None:
+    """The default pause is the last step's own time: a prompt that never ends
+    holds nobody's tokens for longer than one more step."""
+    async with serving(settings(tmp_path)) as served:
+        first, second = await _held_sequence_meets_a_prefill(served, "stepped")
+        response = await first  # all four of a's steps, with b's prefill still held
+        assert "prefilled b" not in stepped.EVENTS
+        stepped.GATES["b"].set()
+        await second
+    assert response.json() == [f"a:{i}" for i in range(4)]
 
 
 async def test_a_sequence_that_raises_fails_only_its_own_caller(tmp_path: Path) -> None:

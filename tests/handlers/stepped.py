@@ -8,10 +8,16 @@ alone; `{"refuse": true}`: prefill refuses it (InvalidInput, a 400);
 in the handler thread until the test sets `GATES[NAME]`.
 
 `{"hold_file": PATH, "hold_at": k}`: the same, until PATH exists (for a test in
-another process); `{"sizes": true}`: each item is `[step, sequences in that step]`.
+another process); `{"sizes": true}`: each item is `[step, sequences in that step]`;
+`{"prefill_gate": NAME}`: its prefill waits until the test sets `GATES[NAME]`.
 
-`STEPS` records the names of the sequences in every step, and `RELEASED` every
-sequence released, in order, for the tests to read.
+`STEPS` records the names of the sequences in every step, `RELEASED` every
+sequence released, and `EVENTS` each prefill's start and end and each step's
+start and end, in order, for the tests to read.
+
+`stepped_paused` and `stepped_beside` are the same handler with another
+`Decode.prefill_pause_s`: 60 s (a step always waits for a prefill in flight)
+and 0 (it never does).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from runtime import Context, Decode, InvalidInput, handler
 
 STEPS: list[list[str]] = []
 RELEASED: list[str] = []
+EVENTS: list[str] = []
 GATES: defaultdict[str, threading.Event] = defaultdict(threading.Event)
 
 
@@ -44,6 +51,12 @@ class Counting:
 
 class CountingSteps:
     def prefill(self, events: list[Any], ctxs: list[Context]) -> list[Any]:
+        names = ",".join(str(event.get("name")) for event in events)
+        EVENTS.append(f"prefill {names}")
+        for event in events:
+            if "prefill_gate" in event and not GATES[event["prefill_gate"]].wait(timeout=120):
+                raise TimeoutError("the test never opened the prefill's gate")
+        EVENTS.append(f"prefilled {names}")
         started: list[Any] = []
         for event in events:
             if event.get("refuse"):
@@ -67,6 +80,14 @@ class CountingSteps:
 
     def step(self, sequences: list[Counting]) -> list[Any]:
         STEPS.append([s.name for s in sequences])
+        names = ",".join(s.name for s in sequences)
+        EVENTS.append(f"step {names}")
+        try:
+            return self._step(sequences)
+        finally:
+            EVENTS.append(f"stepped {names}")
+
+    def _step(self, sequences: list[Counting]) -> list[Any]:
         out: list[Any] = []
         for s in sequences:
             s.done += 1
@@ -101,4 +122,14 @@ def _hold(s: Counting) -> None:
 
 @handler("stepped", decode=Decode(max_sequences=3))
 def stepped() -> CountingSteps:
+    return CountingSteps()
+
+
+@handler("stepped_paused", decode=Decode(max_sequences=3, prefill_pause_s=60.0))
+def stepped_paused() -> CountingSteps:
+    return CountingSteps()
+
+
+@handler("stepped_beside", decode=Decode(max_sequences=3, prefill_pause_s=0))
+def stepped_beside() -> CountingSteps:
     return CountingSteps()

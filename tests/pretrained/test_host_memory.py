@@ -62,8 +62,11 @@ def test_unloading_returns_each_bundles_memory(
                 loaded = rss(server)
                 unload(c, name)
                 idle.append(rss(server))
-            weights = read_manifest(path).weights_bytes
+            manifest = read_manifest(path)
             # The figures see the weights arrive: the measurement is of something.
+            # At least the files' bytes: the declared `weights_bytes` is float32's,
+            # and SmolLM2's packed bfloat16 holds less (docs/generation.md).
+            weights = sum(f.size for f in manifest.files if f.path.endswith(".safetensors"))
             assert loaded - baseline >= 0.8 * weights, (name, loaded, baseline, weights)
             print(
                 f"{name}: baseline {baseline / MIB:.0f} MiB, loaded {loaded / MIB:.0f}, "

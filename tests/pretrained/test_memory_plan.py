@@ -102,7 +102,7 @@ def test_generate_declares_its_kv_cache_per_token(smollm2_bundle: Path, smollm2:
     prompt = smollm2.encode_prompt("Once upon a time")
     sequence = smollm2.begin(prompt, 10, Sampling(), [])
     cache = sequence.cache
-    measured = cache.k.numel() * cache.k.element_size() + cache.v.numel() * cache.v.element_size()
+    measured = cache.kv.untyped_storage().nbytes()  # the allocation itself
     assert measured == per_token * (len(prompt) + 10)
     sequence.release()
     assert manifest.per_request_bytes >= per_token * MAX_CONTEXT_TOKENS
