@@ -13,7 +13,8 @@ One run, one `thaw serve` process, the same SmolLM2 bundle and loaded model for 
   one private decode loop per request on its own handler thread);
 - transformers' own continuous batching (`init_continuous_batching`, the manager
   behind `generate_batch`, transformers 5) on the same weights, in this process,
-  fed the same requests with the same number in flight.
+  fed the same requests with the same number in flight, its model once in
+  float32 and once in bfloat16 (`TRANSFORMERS_DTYPES`).
 
 Load: closed loop. Each of C callers (1, 8, 16) streams (`Accept: text/event-stream`)
 one request after another for `--window` seconds, every window (and the

@@ -61,13 +61,13 @@ def _matmul(value: Any) -> str:
 
 @dataclass(frozen=True)
 class _Layer:
-    """One decoder layer; every matrix stored transposed, (in, out), see `Llama`."""
+    """One decoder layer; every matrix as `Llama._matrix` lays it out."""
 
     attn_norm: torch.Tensor
-    qkv: torch.Tensor  # (hidden, q + k + v)
+    qkv: torch.Tensor  # q, k and v fused
     o: torch.Tensor
     mlp_norm: torch.Tensor
-    gate_up: torch.Tensor  # (hidden, 2 * intermediate)
+    gate_up: torch.Tensor  # gate and up fused
     down: torch.Tensor
 
 
@@ -86,14 +86,6 @@ class KVCache:
         self.kv = torch.empty(shape, dtype=like.dtype, device=like.device)
         self.layers: list[torch.Tensor] = list(self.kv.unbind(0))
         self.length = 0
-
-    @property
-    def k(self) -> torch.Tensor:
-        return self.kv[:, 0]
-
-    @property
-    def v(self) -> torch.Tensor:
-        return self.kv[:, 1]
 
     @property
     def capacity_tokens(self) -> int:

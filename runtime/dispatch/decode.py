@@ -30,10 +30,10 @@ Python takes and gives back the GIL, so a prompt run beside the steps took
 1.3x as long as alone, and each step 1.3x (docs/generation.md). The pause
 makes the new caller's first token come sooner, and costs each held sequence
 at most one extra step's wait. Once prefilled, a sequence joins the held ones
-between two steps, never in the middle of one. A sequence that ends from outside is dropped, and its
-cache released, before the next step begins. A streaming caller's stream began
-when its models were leased (the dispatcher's `_run`): a sequence waiting for a
-slot is a stream of heartbeats, never a 202 job.
+between two steps, never in the middle of one. A sequence that ends from
+outside is dropped, and its cache released, before the next step begins. A
+streaming caller's stream began when its models were leased (the dispatcher's
+`_run`): a sequence waiting for a slot is a stream of heartbeats, never a 202 job.
 """
 
 from __future__ import annotations
@@ -307,6 +307,12 @@ def _run_steps(lane: _Lane, post: Any, clock: Clock) -> None:
     held: list[_Member] = []
     try:
         while True:
+            if held:
+                # Before the drop below, so that a caller gone during the pause
+                # takes no step after it.
+                pause = last_step_s if fixed_pause is None else fixed_pause
+                if pause > 0 and not lane.no_prefill.is_set():
+                    lane.no_prefill.wait(pause)
             with lane.lock:
                 held += lane.ready
                 lane.ready.clear()
@@ -323,9 +329,6 @@ def _run_steps(lane: _Lane, post: Any, clock: Clock) -> None:
                     return
             if not held:
                 continue
-            pause = last_step_s if fixed_pause is None else fixed_pause
-            if pause > 0 and not lane.no_prefill.is_set():
-                lane.no_prefill.wait(pause)
             outs: list[_Out] = []
             before = len(held)
             started = clock.monotonic()

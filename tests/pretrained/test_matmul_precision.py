@@ -43,7 +43,7 @@ def test_the_default_is_bfloat16_and_plain_is_float32(
     assert not smollm2_plain.model.packed and smollm2_plain.model.matmul_dtype == torch.float32
     # Only the matrices change: activations, the KV cache and the logits stay float32.
     assert smollm2.model.dtype == torch.float32
-    assert smollm2.model.new_cache(4).k.dtype == torch.float32
+    assert smollm2.model.new_cache(4).kv.dtype == torch.float32
 
 
 def test_bfloat16_perplexity_is_within_two_percent_of_float32(
