@@ -9,12 +9,17 @@ with the event, print one JSON line. No server, no verification, no
 warm-up, no threads, no memory budget: what a user's own script does to get
 the same answer, and so the floor a cold start through Thaw is measured
 against. Bundles come from THAW_BUNDLE_SOURCE (a local directory).
+
+`prepare` (import, load, build) and `call` (run once) are the two halves, so
+the same work runs as a Lambda function too: bench/bare_lambda.py prepares at
+import (Lambda's init phase) and calls in its handler.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +27,26 @@ import orjson
 
 from runtime.bundles.manifest import read_manifest
 from runtime.context import Context
-from runtime.registry import discover
+from runtime.registry import HandlerSpec, discover
 from runtime.settings import Settings
 
 
-def run(handler: str, event: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Prepared:
+    """A handler's models, built: what the script has before it calls the handler."""
+
+    handler: str
+    spec: HandlerSpec
+    models: list[Any]
+    # time.monotonic() when preparing began, and the seconds of each step.
+    started: float
+    import_s: float
+    load_s: float
+    build_s: float
+
+
+def prepare(handler: str) -> Prepared:
+    """Import the framework, read the handler's bundles and build its models."""
     started = time.monotonic()
     settings = Settings.from_env()
     registry = discover(settings.handlers)
@@ -70,23 +90,37 @@ def run(handler: str, event: Any) -> dict[str, Any]:
             )
         )
         built_s += time.monotonic() - built
-    ran = time.monotonic()
-    ctx = Context(request_id="bare", handler=handler)
+    return Prepared(handler, spec, models, started, imported - started, loaded_s, built_s)
+
+
+def call(prepared: Prepared, event: Any, request_id: str = "bare") -> Any:
+    """Run the handler once on `event` with the prepared models: its output."""
+    import torch
+
+    spec = prepared.spec
+    ctx = Context(request_id=request_id, handler=prepared.handler)
     with torch.inference_mode():
         if spec.batch is None:
-            output = spec.fn(event, *models, ctx)
-        else:  # a batched handler: the event as a batch of one
-            [output] = spec.fn([event], *models, [ctx])
-            if isinstance(output, BaseException):
-                raise output
+            return spec.fn(event, *prepared.models, ctx)
+        # a batched handler: the event as a batch of one
+        [output] = spec.fn([event], *prepared.models, [ctx])
+        if isinstance(output, BaseException):
+            raise output
+        return output
+
+
+def run(handler: str, event: Any) -> dict[str, Any]:
+    prepared = prepare(handler)
+    ran = time.monotonic()
+    output = call(prepared, event)
     done = time.monotonic()
     return {
         "handler": handler,
-        "import_s": imported - started,
-        "load_s": loaded_s,
-        "build_s": built_s,
+        "import_s": prepared.import_s,
+        "load_s": prepared.load_s,
+        "build_s": prepared.build_s,
         "run_s": done - ran,
-        "in_process_s": done - started,
+        "in_process_s": done - prepared.started,
         "output": output,
     }
 

@@ -10,10 +10,12 @@ One Starlette app on uvicorn, 127.0.0.1 by default:
 and one Runtime API listener per sandbox on 127.0.0.1 (runtime_api), whose
 plain `127.0.0.1:PORT` is the sandbox's AWS_LAMBDA_RUNTIME_API, as on Lambda.
 
-Sandboxes are `python -m runtime` processes (sandboxes), or with `--image` containers
-of that image (containers), scheduled by the pool (pool), configured from
-template.yaml (template), reporting REPORT lines (report) on stdout; their own
-output goes to stderr, prefixed.
+Sandboxes of an Image function are `python -m runtime` processes (sandboxes), or
+with `--image` containers of that image (containers); those of a Zip Python
+function are `python -m awslambdaric module.function` processes in its CodeUri
+(ric), with or without `--image`. All are scheduled by the pool (pool),
+configured from template.yaml (template), reporting REPORT lines (report) on
+stdout; their own output goes to stderr, prefixed.
 
 A sandbox's environment, later entries winning:
 
@@ -28,7 +30,9 @@ A sandbox's environment, later entries winning:
 5. Lambda's platform variables (AWS_LAMBDA_RUNTIME_API, AWS_LAMBDA_FUNCTION_NAME, ...).
 
 A container sandbox gets 2, 4 and 5 only, on top of its image's own
-environment, and a job store shared by every container (see containers).
+environment, and a job store shared by every container (see containers). A Zip
+function's sandbox gets all five, then what Lambda's managed runtimes set
+(LAMBDA_TASK_ROOT, _HANDLER, AWS_EXECUTION_ENV; see ric).
 
 May import runtime.aws (Function URL events) and below; it never loads a model
 itself: sandboxes are separate processes.
@@ -55,6 +59,7 @@ from runtime.emulator import eventstream, function_url, invoke_api
 from runtime.emulator.containers import ContainerLauncher, check_image, find_engine
 from runtime.emulator.invoke_api import EventQueue
 from runtime.emulator.pool import Pool
+from runtime.emulator.ric import RicLauncher, banner_lines, check_installed
 from runtime.emulator.sandboxes import Launcher, ProcessLauncher
 from runtime.emulator.template import Template, load_template
 from runtime.errors import ConfigError
@@ -101,13 +106,18 @@ class EmulatorConfig:
     engine: str | None = None
 
 
-def make_launcher(config: EmulatorConfig, environ: Mapping[str, str]) -> Launcher:
+def make_launchers(config: EmulatorConfig, environ: Mapping[str, str]) -> dict[str, Launcher]:
+    """A launcher per PackageType: Zip functions always run under awslambdaric; Image
+    functions as `python -m runtime` processes, or as containers with `--image`."""
     base, local = local_environment(environ)
+    image: Launcher
     if config.image is None:
-        return ProcessLauncher(base, local)
-    engine = config.engine or find_engine()
-    jobs_dir = Path(Settings.from_env(environ).state_dir).resolve() / "emulate-image-jobs"
-    return ContainerLauncher(engine, config.image, local, jobs_dir)
+        image = ProcessLauncher(base, local)
+    else:
+        engine = config.engine or find_engine()
+        jobs_dir = Path(Settings.from_env(environ).state_dir).resolve() / "emulate-image-jobs"
+        image = ContainerLauncher(engine, config.image, local, jobs_dir)
+    return {"Image": image, "Zip": RicLauncher(base, local)}
 
 
 @asynccontextmanager
@@ -117,7 +127,7 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
         config.template,
         max_sandboxes=config.max_sandboxes,
         idle_timeout_s=config.idle_timeout_s,
-        launcher=make_launcher(config, os.environ),
+        launchers=make_launchers(config, os.environ),
         out=app.state.out,
         echo=app.state.echo,
     )
@@ -172,17 +182,26 @@ CREDENTIALS = (
 )
 
 
-def first_steps(url: str, function: str = "NAME") -> str:
-    """What a first boto3 or AWS CLI call needs to be told, said at startup."""
-    return (
+def first_steps(url: str, function: str = "NAME", *, thaw: bool = True) -> str:
+    """What a first boto3 or AWS CLI call needs to be told, said at startup.
+
+    `thaw`: the example function runs Thaw (an Image function), whose events name a
+    handler and may be answered with a job; a Zip function's example event is `{}`.
+    """
+    payload = '{"handler": "echo", "input": {}}' if thaw else "{}"
+    said = (
         "thaw emulate: boto3 and the AWS CLI sign every request, even to a local endpoint,\n"
         "  and fail without credentials; the emulator checks none, so any will do:\n"
         f"    {CREDENTIALS}\n"
         f"  then: aws lambda invoke --endpoint-url {url} --function-name {function} \\\n"
-        """      --payload '{"handler": "echo", "input": {}}' """
+        f"      --payload '{payload}' "
         "--cli-binary-format raw-in-base64-out out.json\n"
-        "  (or, in code, botocore.config.Config(signature_version=botocore.UNSIGNED))\n"
-        "thaw emulate: a RequestResponse invoke waits for the handler up to the event's\n"
+        "  (or, in code, botocore.config.Config(signature_version=botocore.UNSIGNED))"
+    )
+    if not thaw:
+        return said
+    return said + (
+        "\nthaw emulate: a RequestResponse invoke waits for the handler up to the event's\n"
         f"  wait_s, else THAW_WAIT_S (default {Settings.wait_s:g} s), never past the "
         "function's Timeout;\n"
         '  past that it answers a job object, {"thaw": "job", ..., "poll": {"job": ID}}:\n'
@@ -216,6 +235,7 @@ def run_emulator(
             "--insecure to expose it anyway"
         )
     loaded = load_template(template)
+    check_installed(loaded)
     if image is not None:
         engine = find_engine(engine)
         check_image(engine, image)
@@ -240,10 +260,15 @@ def run_emulator(
     app = create_emulator_app(config)
     functions = ", ".join(f.logical_id for f in loaded.functions.values())
     runs = f"image {image}" if image else "processes"
+    zipped = "".join(line + "\n" for line in banner_lines(loaded))
+    # The example names an Image function (Thaw's runtime) where there is one.
+    images = [f for f in loaded.functions.values() if f.package_type == "Image"]
+    example = (images or list(loaded.functions.values()))[0]
     print(
         f"thaw emulate: listening on http://{host}:{bound} ({functions}; {runs}; "
         f"max {config.max_sandboxes} sandboxes, idle timeout {idle_timeout_s:g} s)\n"
-        + first_steps(f"http://{host}:{bound}", next(iter(loaded.functions), "NAME")),
+        + zipped
+        + first_steps(f"http://{host}:{bound}", example.logical_id, thaw=bool(images)),
         file=sys.stderr,
         flush=True,
     )

@@ -111,6 +111,9 @@ class ContainerLauncher:
         engine_env = {k: v for k, v in os.environ.items() if k not in env}
         return argv, {**engine_env, **env}
 
+    def workdir(self, sandbox: Sandbox) -> str | None:
+        return None  # the engine's client runs anywhere; the image says the container's
+
     def signal(self, sandbox: Sandbox, sig: Signals) -> None:
         """Signal the container: the engine's client only proxies what it can catch."""
         if sandbox.process is None or sandbox.process.returncode is not None:

@@ -312,6 +312,8 @@ async def get_function(request: Request) -> Response:
     code: dict[str, str]
     if function.package_type == "Image" and function.image_uri is not None:
         code = {"RepositoryType": "ECR", "ImageUri": function.image_uri}
+    elif function.code_dir is not None:  # a Zip function: its code, in place
+        code = {"RepositoryType": "S3", "Location": function.code_dir.as_uri()}
     else:
         code = {"RepositoryType": "S3", "Location": f"file://{function.logical_id}"}
     answer: dict[str, Any] = {

@@ -36,7 +36,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from typing import IO, Any
 
 from runtime.emulator.invocation import (
@@ -69,14 +69,15 @@ class Pool:
         *,
         max_sandboxes: int,
         idle_timeout_s: float,
-        launcher: Launcher,
+        launchers: Mapping[str, Launcher],
         out: IO[str] = sys.stdout,
         echo: IO[str] = sys.stderr,
     ) -> None:
         self.template = template
         self.max_sandboxes = max_sandboxes
         self.idle_timeout_s = idle_timeout_s
-        self.launcher = launcher
+        # One per PackageType: "Image" (a process or a container), "Zip" (awslambdaric).
+        self.launchers = dict(launchers)
         self.out = out
         self.echo = echo
         self.sandboxes: dict[str, Sandbox] = {}
@@ -145,7 +146,7 @@ class Pool:
             await self._changed.wait()
 
     async def _spawn(self, function: FunctionConfig, version: str) -> Sandbox:
-        sandbox = Sandbox(function, self.launcher, version)
+        sandbox = Sandbox(function, self.launchers[function.package_type], version)
         sandbox.slots_free -= 1
         self.sandboxes[sandbox.sid] = sandbox
         listener = self.listeners[sandbox.sid] = RuntimeListener(self, sandbox.sid)
@@ -323,7 +324,7 @@ class Pool:
     async def _measure(self, sandbox: Sandbox) -> None:
         """Find the process whose memory the sandbox's REPORTs give (a container's, late)."""
         sandbox.memory_pid = sandbox.pid
-        pid = await self.launcher.runtime_pid(sandbox)
+        pid = await sandbox.launcher.runtime_pid(sandbox)
         if pid:
             sandbox.memory_pid = pid
 
@@ -359,7 +360,7 @@ class Pool:
         for _ in range(sandbox.capacity):
             sandbox.queue.put_nowait(None)  # ends a `next` long-poll the process left behind
         self._close_listener(sandbox.sid)
-        reason = self.launcher.exit_reason(code)
+        reason = sandbox.launcher.exit_reason(code)
         while sandbox.unreported:  # answered, but the worker never came back
             self._end(sandbox, sandbox.unreported.popleft())
         for invocation in list(sandbox.assigned.values()):

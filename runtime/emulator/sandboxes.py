@@ -3,11 +3,14 @@
 A sandbox is started by a launcher: `ProcessLauncher` runs `python -m runtime`
 from this interpreter in its own process group (so a kill takes whatever the
 handler started with it); `containers.ContainerLauncher` runs an image's
-entrypoint. Either way the sandbox talks to a Runtime API listener of its own
-(`AWS_LAMBDA_RUNTIME_API=127.0.0.1:PORT`), and its combined stdout/stderr is
-captured: echoed to the emulator's stderr line by line with an `[sid]` prefix,
-and kept (the last 64 KB) for `X-Amz-Log-Type: Tail`. Peak memory is the
-runtime process's VmHWM.
+entrypoint; `ric.RicLauncher` runs a Zip function's Python handler under
+awslambdaric, a process like `ProcessLauncher`'s. The pool holds one launcher
+per PackageType (Image: a process or a container; Zip: awslambdaric), and each
+sandbox keeps the one that started it. Either way the sandbox talks to a
+Runtime API listener of its own (`AWS_LAMBDA_RUNTIME_API=127.0.0.1:PORT`), and
+its combined stdout/stderr is captured: echoed to the emulator's stderr line by
+line with an `[sid]` prefix, and kept (the last 64 KB) for `X-Amz-Log-Type:
+Tail`. Peak memory is the runtime process's VmHWM.
 """
 
 from __future__ import annotations
@@ -50,6 +53,10 @@ class Launcher(Protocol):
         """argv and environment of the process the emulator spawns."""
         ...
 
+    def workdir(self, sandbox: Sandbox) -> str | None:
+        """The directory the process starts in (None: the emulator's own)."""
+        ...
+
     def signal(self, sandbox: Sandbox, sig: signal.Signals) -> None: ...
 
     async def runtime_pid(self, sandbox: Sandbox) -> int:
@@ -77,6 +84,9 @@ class ProcessLauncher:
             sandbox.function, self.base_env, self.local_env, api_address, sandbox.version
         )
         return [sys.executable, "-m", "runtime"], env
+
+    def workdir(self, sandbox: Sandbox) -> str | None:
+        return None
 
     def signal(self, sandbox: Sandbox, sig: signal.Signals) -> None:
         if sandbox.process is None or sandbox.process.returncode is not None:
@@ -172,6 +182,7 @@ class Sandbox:
         self.spawned_at = time.monotonic()
         self.process = await asyncio.create_subprocess_exec(
             *argv,
+            cwd=self.launcher.workdir(self),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,

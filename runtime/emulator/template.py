@@ -5,14 +5,9 @@ whose `Condition` is false with the parameter defaults are left out): Timeout,
 MemorySize, EphemeralStorage, Environment.Variables (merged over `Globals.Function`),
 ReservedConcurrentExecutions, FunctionName and the per-sandbox concurrency
 (`PerExecutionEnvironmentMaxConcurrency`, or AWS_LAMBDA_MAX_CONCURRENCY in the
-environment). Short-form tags (`!Ref`,
-`!Sub`, `!If`, ...) are read as their long forms, and intrinsics are resolved
-as far as a template alone allows: `Ref` to a parameter's Default or a pseudo
-parameter (us-east-1, account 123456789012), `Sub`, `Join`, `Select`,
-`FindInMap`, `If` with `Equals`/`Not`/`And`/`Or` conditions. What needs a
-deployed stack (`GetAtt`, `ImportValue`, a `Ref` to a resource) is
-unresolvable: such an environment variable is left out, such a setting takes
-Lambda's default.
+environment). Intrinsics are resolved as far as a template alone allows
+(intrinsics.py); what needs a deployed stack is unresolvable: such an
+environment variable is left out, such a setting takes Lambda's default.
 
 Versions and aliases, for the Invoke API's `Qualifier` and `ExecutedVersion`:
 `AutoPublishAlias: NAME` publishes version 1 and points alias NAME at it (as a
@@ -22,6 +17,13 @@ version its `FunctionVersion` gives (a number, `$LATEST`, or a `!GetAtt` /
 `!Ref` of one of those versions). Every version runs the template's code.
 What GetFunction and ListFunctions describe besides (PackageType, Handler,
 Runtime, Architectures, Description, the image) is read here too.
+
+A Zip function (PackageType Zip, the default) runs under AWS's Runtime
+Interface Client (runtime/emulator/ric.py), so only a Python one can run:
+`Runtime: python3.X`, a `Handler`, and its code in a local directory
+(`CodeUri`, or a string `Code`, relative to the template; the template's own
+directory without one). Anything else (another runtime, no Handler, code in
+S3 or inline) is a ConfigError naming the function, at load.
 """
 
 from __future__ import annotations
@@ -29,58 +31,20 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from runtime.emulator.intrinsics import ACCOUNT as ACCOUNT
+from runtime.emulator.intrinsics import REGION as REGION
+from runtime.emulator.intrinsics import UNRESOLVED, Resolver, TagLoader, as_text
 from runtime.errors import ConfigError
 
 FUNCTION_TYPES = frozenset({"AWS::Serverless::Function", "AWS::Lambda::Function"})
-REGION = "us-east-1"
-ACCOUNT = "123456789012"
-PSEUDO = {
-    "AWS::Region": REGION,
-    "AWS::AccountId": ACCOUNT,
-    "AWS::Partition": "aws",
-    "AWS::URLSuffix": "amazonaws.com",
-    "AWS::StackName": "local",
-    "AWS::StackId": f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/local/local",
-}
-_SUB_VAR = re.compile(r"\$\{([^!}][^}]*)\}")
-
-
-class _Unresolved:
-    def __repr__(self) -> str:
-        return "UNRESOLVED"
-
-
-UNRESOLVED: Any = _Unresolved()
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads `!Name value` as CloudFormation's `{"Fn::Name": value}`."""
-
-
-def _construct_tag(loader: _Loader, suffix: str, node: yaml.Node) -> dict[str, Any]:
-    value: Any
-    if isinstance(node, yaml.ScalarNode):
-        value = loader.construct_scalar(node)
-    elif isinstance(node, yaml.SequenceNode):
-        value = loader.construct_sequence(node, deep=True)
-    else:
-        assert isinstance(node, yaml.MappingNode)
-        value = loader.construct_mapping(node, deep=True)
-    if suffix in ("Ref", "Condition"):
-        return {suffix: value}
-    if suffix == "GetAtt" and isinstance(value, str):
-        value = value.split(".", 1)
-    return {f"Fn::{suffix}": value}
-
-
-_Loader.add_multi_constructor("!", _construct_tag)
+# The Zip runtimes the emulator runs: Python 3's, under awslambdaric.
+PYTHON_RUNTIME = re.compile(r"python3\.\d+")
 
 
 @dataclass(frozen=True)
@@ -108,6 +72,8 @@ class FunctionConfig:
     description: str = ""
     # The image a container function runs (ImageUri, else `<logical id>:<DockerTag>`).
     image_uri: str | None = None
+    # A Zip function's code: the absolute directory its CodeUri names.
+    code_dir: Path | None = None
 
     @property
     def arn(self) -> str:
@@ -138,101 +104,6 @@ def split_name(name: str) -> tuple[str, str | None]:
     return (rest[0] if rest else ""), (rest[1] if len(rest) > 1 else None)
 
 
-class Resolver:
-    """Evaluates the intrinsics a template can answer without a deployed stack."""
-
-    def __init__(self, template: Mapping[str, Any]) -> None:
-        self.parameters = template.get("Parameters") or {}
-        self.conditions = template.get("Conditions") or {}
-        self.mappings = template.get("Mappings") or {}
-
-    def resolve(self, value: Any) -> Any:
-        if isinstance(value, list):
-            return [self.resolve(v) for v in value]
-        if not isinstance(value, dict):
-            return value
-        if len(value) == 1:
-            ((key, arg),) = value.items()
-            if key == "Ref":
-                return self._ref(arg)
-            if key == "Condition":
-                return self.condition(arg)
-            if key.startswith("Fn::"):
-                try:
-                    return self._function(key[4:], arg)
-                except (TypeError, ValueError, KeyError, IndexError, AttributeError):
-                    return UNRESOLVED
-        return {k: self.resolve(v) for k, v in value.items()}
-
-    def _ref(self, name: Any) -> Any:
-        if not isinstance(name, str):
-            return UNRESOLVED
-        if name in PSEUDO:
-            return PSEUDO[name]
-        parameter = self.parameters.get(name)
-        if isinstance(parameter, dict) and "Default" in parameter:
-            return self.resolve(parameter["Default"])
-        return UNRESOLVED
-
-    def condition(self, name: Any) -> Any:
-        if not isinstance(name, str) or name not in self.conditions:
-            return UNRESOLVED
-        return self._truth(self.conditions[name])
-
-    def _truth(self, value: Any) -> Any:
-        result = self.resolve(value)
-        return result if isinstance(result, bool) else UNRESOLVED
-
-    def _function(self, name: str, arg: Any) -> Any:
-        if name == "Sub":
-            text, variables = (arg, {}) if isinstance(arg, str) else (arg[0], arg[1])
-            return self._sub(text, {k: self.resolve(v) for k, v in variables.items()})
-        if name == "Join":
-            parts = self.resolve(arg[1])
-            if parts is UNRESOLVED or any(p is UNRESOLVED for p in parts):
-                return UNRESOLVED
-            return str(arg[0]).join(_text(p) for p in parts)
-        if name == "Select":
-            items = self.resolve(arg[1])
-            return UNRESOLVED if items is UNRESOLVED else items[int(self.resolve(arg[0]))]
-        if name == "FindInMap":
-            keys = [self.resolve(a) for a in arg]
-            return self.mappings[keys[0]][keys[1]][keys[2]]
-        if name == "If":
-            chosen = self.condition(arg[0])
-            return UNRESOLVED if chosen is UNRESOLVED else self.resolve(arg[1 if chosen else 2])
-        if name == "Equals":
-            a, b = self.resolve(arg[0]), self.resolve(arg[1])
-            return UNRESOLVED if UNRESOLVED in (a, b) else _text(a) == _text(b)
-        if name in ("Not", "And", "Or"):
-            values = [self._truth(a) for a in arg]
-            if any(v is UNRESOLVED for v in values):
-                return UNRESOLVED
-            return not values[0] if name == "Not" else (all if name == "And" else any)(values)
-        return UNRESOLVED  # GetAtt, ImportValue, GetAZs, ...: need a deployed stack
-
-    def _sub(self, text: str, variables: Mapping[str, Any]) -> Any:
-        missing = False
-
-        def lookup(match: re.Match[str]) -> str:
-            nonlocal missing
-            name = match.group(1).strip()
-            value = variables[name] if name in variables else self._ref(name)
-            if value is UNRESOLVED:
-                missing = True
-                return ""
-            return _text(value)
-
-        result = _SUB_VAR.sub(lookup, text).replace("${!", "${")
-        return UNRESOLVED if missing else result
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
 def _number(value: Any, default: float) -> float:
     if isinstance(value, bool) or value is UNRESOLVED or value is None:
         return default
@@ -257,12 +128,51 @@ def _text_or(value: Any, default: str | None) -> str | None:
     return value if isinstance(value, str) else default
 
 
+def _zip_code(logical_id: str, props: dict[str, Any], base_dir: Path) -> Path:
+    """The directory a Zip function's code is in; ConfigError unless it can run here."""
+    runtime = props.get("Runtime")
+    supported = (
+        "thaw emulate runs Zip functions of a Python runtime (Runtime: python3.X, "
+        "Handler: module.function) under awslambdaric; any other function needs PackageType: Image"
+    )
+    if not isinstance(runtime, str) or not PYTHON_RUNTIME.fullmatch(runtime):
+        said = f"Runtime {runtime}" if isinstance(runtime, str) else "no Runtime it can resolve"
+        raise ConfigError(
+            f"template: function {logical_id} is a Zip function with {said}; {supported}"
+        )
+    handler = props.get("Handler")
+    if not isinstance(handler, str) or not handler.strip():
+        raise ConfigError(
+            f"template: function {logical_id} ({runtime}) has no Handler; {supported}"
+        )
+    code = props.get("CodeUri", props.get("Code"))
+    if code is None and "InlineCode" in props:
+        code = {"InlineCode": "..."}
+    if code is None:
+        return base_dir.resolve()
+    if not isinstance(code, str) or "://" in code:
+        raise ConfigError(
+            f"template: function {logical_id}: its code must be a local directory "
+            f"(CodeUri: DIR, relative to the template), not {code!r}"
+        )
+    directory = (base_dir / code).resolve()
+    if not directory.is_dir():
+        raise ConfigError(
+            f"template: function {logical_id}: CodeUri {code}: no directory {directory}"
+        )
+    return directory
+
+
 def _function(
-    logical_id: str, props: dict[str, Any], url_targets: set[str], metadata: dict[str, Any]
+    logical_id: str,
+    props: dict[str, Any],
+    url_targets: set[str],
+    metadata: dict[str, Any],
+    base_dir: Path,
 ) -> FunctionConfig:
     variables = props["Environment"]["Variables"]
     environment = {
-        str(k): _text(v)
+        str(k): as_text(v)
         for k, v in variables.items()
         if v is not UNRESOLVED and not isinstance(v, dict | list)
     }
@@ -272,12 +182,18 @@ def _function(
         props, "PerExecutionEnvironmentMaxConcurrency"
     )
     package_type = _text_or(props.get("PackageType"), "Zip") or "Zip"
+    if package_type not in ("Zip", "Image"):
+        raise ConfigError(
+            f"template: function {logical_id}: PackageType {package_type!r} "
+            "is neither Zip nor Image"
+        )
     # SAM's ImageUri, or CloudFormation's Code.ImageUri.
     image_uri = _text_or(props.get("ImageUri") or _dict(props.get("Code")).get("ImageUri"), None)
     if image_uri is None and package_type == "Image":
         image_uri = f"{logical_id.lower()}:{_text_or(metadata.get('DockerTag'), 'latest')}"
     architectures = props.get("Architectures")
     alias = props.get("AutoPublishAlias")
+    code_dir = _zip_code(logical_id, props, base_dir) if package_type == "Zip" else None
     return FunctionConfig(
         logical_id=logical_id,
         name=name if isinstance(name, str) else logical_id,
@@ -302,6 +218,7 @@ def _function(
         ),
         description=_text_or(props.get("Description"), "") or "",
         image_uri=image_uri,
+        code_dir=code_dir,
     )
 
 
@@ -397,10 +314,12 @@ class Template:
         return (with_url or list(self.functions.values()))[0]
 
 
-def parse_template(text: str) -> Template:
+def parse_template(text: str, base_dir: Path | None = None) -> Template:
+    """`base_dir`: what a CodeUri is relative to (the template's directory; else the cwd)."""
+    base_dir = Path.cwd() if base_dir is None else base_dir
     try:
-        # _Loader is a SafeLoader: tags become plain dicts, never objects.
-        document = yaml.load(text, Loader=_Loader)
+        # TagLoader is a SafeLoader: tags become plain dicts, never objects.
+        document = yaml.load(text, Loader=TagLoader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"template: not valid YAML: {exc}") from exc
     if not isinstance(document, dict) or not isinstance(document.get("Resources"), dict):
@@ -426,7 +345,7 @@ def parse_template(text: str) -> Template:
             continue
         metadata = _dict(resolver.resolve(_dict(resource.get("Metadata"))))
         functions[logical_id] = _function(
-            logical_id, _merge(globals_, props), url_targets, metadata
+            logical_id, _merge(globals_, props), url_targets, metadata, base_dir
         )
     if not functions:
         raise ConfigError("template: no AWS::Serverless::Function or AWS::Lambda::Function")
@@ -438,4 +357,4 @@ def load_template(path: Path) -> Template:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"template {path}: {exc.strerror}") from exc
-    return parse_template(text)
+    return parse_template(text, path.parent)

@@ -50,11 +50,12 @@ Resources:
           NUMBER: 7
   Plain:
     Type: AWS::Lambda::Function
-    Properties: {Handler: x}
+    Properties: {Runtime: python3.11, Handler: app.handler}
   OnlyInProd:
     Type: AWS::Serverless::Function
     Condition: IsProd
     Properties:
+      PackageType: Image
       CapacityProviderConfig: {PerExecutionEnvironmentMaxConcurrency: 4}
   Url:
     Type: AWS::Lambda::Url
