@@ -220,7 +220,10 @@ class Work:
     def mark_running(self, started: float, load_ms: dict[str, float]) -> None:
         """Its handler starts now: queue and load times recorded, its run watched."""
         self.run_started = self.mark_queued(started, load_ms)
-        self.phase = "running"
+        if self.on_phase is None:  # no job to tell: the setter's call spared
+            self._phase = "running"
+        else:
+            self.phase = "running"
         self.running = True
         self.books.overruns.watch(self, self.run_started)
 

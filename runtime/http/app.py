@@ -15,17 +15,13 @@ import logging
 from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import ClientDisconnect
-from starlette.routing import Route
 
-from runtime.errors import ThawError
 from runtime.http.auth import AuthMiddleware, KeyRing
 from runtime.http.edge import Edge, Observed
 from runtime.http.holds import Holds
 from runtime.http.intake import Intake, parse_json
-from runtime.http.problems import problem_response, render_error
+from runtime.http.problems import problem_response
 from runtime.http.responses import server_timing
 from runtime.http.routes.health import drain, healthz, metrics, openapi_document, readyz
 from runtime.http.routes.invoke import invoke
@@ -44,6 +40,7 @@ from runtime.http.routes.openai import (
     get_openai_model,
     list_openai_models,
 )
+from runtime.http.routing import Endpoint, ThawApp
 from runtime.instance import Instance
 from runtime.registry import Registry
 from runtime.settings import Settings
@@ -54,28 +51,28 @@ log = logging.getLogger("thaw.registry")
 __all__ = ["ROUTES", "create_app", "parse_json", "problem_response", "server_timing"]
 
 ROUTES = [
-    Route("/invoke/{handler}", invoke, methods=["POST"]),
-    Route("/handlers/{handler}/jobs", submit_job, methods=["POST"]),
-    Route("/jobs/{job_id}", get_job, methods=["GET"]),
-    Route("/jobs/{job_id}", cancel_job, methods=["DELETE"]),
+    Endpoint("/invoke/{handler}", invoke, methods=["POST"]),
+    Endpoint("/handlers/{handler}/jobs", submit_job, methods=["POST"]),
+    Endpoint("/jobs/{job_id}", get_job, methods=["GET"]),
+    Endpoint("/jobs/{job_id}", cancel_job, methods=["DELETE"]),
     # After the routes of /jobs/{job_id}: consulted only for a POST there.
     DeprecatedSubmitRoute(
         "/jobs/{handler}", submit_job_deprecated, methods=["POST"], include_in_schema=False
     ),
-    Route("/models", list_models, methods=["GET"]),
-    Route("/models/{bundle}/load", load_model, methods=["POST"]),
-    Route("/models/{bundle}", unload_model, methods=["DELETE"]),
-    Route("/healthz", healthz, methods=["GET"]),
-    Route("/readyz", readyz, methods=["GET"]),
-    Route("/drain", drain, methods=["POST"]),
-    Route("/metrics", metrics, methods=["GET"]),
-    Route("/openapi.json", openapi_document, methods=["GET"]),
+    Endpoint("/models", list_models, methods=["GET"]),
+    Endpoint("/models/{bundle}/load", load_model, methods=["POST"]),
+    Endpoint("/models/{bundle}", unload_model, methods=["DELETE"]),
+    Endpoint("/healthz", healthz, methods=["GET"]),
+    Endpoint("/readyz", readyz, methods=["GET"]),
+    Endpoint("/drain", drain, methods=["POST"]),
+    Endpoint("/metrics", metrics, methods=["GET"]),
+    Endpoint("/openapi.json", openapi_document, methods=["GET"]),
     # OpenAI's wire format over the handlers that declare it (routes/openai.py).
-    Route("/v1/embeddings", create_embeddings, methods=["POST"]),
-    Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
-    Route("/v1/completions", create_completion, methods=["POST"]),
-    Route("/v1/models", list_openai_models, methods=["GET"]),
-    Route("/v1/models/{model:path}", get_openai_model, methods=["GET"]),
+    Endpoint("/v1/embeddings", create_embeddings, methods=["POST"]),
+    Endpoint("/v1/chat/completions", create_chat_completion, methods=["POST"]),
+    Endpoint("/v1/completions", create_completion, methods=["POST"]),
+    Endpoint("/v1/models", list_openai_models, methods=["GET"]),
+    Endpoint("/v1/models/{model:path}", get_openai_model, methods=["GET"]),
 ]
 
 
@@ -118,19 +115,9 @@ def create_app(
     middleware = [Middleware(Edge, observed)]
     if keys is not None:
         middleware.append(Middleware(AuthMiddleware, keys, problem_response))
-    app = Starlette(
-        routes=ROUTES,
-        middleware=middleware,
-        lifespan=lifespan,
-        # Starlette re-raises what its `Exception` handler answered (uvicorn then logs
-        # it as an error): classes answered as a matter of course are named here.
-        exception_handlers={
-            ThawError: render_error,
-            HTTPException: render_error,
-            ClientDisconnect: render_error,
-            Exception: render_error,
-        },
-    )
+    # `Edge` first: with no middleware of Starlette's own (routing.py), it renders
+    # every exception a route raises.
+    app = ThawApp(routes=ROUTES, middleware=middleware, lifespan=lifespan)
     # A path is served as routed or not at all: `/invoke/echo/` is a 404 problem,
     # not a 307 to another URL that the contract (and its OpenAPI) never names.
     app.router.redirect_slashes = False

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import re
 import time
@@ -27,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.errors import BadRequest, Draining
 from runtime.http.problems import problem_response, render_error
-from runtime.telemetry.logs import ACCESS, REQUEST_ID, access_log
+from runtime.telemetry.logs import ACCESS, REQUEST_ID
 from runtime.telemetry.metrics import UNMATCHED, RequestStats
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -179,9 +178,9 @@ class Edge:
             requests = self.observed.requests
             if requests is not None and status:
                 requests.observe(method, template, status, took_s)
-            if access_log.isEnabledFor(logging.INFO):
-                # Written after the answer, at the end of this loop turn (logs.py).
-                ACCESS.add(method, template, status, took_s, shown)
+            # Written after the answer, with the lines of its window (logs.py), which
+            # is where the logger's level is asked (once a window, not per request).
+            ACCESS.add(method, template, status, took_s, shown)
             REQUEST_ID.reset(token)
 
 

@@ -25,11 +25,10 @@ def _too_deep(body: bytes, value: Any, max_depth: int) -> bool:
     """True when `value` nests arrays/objects more than `max_depth` levels deep.
 
     Iterative, so a deep document cannot exhaust the stack. A body with no more
-    brackets than the limit cannot be too deep: that C-speed count keeps the
-    walk off the warm path of ordinary (wide, shallow) events.
+    brackets than the limit cannot be too deep: `parse_json` counts them first
+    (at C speed), which keeps the walk off the warm path of ordinary (wide,
+    shallow) events.
     """
-    if body.count(b"[") + body.count(b"{") <= max_depth:
-        return False
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         node, depth = stack.pop()
@@ -175,7 +174,12 @@ def parse_json(body: bytes, max_depth: int = 64) -> Any:
         value = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidJSON(f"body is not valid JSON: {exc}") from exc
-    if isinstance(value, (dict, list)) and _too_deep(body, value, max_depth):
+    # No more brackets than the limit: too few to be too deep (no walk, no call).
+    if (
+        body.count(b"[") + body.count(b"{") > max_depth
+        and isinstance(value, (dict, list))
+        and _too_deep(body, value, max_depth)
+    ):
         raise BadRequest(
             f"JSON nesting exceeds THAW_MAX_JSON_DEPTH={max_depth}", max_json_depth=max_depth
         )

@@ -162,7 +162,8 @@ class Estimator:
     def record_run(self, handler: str, run_s: float) -> None:
         with self._lock:
             old = self._run_s.get(handler)
-            self._run_s[handler] = _ewma(old, run_s)
+            # _ewma, inline: this runs for every request.
+            self._run_s[handler] = run_s if old is None else _ALPHA * run_s + (1 - _ALPHA) * old
         # Run times are persisted with the next load, not on every request:
         # the warm path must not write files.
 

@@ -120,7 +120,8 @@ class AccessLog:
     def add(self, method: str, route: str, status: int, took_s: float, request_id: str) -> None:
         """One answered request's line (status 0: it ended with no answer, cut off),
         written `flush_after_s` later with the lines kept meanwhile (at once outside
-        a running loop, or when `flush_lines` are pending)."""
+        a running loop, or when `flush_lines` are pending). Whether the logger takes
+        INFO lines is asked as they are written, not once per request."""
         pending = self._pending
         took_ms = round(took_s * 1000, 3)
         pending.append((time.time(), method[:16], route, status, took_ms, request_id))
@@ -143,7 +144,7 @@ class AccessLog:
         if timer is not None:
             timer.cancel()  # a no-op when it is the timer calling
         pending, self._pending = self._pending, []
-        if not pending:
+        if not pending or not access_log.isEnabledFor(logging.INFO):
             return
         handler = _direct_handler()
         if handler is None:

@@ -14,8 +14,8 @@ from runtime.dispatch.answers import Accepted, Completed
 from runtime.dispatch.streams import Streaming
 from runtime.errors import ThawError
 from runtime.http import sse
-from runtime.http.auth import key_id_of
-from runtime.http.edge import header_of, prefer_lines, request_id_of
+from runtime.http.auth import KEY_ID_SCOPE
+from runtime.http.edge import PICKED_SCOPE, request_id_of
 from runtime.http.holds import Holds
 from runtime.http.intake import Intake, parse_json
 from runtime.http.prefer import NO_PREFERENCES, Preferences, parse_prefer
@@ -26,28 +26,31 @@ from runtime.wire.outputs import encode_output
 
 async def invocation(request: Request, *, force_async: bool) -> Response | sse.EventStreamResponse:
     """The answer to an invocation of `{handler}`; `force_async`: a submit (always 202)."""
-    state = request.app.state
+    scope = request.scope
+    state = scope["app"].state
     instance: Instance = state.instance
     intake: Intake = state.intake
     settings = instance.settings
-    name = request.path_params["handler"]
+    name = scope["path_params"]["handler"]
     size = 0
     try:  # the body's bytes count against THAW_MAX_BUFFERED_BYTES until the answer
         try:
             raw = await intake.read(request, settings.max_body_bytes)
             size = len(raw)
             event = parse_json(raw, settings.max_json_depth)
-            # The submit route always answers 202 and reads no preference.
-            prefs = NO_PREFERENCES if force_async else parse_prefer(prefer_lines(request))
+            # The submit route always answers 202 and reads no preference; with no
+            # Prefer header there is nothing to parse (the warm path's common case).
+            lines = None if force_async else scope[PICKED_SCOPE].get(b"prefer")
+            prefs = parse_prefer(lines) if lines else NO_PREFERENCES
         except ThawError as exc:
             instance.count_refused(name, exc.status)
             raise
         wait_s = prefs.wait_s
         if wait_s is not None and wait_s > settings.max_wait_s:
             wait_s = settings.max_wait_s  # bounded as `?wait=` is
-        key_id = key_id_of(request)
-        stream = not force_async and sse.wants_events(header_of(request, b"accept") or "")
-        if stream:
+        key_id = scope.get(KEY_ID_SCOPE)  # set by the auth layer; None without keys
+        accept = None if force_async else scope[PICKED_SCOPE].get(b"accept")
+        if accept is not None and sse.wants_events(accept.decode("latin-1")):
             # An event stream holds its connection (runtime/http/holds.py): refused
             # before any work begins, given back once the stream ends.
             return await _streamed(
@@ -60,7 +63,7 @@ async def invocation(request: Request, *, force_async: bool) -> Response | sse.E
             event,
             wait_s=wait_s,
             respond_async=force_async or (prefs.respond_async and prefs.wait_s is None),
-            request_id=request_id_of(request),
+            request_id=scope["thaw.request_id"],
             key_id=key_id,
         )
         if isinstance(outcome, Accepted):

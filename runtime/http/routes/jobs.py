@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Match, Route
+from starlette.routing import Match
 from starlette.types import Scope
 
 from runtime.errors import BadRequest, ThawError
@@ -22,6 +22,7 @@ from runtime.http.holds import Holds
 from runtime.http.responses import JSONResponse
 from runtime.http.routes import instance_of
 from runtime.http.routes.invoke import invocation
+from runtime.http.routing import Endpoint
 
 
 async def submit_job(request: Request) -> Response | sse.EventStreamResponse:
@@ -43,7 +44,7 @@ async def submit_job_deprecated(request: Request) -> Response:
     return response
 
 
-class DeprecatedSubmitRoute(Route):
+class DeprecatedSubmitRoute(Endpoint):
     """The route of `submit_job_deprecated`: only where `{handler}` names a handler.
 
     `POST /jobs/{handler}` and `GET|DELETE /jobs/{job_id}` differ only in the

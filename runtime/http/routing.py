@@ -1,0 +1,71 @@
+"""How a request reaches its endpoint: `Endpoint` routes and the app around them.
+
+Starlette wraps every request in two middlewares of its own (one answers a 500
+for an exception nothing handled, one maps exceptions to handlers) and every
+endpoint in a third layer doing the same mapping again, each with its own
+`send` wrapper that every message passes through. In Thaw all three are
+`Edge`'s job already (runtime/http/edge.py): it renders every exception a
+route raises through `render_error`, the one place errors become answers, and
+answers past a half-sent response by closing the connection. So `ThawApp`'s
+middleware stack is the app's own middleware alone (`Edge`, and the auth layer
+when keys are set) in front of the router, and an `Endpoint` calls its
+function and sends its answer, nothing between: on a warm invocation those
+layers were 14 Python calls of about 70 (issue 29, bench/instructions.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Collection
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+# What an endpoint answers is itself an ASGI app: a Response, or an event stream.
+EndpointFunction = Callable[[Request], Awaitable[ASGIApp]]
+
+
+def endpoint_app(endpoint: EndpointFunction) -> ASGIApp:
+    """The ASGI app of one endpoint: its answer to the request, sent; what it raises
+    goes up to `Edge`."""
+    if not inspect.iscoroutinefunction(endpoint):
+        # A sync endpoint would block the loop: every endpoint of Thaw is async.
+        raise TypeError(f"endpoint {endpoint.__qualname__} must be an async def")
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        response = await endpoint(Request(scope, receive, send))
+        await response(scope, receive, send)
+
+    return app
+
+
+class Endpoint(Route):
+    """A route whose endpoint is called as `endpoint_app` calls it (see the module)."""
+
+    def __init__(
+        self,
+        path: str,
+        endpoint: EndpointFunction,
+        *,
+        methods: Collection[str],
+        include_in_schema: bool = True,
+    ) -> None:
+        super().__init__(path, endpoint, methods=list(methods), include_in_schema=include_in_schema)
+        self.app = endpoint_app(endpoint)
+
+
+class ThawApp(Starlette):
+    """Starlette's app, its middleware stack the app's own middleware and the router.
+
+    Without Starlette's outer error middleware and its exception middleware, an
+    exception is `Edge`'s to render (the app must be given `Edge` as its first
+    middleware: `create_app` does). Routing errors still arrive as Starlette's
+    `HTTPException` (404, 405), which `render_error` maps."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        app: ASGIApp = self.router
+        for cls, args, kwargs in reversed(self.user_middleware):
+            app = cls(app, *args, **kwargs)
+        return app
