@@ -143,7 +143,11 @@ PAIRS = (
 )
 
 
-async def _run(ports: dict[str, int], rounds: int, duration_s: float) -> list[Row]:
+async def _run(
+    ports: dict[str, int], rounds: int, duration_s: float, jobs_only: bool = False
+) -> list[Row]:
+    if jobs_only:
+        return await _jobs_rows(ports, rounds, duration_s)
     variants = {
         f"{server}{path}": (ports[server], path, BODY)
         for _, *pair in PAIRS
@@ -262,14 +266,23 @@ async def _jobs_rows(ports: dict[str, int], rounds: int, duration_s: float) -> l
 
 
 def run(
-    *, quick: bool = False, runpod_python: str | None = None, log_level: str = "INFO"
+    *,
+    quick: bool = False,
+    runpod_python: str | None = None,
+    log_level: str = "INFO",
+    jobs_only: bool = False,
 ) -> list[Row]:
     """`runpod_python`: a Python with the `runpod` package, to add RunPod's worker;
-    `log_level`: Thaw's THAW_LOG_LEVEL (INFO, as deployed, writes the access log)."""
+    `log_level`: Thaw's THAW_LOG_LEVEL (INFO, as deployed, writes the access log);
+    `jobs_only`: the job cycle's rows alone."""
     rounds, duration_s = (4, 0.6) if quick else (12, 1.0)
     with tempfile.TemporaryDirectory(prefix="thaw-bench-") as tmp_dir:
         tmp = Path(tmp_dir)
-        env = runtime_env(tmp, handlers="handlers.echo,bench.fixtures", log_level=log_level)
+        # The job cycles store tens of thousands of jobs: past the default stored-job
+        # quota (THAW_MAX_JOBS, kept for THAW_JOB_TTL_S), which is not what is measured.
+        env = runtime_env(
+            tmp, handlers="handlers.echo,bench.fixtures", log_level=log_level, max_jobs="10000000"
+        )
         ports = {"thaw": free_port(), "bare": free_port()}
         with stopping([]) as procs:
             procs.append(
@@ -284,7 +297,7 @@ def run(
                 procs.append(Proc(argv, env, port, tmp / "runpod.log").start())
             for proc in procs:
                 proc.wait_healthy()
-            return asyncio.run(_run(ports, rounds, duration_s))
+            return asyncio.run(_run(ports, rounds, duration_s, jobs_only))
 
 
 if __name__ == "__main__":
@@ -304,5 +317,12 @@ if __name__ == "__main__":
         default="INFO",
         help="Thaw's THAW_LOG_LEVEL (WARNING: no access log, to see what it costs)",
     )
+    parser.add_argument("--jobs-only", action="store_true", help="only the job cycle's rows")
     args = parser.parse_args()
-    print(render(run(quick=args.quick, runpod_python=args.runpod_python, log_level=args.log_level)))
+    rows = run(
+        quick=args.quick,
+        runpod_python=args.runpod_python,
+        log_level=args.log_level,
+        jobs_only=args.jobs_only,
+    )
+    print(render(rows))

@@ -41,11 +41,12 @@ from runtime.dispatch.batcher import Batcher
 from runtime.dispatch.calls import HandlerCalls, user_error
 from runtime.dispatch.deadlines import Deadlines
 from runtime.dispatch.decode import Decoder
+from runtime.dispatch.recorded import Recorder
 from runtime.dispatch.streams import Stream, Streaming, Streams
 from runtime.dispatch.warming import Warming
 from runtime.dispatch.work import Books, Work, release, result_of, wake
 from runtime.errors import Draining, QueueFull
-from runtime.jobs.job import Job, JobStatus
+from runtime.jobs.job import Job
 from runtime.jobs.manager import JobManager, JobRunner
 from runtime.models.cache import Lease, ModelCache
 from runtime.models.estimate import Estimator
@@ -60,10 +61,9 @@ log = logging.getLogger("thaw.dispatch")
 # Looked up once: `logging.getLogger` takes the logging module's lock on every call.
 HANDLER_LOG = logging.getLogger("thaw.handler")
 
-# The first `import torch` of a process holds the GIL for a few hundred ms
-# (torch._C's module init), freezing the event loop and every deadline timer
-# with it. While that import is still ahead, waiting requests keep this much
-# more in hand.
+# The first `import torch` of a process holds the GIL for a few hundred ms (torch._C's
+# module init), freezing the event loop and every deadline timer with it. While that
+# import is still ahead, waiting requests keep this much more in hand.
 FRAMEWORK_STALL_S = 0.4
 # After a drain's grace, how long cut-off work gets to reach its next step and end.
 ABORT_WAIT_S = 5.0
@@ -117,6 +117,7 @@ class Dispatcher:
         )
         self.decoder = Decoder(calls=calls, clock=clock)
         self.streams = Streams()
+        self.recorder = Recorder(self.jobs, self.streams, cache, calls, self.handler_stats)
         self.warming = Warming(cache)
         for name in registry.handlers:
             self.handler_stats(name)
@@ -146,10 +147,10 @@ class Dispatcher:
         jobless: bool = False,
     ) -> Completed | Accepted | Streaming:
         received = self._now()
-        spec = self.registry.handler(name)
+        spec = self.registry.handlers.get(name) or self.registry.handler(name)  # that says why
         if self.draining:
             raise Draining("this instance is draining and takes no new work")
-        stats = self.handler_stats(name)
+        stats = self.metrics.handlers.get(name) or self.handler_stats(name)
         if self.pending[name] >= self.settings.max_queue:
             stats.count("throttled")
             raise QueueFull(
@@ -178,7 +179,7 @@ class Dispatcher:
                 clock=self.clock,
             )
             cold = bool(spec.uses) and not all(map(self.cache.is_ready, spec.uses))
-            items = Stream(spec) if spec.streams or stream else None
+            items = Stream(spec) if stream or spec.stream_fn is not None else None
             run_spec = spec if items is None else items.bind(spec)
             work = Work(self.books, run_spec, ctx, stats, "loading" if cold else "queued", items)
             if stream:
@@ -195,16 +196,14 @@ class Dispatcher:
             if respond_async or estimate_s > answer_by - self._now():
                 if jobless:  # no job: a 503 to retry after (warming.py)
                     raise self.warming.refuse(spec, estimate_s, wait)
-                # Record the job before starting the work, so the answer is not
-                # delayed by what the work does first (a cold load imports torch);
-                # queued if another instance may start it sooner (claims.py).
-                queued = self.jobs.shared_queue and claims.waits(spec, self.calls, self.cache)
-                job = await self._record(spec, event, work, key_id, queued=queued)
-                if queued:
-                    work.claim = partial(claims.claim_job, self.jobs, self.streams, job.id, work)
-                self._start(work, event)
-                started = True
-                self._follow(spec, job, work)
+
+                def start(work: Work, event: Any) -> None:
+                    nonlocal started
+                    self._start(work, event)
+                    started = True
+
+                # Recorded, then started (recorded.py): `start` takes the queue slot over.
+                job = await self.recorder.submit(spec, event, work, key_id, start)
                 return Accepted(job, retry_after_s=max(1.0, estimate_s))
             outcome = self._start(work, event)
             started = True
@@ -222,14 +221,15 @@ class Dispatcher:
                 return Streaming(items, work.timings_ms)
         elif outcome.done() or await self._settled_by(work, answer_by):
             output = result_of(outcome)
-            stats.count("sync")
+            stats.outcomes["sync"] += 1  # stats.count, inline: every warm answer
             return Completed(output, work.timings_ms, work.batch_size)
         # The estimate was wrong: answer 202 now; the same work goes on.
         if jobless:
             work.cancel()
             raise self.warming.refuse(spec, await self._estimate_s(spec), wait)
-        job = await self._record(spec, event, work, key_id)
-        self._follow(spec, job, work)
+        job = await self.recorder.follow(
+            spec, await self.recorder.record(spec, event, work, key_id), work
+        )
         return Accepted(job, retry_after_s=max(1.0, await self._estimate_s(spec)))
 
     async def _settled_by(self, work: Work, answer_by: float) -> bool:
@@ -247,42 +247,11 @@ class Dispatcher:
         await self.deadlines.wait(waiter, answer_by)
         return stream.started.done()
 
-    async def _record(
-        self, spec: HandlerSpec, event: Any, work: Work, key_id: str | None, queued: bool = False
-    ) -> Job:
-        phase = work.phase
-        job = await self.jobs.record(spec.name, event, phase=phase, key_id=key_id, queued=queued)
-        self.handler_stats(spec.name).count("async")
-        return job
-
-    def _follow(self, spec: HandlerSpec, job: Job, work: Work) -> None:
-        self.jobs.follow(
-            job, work.outcome, lambda: (work.phase, self._progress(spec, work)), items=work.stream
-        )
-        # Each change of phase is written as it happens (runtime/jobs/leases.py).
-        work.on_phase = partial(self.jobs.phase_changed, job.id)
-        if work.stream is not None and job.status is not JobStatus.QUEUED:  # else on its claim
-            self.streams.hold(job.id, work.stream)
-
     async def _ready_s(self, spec: HandlerSpec) -> float:
         return max([await self.cache.estimate_ready_s(name) for name in spec.uses], default=0.0)
 
     async def _estimate_s(self, spec: HandlerSpec) -> float:
         return await self._ready_s(spec) + self.estimator.run_s(spec.name)
-
-    def _progress(self, spec: HandlerSpec, work: Work | None = None) -> dict[str, Any] | None:
-        if work is not None and work.running and work.stream is not None:
-            return work.stream.partial()
-        for name in spec.uses:
-            entry = self.cache.entries.get(name)
-            if entry is not None and entry.lifecycle.loading and entry.manifest is not None:
-                return {
-                    "bundle": name,
-                    "state": str(entry.lifecycle.state),
-                    "bytes": entry.progress_bytes,
-                    "total_bytes": entry.manifest.total_bytes,
-                }
-        return None
 
     # ---- the one path of every piece of work ----------------------------------------
 
@@ -300,7 +269,8 @@ class Dispatcher:
             work.task = eager.drive(self._load_then_run(work, event))
         else:
             work.leases = leases
-            run = self._run(work, event, [lease.model for lease in leases], self._now(), {})
+            models = [lease.model for lease in leases] if leases else []  # no frame for none
+            run = self._run(work, event, models, self._now(), {})
             if run is not None:
                 work.task = eager.drive(run)
         if work.stream is not None:

@@ -5,30 +5,41 @@ hitting a cold bundle at once) one write per request queues 64 transactions
 and 64 thread hand-offs behind each other. Instead, the first creation starts
 a write at once, creations arriving while it is in flight wait for the next
 one, and each write stores everything waiting in one `create_many` call (one
-transaction on SQLite). A lone request pays exactly what it did before; a
-burst pays a few writes, not one per job.
+transaction on SQLite). A lone request pays one write; a burst pays a few
+writes, not one per job. A lone request's write runs on the loop when the
+store can run it there at once (`JobStore.now`), with no thread hop.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from runtime.errors import Conflict
 from runtime.jobs.job import Job
+from runtime.jobs.stores.now import NotNow
 
 CreateMany = Callable[[Sequence[Job]], list[Conflict | None]]
+Now = Callable[..., Any]  # JobStore.now
 
 
 class CreateBatcher:
-    def __init__(self, create_many: CreateMany) -> None:
+    def __init__(self, create_many: CreateMany, now: Now | None = None) -> None:
         self._create_many = create_many
+        self._now = now
         self._waiting: list[tuple[Job, asyncio.Future[None]]] = []
         self._writer: asyncio.Task[None] | None = None
 
     async def create(self, job: Job) -> None:
         """Store `job`; returns once it is durable (raises Conflict for a used id)."""
+        if self._writer is None and self._now is not None:  # alone: at once if it can be
+            made = self._now(partial(self._create_many, [job]), writes=True)
+            if not isinstance(made, NotNow):
+                if made[0] is not None:
+                    raise made[0]
+                return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append((job, done))
         if self._writer is None:

@@ -1,6 +1,9 @@
 """Job store calls from the event loop, and the `job-store` health condition they drive.
 
-Every store call runs in a worker thread (stores are synchronous). A call that
+Every store call runs in a worker thread (stores are synchronous), but for a
+`quick` one (a job's record, its end, a lease, a read of one job) that the store
+can run at once on the loop (`JobStore.now`: a local SQLite file whose lock is
+free), which then costs no thread hop. A call that
 raises `StorageUnavailable` turns readiness off (the condition, logged once
 when it starts and once when it ends) and starts a probe: a small write now
 and then, with back-off, so readiness comes back when the store does even if
@@ -14,11 +17,13 @@ import asyncio
 import contextvars
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 from runtime.clock import Clock
 from runtime.errors import StorageUnavailable
 from runtime.jobs.store import JobStore
+from runtime.jobs.stores.now import NotNow
 from runtime.telemetry.health import Health
 
 log = logging.getLogger("thaw.jobs")
@@ -42,22 +47,32 @@ class StoreCalls:
         self.clock = clock
         self._probe: asyncio.Task[None] | None = None
 
-    async def read(self, fn: Callable[..., T], *args: Any) -> T:
-        """A store call in a thread; a store that cannot serve turns readiness off."""
+    async def read(self, fn: Callable[..., T], *args: Any, quick: bool = False) -> T:
+        """A store call in a thread (`quick`: at once if the store can); a store that
+        cannot serve turns readiness off."""
+        return await self._call(fn, args, quick, writes=False)
+
+    async def write(self, fn: Callable[..., T], *args: Any, quick: bool = False) -> T:
+        """A conditional store write; one that changed something (a truthy result)
+        proves the store can write again. One that changed nothing proves nothing:
+        SQLite writes no page for an UPDATE or DELETE that matches no row."""
+        result = await self._call(fn, args, quick, writes=True)
+        if result:
+            self.serving()
+        return result
+
+    async def _call(
+        self, fn: Callable[..., T], args: tuple[Any, ...], quick: bool, writes: bool
+    ) -> T:
         try:
+            if quick:
+                done = self.store.now(partial(fn, *args), writes=writes)
+                if not isinstance(done, NotNow):
+                    return done
             return await asyncio.to_thread(fn, *args)
         except StorageUnavailable as exc:
             self.failing(exc)
             raise
-
-    async def write(self, fn: Callable[..., T], *args: Any) -> T:
-        """A conditional store write; one that changed something (a truthy result)
-        proves the store can write again. One that changed nothing proves nothing:
-        SQLite writes no page for an UPDATE or DELETE that matches no row."""
-        result = await self.read(fn, *args)
-        if result:
-            self.serving()
-        return result
 
     def serving(self) -> None:
         """A write just succeeded: the store serves."""

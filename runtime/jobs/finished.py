@@ -12,17 +12,26 @@ this instance has seen stays readable (runtime/jobs/manager.py).
 `max_jobs`, and each record out at its own `expires_at` (THAW_JOB_TTL_S),
 measured on the wall clock the store writes it with, so the memory never
 answers for a job the store has expired.
+
+A recorded outcome is also counted (`thaw_jobs_total`), its output added to the
+job's quota use, and logged in one line (`recorded`), wherever it was written:
+as the job finished, or with the job itself (work that ended before its record).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from cachetools import TLRUCache
 
 from runtime.clock import SYSTEM, Clock
 from runtime.jobs.job import Job, JobStatus
+from runtime.jobs.quota import JobQuota, json_size
 from runtime.jobs.store import JobStore
+from runtime.telemetry.metrics import Metrics
+
+log = logging.getLogger("thaw.jobs")
 
 MAX_JOBS = 4096
 
@@ -68,3 +77,23 @@ def finish_and_read(
     if not store.finish(job_id, owner, status, output, error, attempt=attempt):
         return False
     return store.get(job_id) or True
+
+
+def recorded(
+    job: Job, status: JobStatus, output: Any, tries: int, metrics: Metrics, quota: JobQuota | None
+) -> None:
+    """`job`'s outcome is in the store (at its `tries`-th write): counted and logged."""
+    metrics.jobs.labels(str(status)).inc()
+    if quota is not None and output is not None:
+        quota.grow(job.id, json_size(output))
+    outcome = str(status)
+    if tries > 1:
+        outcome += f" (recorded at try {tries}: the store had refused it)"
+    logged(job, outcome)
+
+
+def logged(job: Job, outcome: str) -> None:
+    log.info(
+        "job %s %s", job.id, outcome,
+        extra={"job_id": job.id, "handler": job.handler, "status": outcome},
+    )  # fmt: skip

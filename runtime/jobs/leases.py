@@ -267,7 +267,7 @@ class Leases:
                 self._phase_changed.discard(job.id)
                 phase, progress = local.probe()
                 set_phase = partial(self.store.set_phase, attempt=job.attempts)
-                await self.calls.write(set_phase, job.id, self.owner, phase, progress)
+                await self.calls.write(set_phase, job.id, self.owner, phase, progress, quick=True)
                 if job.id not in self._phase_changed:
                     break
         except StorageUnavailable:

@@ -32,6 +32,7 @@ from typing import Any
 
 from runtime.clock import SYSTEM, Clock
 from runtime.errors import StorageUnavailable, UnknownJob
+from runtime.jobs import finished
 from runtime.jobs.batch import CreateBatcher
 from runtime.jobs.calls import RETRY_FIRST_S, RETRY_MAX_S, STORE_CONDITION, StoreCalls
 from runtime.jobs.finished import FinishedJobs, finish_and_read
@@ -103,7 +104,7 @@ class JobManager:
         self.final_write_grace_s = FINAL_WRITE_GRACE_S
         self._idle = asyncio.Event()
         self._idle.set()
-        self._creates = CreateBatcher(store.create_many)
+        self._creates = CreateBatcher(store.create_many, store.now)
         # Set when a drain stops waiting for the store: pending outcomes are given up.
         self._give_up = asyncio.Event()
         # Streaming jobs' items in the store, when it keeps them (runtime/jobs/items.py).
@@ -130,7 +131,13 @@ class JobManager:
     # ---- this instance's jobs ----------------------------------------------------
 
     async def record(
-        self, handler: str, event: Any, *, phase: str, key_id: str | None, queued: bool = False
+        self,
+        handler: str,
+        event: Any,
+        *,
+        phase: str,
+        key_id: str | None,
+        queued: bool = False,
     ) -> Job:
         """Write a new job, running and leased to this instance (or `queued`: for any
         instance to claim, this one by `claim_queued` when it gets to it); returns once
@@ -164,6 +171,22 @@ class JobManager:
         if quota is not None:
             quota.add(job.id, key_id, size)
         return job
+
+    async def finish_ended(self, job: Job, work: asyncio.Future[Any]) -> Job | None:
+        """The final record of `job`, just created, whose `work` ended before its answer
+        was sent: written at once (one try), so the answer is final too and nothing
+        follows it. None when that try did not record it: `follow` it then (retries)."""
+        status, output, error = outcome_of(work, job.handler)
+        finish = partial(finish_and_read, self.store, job.attempts, job.id)
+        try:
+            final = await self.calls.write(finish, self.owner, status, output, error, quick=True)
+        except StorageUnavailable:
+            return None
+        if not isinstance(final, Job):
+            return None
+        self.finished.remember(final)
+        finished.recorded(final, status, output, 1, self.metrics, self.quota)
+        return final
 
     def follow(
         self,
@@ -238,8 +261,8 @@ class JobManager:
         while not local.released:
             tries += 1
             try:
-                finish = partial(finish_and_read, store, job.attempts)  # fenced by the run
-                final = await calls.write(finish, job.id, self.owner, status, output, error)
+                finish = partial(finish_and_read, store, job.attempts, job.id)  # fenced
+                final = await calls.write(finish, self.owner, status, output, error, quick=True)
                 if final:
                     if isinstance(final, Job):
                         # Its polls (the caller's long-poll waits on `done`) are answered
@@ -247,7 +270,7 @@ class JobManager:
                         self.finished.remember(final)
                     recorded = True
                     break
-                current = await calls.read(store.get, job.id)
+                current = await calls.read(store.get, job.id, quick=True)
                 mine = current is not None and (current.owner, current.attempts) == run
                 if current is None:
                     if await self.leases.restore(local, final=True):
@@ -280,18 +303,9 @@ class JobManager:
             await wait_set(self.clock, self._give_up, delay)
             delay = min(2 * delay, RETRY_MAX_S)
         if recorded:
-            self.metrics.jobs.labels(str(status)).inc()
-            if self.quota is not None and output is not None:
-                self.quota.grow(job.id, json_size(output))
-        outcome = str(status) if recorded else "discarded (no longer owned)"
-        if recorded and tries > 1:
-            outcome += f" (recorded at try {tries}: the store had refused it)"
-        log.info(
-            "job %s %s",
-            job.id,
-            outcome,
-            extra={"job_id": job.id, "handler": job.handler, "status": outcome},
-        )
+            finished.recorded(job, status, output, tries, self.metrics, self.quota)
+        else:
+            finished.logged(job, "discarded (no longer owned)")
 
     # ---- client operations ----------------------------------------------------
 
@@ -368,7 +382,7 @@ class JobManager:
         finished = self.finished.get(job_id)
         if finished is not None and finished.key_id == key_id:
             return finished
-        return await self.calls.read(self.store.get, job_id)
+        return await self.calls.read(self.store.get, job_id, quick=True)
 
     async def cancel(self, job_id: str, *, key_id: str | None) -> Job:
         job = await self._lookup(job_id, key_id)

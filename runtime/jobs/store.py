@@ -4,6 +4,13 @@ Stores are synchronous (SQLite and boto3 are); async callers run them in a
 thread. `open_store` picks one from the URL; `DeferredStore` opens it on
 first use, so /healthz never waits for it.
 
+A store may also run a call at once on the caller's thread, the event loop's,
+when nothing can make it wait (`now`; runtime/jobs/calls.py): a local SQLite
+file whose write lock is free. A thread hop costs more than such a call (two
+wake-ups: 130 us on the 2-core VM that measures issue 29's job cycle), and the
+202 path and a job's end each make one. Any other answer is NOT_NOW, and the
+caller runs the call in a thread as before.
+
 A store translates its backend's failures (sqlite3, OSError, botocore) once,
 at its boundary, into `StorageUnavailable` (503 storage-unavailable, with
 Retry-After): callers never see a foreign exception, and nothing that needs a
@@ -13,16 +20,24 @@ durable record is acknowledged while the store cannot write.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from runtime.clock import SYSTEM, Clock
 from runtime.errors import ConfigError, Conflict
 from runtime.jobs.job import Job, JobStatus
+from runtime.jobs.stores.now import NOT_NOW, NotNow, T
 
 
 class JobStore(Protocol):
     """The contract every job store meets (one test suite runs against all)."""
+
+    def now(self, call: Callable[[], T], *, writes: bool) -> T | NotNow:
+        """`call` (this store's own methods, bound: one small call) run on this thread
+        at once, if nothing can make it wait (a lock held elsewhere, I/O that may
+        stall: a network store never runs now); else NOT_NOW, having done nothing.
+        `writes`: whether the call writes (a read-only call that writes is NOT_NOW)."""
+        ...
 
     def create(self, job: Job) -> None:
         """Insert a new job; its id must be unused."""
@@ -162,6 +177,11 @@ class DeferredStore:
     @property
     def opened(self) -> bool:
         return self._store is not None
+
+    def now(self, call: Callable[[], T], *, writes: bool) -> T | NotNow:
+        # Never opens the store: opening is I/O, for a thread.
+        store = self._store
+        return NOT_NOW if store is None else store.now(call, writes=writes)
 
     def open(self) -> JobStore:
         """The store, opened on the first call (once, however many threads ask)."""

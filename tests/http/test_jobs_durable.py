@@ -6,7 +6,9 @@ processes, SIGKILLed); expiry is the job store's and runs in-process.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -88,3 +90,62 @@ async def test_jobs_expire_after_ttl(app_settings: Settings, bundles: Path) -> N
             return (await client.get(f"/jobs/{job['id']}")).status_code == 404
 
         await until_async(gone, "the job expired")
+
+
+@pytest.mark.anyio
+async def test_a_job_whose_work_ended_before_its_answer_is_answered_final(
+    app_settings: Settings,
+) -> None:
+    """An async handler that never waits ends in its first step: its outcome is written
+    before the 202 is sent, so the 202 carries the final job, durable in the store; a
+    job still running when its answer goes is answered running, as before."""
+    async with serving(dataclasses.replace(app_settings, handlers=("handlers.echo",))) as served:
+        accepted = await served.client.post("/handlers/echo/jobs", json={"n": 1})
+        assert accepted.status_code == 202
+        job = accepted.json()
+        assert (job["status"], job["output"]) == ("succeeded", {"n": 1})
+        stored = store_row(app_settings, job["id"])
+        assert stored == ("succeeded", b'{"n":1}')
+        polled = await served.client.get(f"/jobs/{job['id']}")
+        assert polled.json() == job
+
+
+@pytest.mark.anyio
+async def test_job_writes_wait_for_a_store_locked_elsewhere_off_the_loop(
+    app_settings: Settings,
+) -> None:
+    """Another process holding the job database's write lock: a submission's record
+    waits for it in a worker thread (a call run at once on the loop would busy-wait
+    there), so the loop serves meanwhile, and the job is recorded once it is free."""
+    settings = dataclasses.replace(app_settings, handlers=("handlers.echo",))
+    async with serving(settings) as served:
+        # The store is open (and its connections) once a first job is recorded.
+        assert (await served.client.post("/handlers/echo/jobs", json={})).status_code == 202
+        other = sqlite3.connect(Path(settings.job_store.removeprefix("sqlite:///")))
+        other.isolation_level = None
+        other.execute("BEGIN IMMEDIATE")
+        try:
+            submit = asyncio.ensure_future(served.client.post("/handlers/echo/jobs", json={}))
+            # The loop answers while the record waits for the lock.
+            for _ in range(3):
+                assert (await served.client.get("/healthz")).status_code == 200
+            assert not submit.done()
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        accepted = await submit
+        assert accepted.status_code == 202, accepted.text
+        assert store_row(settings, accepted.json()["id"])[0] == "succeeded"
+
+
+def store_row(settings: Settings, job_id: str) -> tuple[str, bytes]:
+    """(status, output) of a job as another connection reads the job database."""
+    path = Path(settings.job_store.removeprefix("sqlite:///"))
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        status, output = conn.execute(
+            "SELECT status, output FROM jobs WHERE id = ?", (job_id,)
+        ).fetchone()
+    finally:
+        conn.close()
+    return status, output if isinstance(output, bytes) else str(output).encode()

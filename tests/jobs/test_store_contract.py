@@ -21,7 +21,7 @@ import pytest
 from runtime.clock import ManualClock
 from runtime.errors import Conflict, WorkerLost
 from runtime.jobs.job import Job, JobStatus, new_job_id
-from runtime.jobs.store import JobStore
+from runtime.jobs.store import NOT_NOW, JobStore
 from runtime.jobs.stores.dynamodb import DynamoDBJobStore
 from runtime.jobs.stores.sqlite import SQLiteJobStore
 from tests import aws_fixtures
@@ -548,3 +548,35 @@ def test_ping_writes_and_changes_no_job(store: JobStore) -> None:
     assert store.get(job.id) == job
     assert store.lapsed() == []
     assert store.purge_expired() == 0
+
+
+# -- now: a call at once on the caller's thread, or nothing done ------------------
+
+
+def test_now_runs_the_call_or_answers_not_now_having_done_nothing(store: JobStore) -> None:
+    """A store may run a small call at once (SQLite: on the caller's thread) or say
+    NOT_NOW; either way the call's effect is there exactly once after a thread runs
+    what NOT_NOW left (as runtime/jobs/calls.py does)."""
+    job = Job(id=new_job_id(), handler="echo", input={"x": 1})
+    made = store.now(lambda: store.create_many([job]), writes=True)
+    if made is NOT_NOW:
+        assert store.get(job.id) is None, "NOT_NOW, but the call ran"
+        assert in_thread(lambda: store.create_many([job])) == [None]
+    else:
+        assert made == [None]
+    got = store.now(lambda: store.get(job.id), writes=False)
+    got = in_thread(lambda: store.get(job.id)) if got is NOT_NOW else got
+    assert isinstance(got, Job) and got.id == job.id and got.input == {"x": 1}
+    # Stored once: a second create of the id is a conflict, however it runs.
+    again = store.now(lambda: store.create_many([job]), writes=True)
+    again = in_thread(lambda: store.create_many([job])) if again is NOT_NOW else again
+    assert isinstance(again[0], Conflict)
+
+
+def in_thread(fn: Callable[[], Any]) -> Any:
+    """`fn()` on a thread of its own (a store call NOT_NOW left for a thread)."""
+    box: list[Any] = []
+    thread = threading.Thread(target=lambda: box.append(fn()))
+    thread.start()
+    thread.join(60)
+    return box[0]

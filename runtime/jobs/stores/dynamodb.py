@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -60,6 +60,7 @@ from runtime.jobs.stores.dynamodb_table import (
     owned,
     table_spec,
 )
+from runtime.jobs.stores.now import NOT_NOW, NotNow, T
 from runtime.jobs.stores.payloads import FIELDS, Payloads, translated
 
 __all__ = ["ACTIVE_INDEX", "TTL_ATTRIBUTE", "DynamoDBJobStore", "table_spec"]
@@ -438,6 +439,9 @@ class DynamoDBJobStore:
                 purged += 1
                 self.payloads.drop_job(item["id"]["S"])
         return purged
+
+    def now(self, call: Callable[[], T], *, writes: bool) -> T | NotNow:
+        return NOT_NOW  # over a network: a call may always wait
 
     def close(self) -> None:
         for client in self._owned:

@@ -43,6 +43,7 @@ import psycopg
 from runtime.clock import SYSTEM, Clock
 from runtime.errors import ConfigError, Conflict, StorageUnavailable
 from runtime.jobs.job import Job, JobStatus, cancelled_error, lost_error
+from runtime.jobs.stores.now import NOT_NOW, NotNow, T
 from runtime.jobs.stores.postgres_listen import JobEvent, Listener
 from runtime.jobs.stores.postgres_pool import Pool, Target, parse_url, translated
 from runtime.jobs.stores.postgres_schema import ensure_schema
@@ -425,6 +426,9 @@ class PostgresJobStore:
         listener = Listener(self.target.listen_conninfo, self.where, on_event, on_gap)
         self._listeners.append(listener)
         return listener.start()
+
+    def now(self, call: Callable[[], T], *, writes: bool) -> T | NotNow:
+        return NOT_NOW  # over a network: a call may always wait
 
     def close(self) -> None:
         listeners, self._listeners = self._listeners, []

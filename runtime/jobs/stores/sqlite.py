@@ -11,7 +11,7 @@ reported done only once it is in the file that `path` names.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from runtime.jobs.job import (
     cancelled_error,
     lost_error,
 )
+from runtime.jobs.stores.now import NotNow, T
 from runtime.jobs.stores.rows import FIELDS, dump, job_of, row_of
 from runtime.jobs.stores.sqlite_file import SQLiteFile
 
@@ -75,6 +76,9 @@ class SQLiteJobStore:
         return cls(Path(url[len(prefix) :]), ttl_s=ttl_s, clock=clock)
 
     # ---- the contract ------------------------------------------------------------
+
+    def now(self, call: Callable[[], T], *, writes: bool) -> T | NotNow:
+        return self.db.now(call, writes=writes)
 
     def create(self, job: Job) -> None:
         conflict = self.create_many([job])[0]

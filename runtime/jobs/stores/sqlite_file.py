@@ -15,67 +15,68 @@ replay the old log into the new file. A file found damaged (overwritten in
 place, "not a database", "malformed") is refused until it is removed or replaced.
 
 Connections are per thread because callers reach the store from a thread pool.
+
+A call may also run at once on the event loop (`now`, runtime/jobs/store.py),
+on one more connection kept for it, when nothing can make it wait: this
+process's write lock is free, SQLite's is taken at once (its busy timeout there
+is 0: another process writing means NOT_NOW, not a sleep), the connection is
+on the file now at the path, and it is open already (opening takes a lock on
+the directory, so worker threads open it, beside their own). A write run now is
+one transaction, BEGIN IMMEDIATE to COMMIT, checked as every write is. WAL mode
+without fsync on commit (synchronous=NORMAL) makes such a commit a write to
+the page cache: tens of microseconds, where the thread hop it saves costs two
+wake-ups. The one slow part of a commit, the checkpoint that copies the log
+into the database and syncs both, is left to a thread: that connection never
+checkpoints itself, and every CHECKPOINT_EVERY commits a worker thread does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import itertools
 import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from runtime.errors import StorageUnavailable
 from runtime.jobs.job import STORE_RETRY_AFTER_S
+from runtime.jobs.stores.now import NOT_NOW, NotNow, T
+from runtime.jobs.stores.sqlite_identity import MAGIC, Identity, header_of, identity_of
 
 log = logging.getLogger("thaw.jobs")
 
-_MAGIC = b"SQLite format 3\x00"
 _SIDE_FILES = ("-wal", "-shm")
 
-# A file as the kernel knows it: (st_dev, st_ino).
-Identity = tuple[int, int]
 
-
-def _identity(path: str | Path) -> Identity | None:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return (st.st_dev, st.st_ino)
-
-
-def _identity_of_fd(fd: int) -> Identity | None:
-    try:
-        st = os.fstat(fd)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
-
-
-def _descriptors_of(identity: Identity) -> Iterator[int]:
-    """This process's open descriptors on the file `identity` (Linux: /proc); lazily."""
-    try:
-        names = os.listdir("/proc/self/fd")
-    except OSError:
-        return
-    for name in names:
-        if name.isdigit() and _identity_of_fd(int(name)) == identity:
-            yield int(name)
-
-
-class _Connection(threading.local):
-    """One thread's connection and the file it opened."""
+class _Held:
+    """A connection and the file it opened."""
 
     conn: sqlite3.Connection | None = None
     identity: Identity | None = None
-    # A descriptor SQLite holds on that file, to read its header (see `_header`).
+    # A descriptor SQLite holds on that file, to read its header (see `sqlite_identity.header_of`).
     fd: int | None = None
+
+
+class _Connection(_Held, threading.local):
+    """One thread's connection; `now`: the thread is running a call now (its calls use
+    the store's connection for those, `SQLiteFile._now`)."""
+
+    now: bool = False
+
+
+class _Wait(Exception):
+    """A call run now would have to wait (a lock, a file to reopen): NOT_NOW."""
+
+
+# SQLite's result codes for a lock held elsewhere (its extended codes keep them in the low byte).
+_BUSY_CODES = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED
+# Commits made now between two checkpoints run by a worker thread.
+CHECKPOINT_EVERY = 256
 
 
 class SQLiteFile:
@@ -98,6 +99,12 @@ class SQLiteFile:
         self._sides: dict[str, Identity | None] = {}
         # A file found damaged (overwritten, corrupt), and why: refused while at the path.
         self._broken: tuple[Identity, str] | None = None
+        # The connection of calls run now (opened by a worker thread), and its user.
+        self._now = _Held()
+        self._now_lock = threading.Lock()
+        self._now_commits = 0
+        self.checkpoint_every = CHECKPOINT_EVERY
+        self._checkpointer: ThreadPoolExecutor | None = None
         # A directory that cannot be made is a start-up error (an OSError that ends
         # the server), as before; faults of the open store are StorageUnavailable.
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -106,6 +113,9 @@ class SQLiteFile:
 
     def write(self, what: str, sql: str, params: tuple[Any, ...]) -> int:
         """One statement that changes the file; its row count once it is durable there."""
+        if self._local.now:  # inside the transaction of a call run now, which checks it
+            with self.translated(what):
+                return self._writing_now().execute(sql, params).rowcount
         with self.translated(what), self._write_lock:
             count: int = self.connection().execute(sql, params).rowcount
             self.check_durable()
@@ -118,6 +128,10 @@ class SQLiteFile:
     @contextlib.contextmanager
     def transaction(self, what: str) -> Iterator[sqlite3.Connection]:
         """A write transaction (BEGIN IMMEDIATE ... COMMIT), durable when the block ends."""
+        if self._local.now:  # a call run now is one transaction already
+            with self.translated(what):
+                yield self._writing_now()
+            return
         with self.translated(what), self._write_lock:
             conn = self.connection()
             conn.execute("BEGIN IMMEDIATE")
@@ -135,6 +149,102 @@ class SQLiteFile:
 
     def close(self) -> None:
         self._drop()
+        with self._now_lock:
+            self._close_now()
+        if self._checkpointer is not None:
+            self._checkpointer.shutdown(wait=False)
+
+    # ---- calls run now, on the caller's thread ----------------------------------
+
+    def now(self, call: Callable[[], T], *, writes: bool) -> T | NotNow:
+        """`call` run on this thread at once, or NOT_NOW with nothing done (see the module).
+        Its own faults are StorageUnavailable, as in a thread."""
+        if self._now.conn is None or not self._now_lock.acquire(blocking=False):
+            return NOT_NOW
+        try:
+            if writes and not self._write_lock.acquire(blocking=False):
+                return NOT_NOW
+            local = self._local
+            local.now = True
+            try:
+                return self._run_now(call, writes)
+            except _Wait:
+                return NOT_NOW
+            finally:
+                local.now = False
+                if writes:
+                    self._write_lock.release()
+        finally:
+            self._now_lock.release()
+
+    def _run_now(self, call: Callable[[], T], writes: bool) -> T:
+        conn = self.connection()
+        if not writes:
+            return call()
+        with self.translated("beginning a write"):
+            conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = call()
+            with self.translated("committing a write"):
+                conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
+        self.check_durable()
+        self._now_commits += 1
+        if self._now_commits >= self.checkpoint_every:
+            self._now_commits = 0
+            if self._checkpointer is None:
+                self._checkpointer = ThreadPoolExecutor(1, "thaw-sqlite-checkpoint")
+            self._checkpointer.submit(self._checkpoint)
+        return result
+
+    def _writing_now(self) -> sqlite3.Connection:
+        conn = self._now.conn
+        if conn is None or not conn.in_transaction:  # a call run now as a read writes
+            raise _Wait()
+        return conn
+
+    def _checkpoint(self) -> None:
+        """Copy the log into the database (a worker thread's connection), waiting for nobody."""
+        try:
+            with self.translated("checkpointing"):
+                self.connection().execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except StorageUnavailable as exc:
+            log.debug("job database checkpoint skipped: %s", exc.message)
+
+    def _open_now(self, identity: Identity) -> None:
+        """On a worker thread whose connection is on the file `identity`: the connection of
+        calls run now, (re)opened on that file unless it is on it, or in use."""
+        if self._now.identity == identity or not self._now_lock.acquire(blocking=False):
+            return
+        try:
+            self._close_now()
+            conn = sqlite3.connect(
+                self.path, timeout=0.0, isolation_level=None, check_same_thread=False
+            )
+            try:
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute("PRAGMA busy_timeout=0")
+                conn.execute("PRAGMA wal_autocheckpoint=0")
+                if identity_of(self.path) != identity:
+                    raise FileNotFoundError(f"{self.path} changed while being opened")
+            except BaseException:
+                conn.close()
+                raise
+            self._now.conn, self._now.identity, self._now.fd = conn, identity, None
+        except (sqlite3.Error, OSError) as exc:
+            log.debug("no connection for calls run now: %s", exc)
+        finally:
+            self._now_lock.release()
+
+    def _close_now(self) -> None:
+        conn, self._now.conn, self._now.identity, self._now.fd = self._now.conn, None, None, None
+        if conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
 
     @contextlib.contextmanager
     def translated(self, what: str) -> Iterator[None]:
@@ -143,15 +253,22 @@ class SQLiteFile:
             yield
         except (sqlite3.ProgrammingError, sqlite3.InterfaceError):
             raise  # misuse of the API: a bug here, not the storage
+        except sqlite3.OperationalError as exc:
+            if self._local.now and (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in _BUSY_CODES:
+                raise _Wait() from exc  # locked elsewhere: a thread waits for it instead
+            raise self._unavailable(what, exc) from exc
         except (sqlite3.Error, OSError) as exc:
-            if isinstance(exc, sqlite3.DatabaseError) and not isinstance(
-                exc, sqlite3.OperationalError | sqlite3.IntegrityError
-            ):
-                # "file is not a database", "malformed": never transient.
-                self._mark_broken(f"{exc}")
-            raise StorageUnavailable(
-                f"job store {self.path}: {what} failed: {exc}", retry_after_s=STORE_RETRY_AFTER_S
-            ) from exc
+            raise self._unavailable(what, exc) from exc
+
+    def _unavailable(self, what: str, exc: sqlite3.Error | OSError) -> StorageUnavailable:
+        if isinstance(exc, sqlite3.DatabaseError) and not isinstance(
+            exc, sqlite3.OperationalError | sqlite3.IntegrityError
+        ):
+            # "file is not a database", "malformed": never transient.
+            self._mark_broken(f"{exc}")
+        return StorageUnavailable(
+            f"job store {self.path}: {what} failed: {exc}", retry_after_s=STORE_RETRY_AFTER_S
+        )
 
     def connection(self) -> sqlite3.Connection:
         """This thread's connection, reopened first if `path` names another file now.
@@ -161,8 +278,13 @@ class SQLiteFile:
         it makes SQLite checkpoint its log into it, which can hide the damage).
         """
         local = self._local
-        current = _identity(self.path)
+        current = identity_of(self.path)
         broken = self._broken
+        if local.now:
+            # Reopening (and saying why) is for a thread: a call run now never waits.
+            if self._now.conn is None or self._now.identity != current or broken is not None:
+                raise _Wait()
+            return self._now.conn
         if broken is not None:
             if current == broken[0]:
                 raise StorageUnavailable(
@@ -184,6 +306,8 @@ class SQLiteFile:
             self._drop()
         if local.conn is None:
             local.conn, local.identity = self._connect()
+        if self._now.identity != local.identity and local.identity is not None:
+            self._open_now(local.identity)
         return local.conn
 
     def _log_replaced(self) -> None:
@@ -194,7 +318,7 @@ class SQLiteFile:
         )
 
     def _mark_broken(self, detail: str) -> None:
-        identity = self._local.identity or _identity(self.path)
+        identity = self._local.identity or identity_of(self.path)
         if identity is None:
             return
         with self._opened_lock:
@@ -230,7 +354,7 @@ class SQLiteFile:
                     conn.execute("PRAGMA synchronous=NORMAL")
                     conn.execute("PRAGMA busy_timeout=30000")
                     conn.executescript(self.schema)
-                    identity = _identity(self.path)
+                    identity = identity_of(self.path)
                     if identity is None:
                         raise FileNotFoundError(f"{self.path} vanished while being opened")
                 except BaseException:
@@ -241,19 +365,19 @@ class SQLiteFile:
                 # The side files now at the path are this database's (SQLite
                 # recreates them when the last connection of all closes).
                 self._opened = identity
-                self._sides = {s: _identity(f"{self.path}{s}") for s in _SIDE_FILES}
+                self._sides = {s: identity_of(f"{self.path}{s}") for s in _SIDE_FILES}
         finally:
             os.close(directory)  # drops the flock
         return conn, identity
 
     def _remove_stale_side_files(self) -> None:
         """Remove the -wal/-shm of a database that is no longer at `path` (lock held)."""
-        current = _identity(self.path)
+        current = identity_of(self.path)
         if current is not None and current == self._opened:
             return
         for suffix in _SIDE_FILES:
             side = Path(f"{self.path}{suffix}")
-            found = _identity(side)
+            found = identity_of(side)
             # Without a database every side file is an orphan; beside a replacement,
             # only the ones the old database had (the new one's may be in use).
             if found is not None and (current is None or found == self._sides.get(suffix)):
@@ -265,16 +389,17 @@ class SQLiteFile:
         Run after every write, before it is reported done: the check before the
         write (`connection`) cannot see a deletion that happens during it.
         """
-        expected = self._local.identity
-        if _identity(self.path) != expected:
+        held = self._held()
+        expected = held.identity
+        if identity_of(self.path) != expected:
             # The next call notices it too, logs it and reopens.
             raise StorageUnavailable(
                 f"job store {self.path}: the database was deleted or replaced while open;"
                 " the write went to the old file",
                 retry_after_s=STORE_RETRY_AFTER_S,
             )
-        head = self._header(expected)
-        if head is not None and head != _MAGIC:
+        head, held.fd = header_of(expected, held.fd)
+        if head is not None and head != MAGIC:
             self._mark_broken("overwritten: it no longer starts with SQLite's header")
             raise StorageUnavailable(
                 f"job store {self.path}: the database file was overwritten"
@@ -282,25 +407,6 @@ class SQLiteFile:
                 retry_after_s=STORE_RETRY_AFTER_S,
             )
 
-    def _header(self, identity: Identity | None) -> bytes | None:
-        """The first bytes of the database file, read through a descriptor SQLite
-        already holds on it; None where there is no way to tell.
-
-        Never through a descriptor of our own: closing any descriptor of a file
-        drops every POSIX lock this process holds on it, SQLite's included (the
-        lock that tells other processes this database is in use). Without it, the
-        last other connection to close deletes the -wal still being written here.
-        """
-        if identity is None:
-            return None
-        local = self._local
-        known = [] if local.fd is None else [local.fd]
-        for fd in itertools.chain(known, _descriptors_of(identity)):  # scans only on a miss
-            if _identity_of_fd(fd) != identity:
-                continue
-            head = os.pread(fd, len(_MAGIC), 0)
-            if _identity_of_fd(fd) == identity:  # not closed and reused meanwhile
-                local.fd = fd
-                return head
-        local.fd = None
-        return None
+    def _held(self) -> _Held:
+        """The connection this thread's calls use: its own, or the one of calls run now."""
+        return self._now if self._local.now else self._local
