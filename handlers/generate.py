@@ -56,17 +56,18 @@ _FIELDS = frozenset(
 
 # Over two prefill chunks (256 tokens each), so it runs chunked prefill.
 _LONG_PROMPT = "Thaw loads a model once and keeps it warm for the requests that follow. " * 40
-# On a CPU a first request pays nothing a short one does not: the builder already
-# touches every weight, and matmul and attention have no per-shape set-up here
-# (bench/RESULTS-warmup.md: long-prompt and 64-token first requests at 0.83-0.93x
-# of steady without warm-up). So the CPU warm-up is one sampled chat request of
-# two tokens: it runs the tokenizer, chat template, prefill, one decode step, the
-# sampler and the stop strings, a superset of a greedy prompt's path (argmax
-# has no set-up), which then starts at 1.01x of steady, and it saves a second
-# example's 0.1 s on every cold start (bench/RESULTS-warmup.md). An accelerator adds the
-# large shapes, whose first calls select and autotune kernels: chunked prefill
-# of a long prompt, and 64 decode steps that grow the KV cache.
-_WARMUP: list[dict[str, Any]] = [
+# On a CPU a first request pays nothing a later one does not: the builder already
+# touches every weight, and MKL's float32 GEMM and attention have no per-shape
+# set-up. With no warm-up at all, first requests ran at 0.94x (a sampled chat
+# request) and 1.03x (a greedy prompt) of steady (bench/RESULTS-warmup.md,
+# 2026-12-04), where the one sampled chat example warmed before cost 0.2 s of every
+# cold start (issue 29): so a CPU load warms nothing. An accelerator selects (and
+# may autotune) kernels on the first call of each shape: there a load warms a
+# short prompt, a sampled chat request (tokenizer, chat template, prefill, a decode
+# step, the sampler, stop strings), chunked prefill of a long prompt, and 64 decode
+# steps that grow the KV cache. The first is `thaw coldstart generate`'s event.
+_ACCELERATOR_WARMUP: list[dict[str, Any]] = [
+    {"prompt": "The capital of France is", "max_tokens": 4},
     {
         "messages": [{"role": "user", "content": "Name three colours."}],
         "max_tokens": 2,
@@ -76,13 +77,10 @@ _WARMUP: list[dict[str, Any]] = [
         "seed": 0,
         "stop": ["\n\n"],
     },
-]
-_ACCELERATOR_WARMUP: list[dict[str, Any]] = [
+    {"messages": [{"role": "user", "content": _LONG_PROMPT + "Summarise."}], "max_tokens": 4},
     # Counting (top_k 1: sampled, yet deterministic) never stops early, so the KV cache
     # grows for all 64 steps.
     {"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 64, "temperature": 0.8, "top_k": 1},
-    {"messages": [{"role": "user", "content": _LONG_PROMPT + "Summarise."}], "max_tokens": 4},
-    {"prompt": "The capital of France is", "max_tokens": 4},
 ]
 
 
@@ -239,7 +237,6 @@ class GenerateSteps:
 @handler(
     "generate",
     uses=["smollm2"],
-    warmup=_WARMUP,
     accelerator_warmup=_ACCELERATOR_WARMUP,
     join=join_completion,
     decode=Decode(max_sequences=MAX_SEQUENCES),

@@ -223,7 +223,9 @@ def _cmd_coldstart(args: argparse.Namespace) -> int:
         from runtime.settings import Settings
 
         spec = discover(Settings.from_env().handlers).handler(args.handler)
-        event = dict(spec.warmup[0]) if spec.warmup else {}
+        # An accelerator's, for a handler that warms nothing on a CPU.
+        examples = list(spec.warmup) or list(spec.accelerator_warmup)
+        event = dict(examples[0]) if examples else {}
     code: int = run_coldstart(
         args.handler,
         event=event,

@@ -120,19 +120,17 @@ def test_max_tokens_gives_length(smollm2: ChatLM) -> None:
 
 
 def test_every_warmup_example_runs_its_path(smollm2: ChatLM) -> None:
-    """CPU: one short sampled chat request (chat template, prefill, a decode step,
-    the sampler, stop strings). Accelerator: also chunked prefill of a long prompt
-    and a 64-step decode that grows the KV cache."""
+    """CPU: none (no first-call cost to pay: bench/RESULTS-warmup.md). Accelerator: a
+    short prompt, a short sampled chat request (chat template, prefill, a decode
+    step, the sampler, stop strings), chunked prefill of a long prompt and a
+    64-step decode that grows the KV cache."""
     spec = discover(["handlers.generate"]).handler("generate")
-    cpu = spec.warmup_for("cpu")
+    assert spec.warmup_for("cpu") == []
+    examples = spec.warmup_for("cuda")
     assert any(
         "messages" in e and e.get("temperature", 0) > 0 and "top_p" in e and "stop" in e
-        for e in cpu
+        for e in examples
     )
-    assert all(2 <= e["max_tokens"] <= 4 for e in cpu)  # a decode step, and no more
-    warmed = [run(smollm2, **example) for example in cpu]
-    assert all(o["usage"]["completion_tokens"] >= 2 for o in warmed)
-    examples = spec.warmup_for("cuda")
     outputs = [run(smollm2, **example) for example in examples]
     prompt_tokens = [o["usage"]["prompt_tokens"] for o in outputs]
     chunk = smollm2.model.cfg.prefill_chunk_tokens
