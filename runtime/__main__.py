@@ -17,6 +17,9 @@ from runtime.wire.render import cli_exit_code, cli_line
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    from runtime import preload
+
+    preload.start()  # before the server's (or the loop's) imports, beside which it runs
     if os.environ.get("AWS_LAMBDA_RUNTIME_API"):
         from runtime.aws.lambda_loop import main as lambda_main
 

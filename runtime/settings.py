@@ -132,6 +132,10 @@ class Settings:
     mmap_threshold_bytes: int = 1024 * 1024
     malloc_arena_max: int = 4
     malloc_trim: bool = True
+    # A server process whose handlers use bundles loads the framework's native
+    # libraries on another thread as it starts, not at its first load
+    # (runtime/cli/preload.py); its Python modules still wait for the first load.
+    preload_framework: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

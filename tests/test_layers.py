@@ -20,6 +20,7 @@ RUNTIME = Path(__file__).resolve().parents[1] / "runtime"
 # siblings: neither may import the other.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("runtime", "runtime.__main__", "runtime.cli"),  # the public API and the entry points
+    ("runtime.preload",),  # what a server process starts before its imports
     ("runtime.emulator",),  # `thaw emulate`: drives Lambda-mode processes
     ("runtime.aws",),  # the Lambda Runtime API loop and Function URL events
     ("runtime.http",),  # the HTTP contract (Starlette app, uvicorn server)

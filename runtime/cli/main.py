@@ -184,6 +184,9 @@ def _cmd_invoke(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from runtime import preload
+
+    preload.start()  # before the server's imports, beside which it runs
     from runtime.http.server import serve
 
     return serve(host=args.host, port=args.port, insecure=args.insecure)

@@ -39,9 +39,11 @@ def load_began(client: httpx.Client, bundle: str) -> bool:
 def test_healthz_answers_before_torch_is_imported(
     servers: list[ServerProcess], server_env: dict[str, str], bundles: Path
 ) -> None:
-    """The control plane needs no framework; how fast it answers is bench/coldstart.py's."""
+    """The control plane needs no framework; how fast it answers is bench/coldstart.py's.
+    (With the preload off: on, the framework's libraries load beside start-up,
+    tests/http/test_preload.py.)"""
     make_bundle(bundles, "alpha")
-    server = ServerProcess(server_env)
+    server = ServerProcess({**server_env, "THAW_PRELOAD_FRAMEWORK": "0"})
     servers.append(server)
     server.start(wait=False)
     server.wait_healthy()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import importlib.util
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -32,24 +33,33 @@ def preload_framework() -> None:
     a foreign call lets the loop run meanwhile; the import then finds them
     loaded. Best effort: any failure just leaves the work to `import torch`.
     """
-    if sys.platform != "linux" or "torch" in sys.modules:
+    glibc = host.libc()
+    if glibc is None or "torch" in sys.modules:
         return
     try:
-        import ctypes  # here, not at module level: the control interface never needs it
-
         spec = importlib.util.find_spec("torch")
         if spec is None or spec.origin is None:
             return
         lib_dir = Path(spec.origin).parent / "lib"
-        libc = ctypes.CDLL(None)
-        libc.dlopen.restype = ctypes.c_void_p
-        libc.dlopen.argtypes = [ctypes.c_char_p, ctypes.c_int]
         for name in ("libtorch_cpu.so", "libtorch_cuda.so"):
             path = lib_dir / name
             if path.exists():
-                libc.dlopen(str(path).encode(), _RTLD_NOW | _RTLD_GLOBAL)
+                glibc.dlopen(str(path).encode(), _RTLD_NOW | _RTLD_GLOBAL)
     except (OSError, AttributeError, ValueError, ImportError):
         return
+
+
+def preload_in_background() -> threading.Thread | None:
+    """`preload_framework` on a daemon thread of its own, started now: the native
+    libraries load on another core while the caller goes on (its Python work holds
+    the GIL; the load does not). None where there is nothing to load (no torch
+    installed, or imported already). What else the process loads meanwhile is the
+    caller's to order: see runtime/cli/preload.py."""
+    if "torch" in sys.modules or host.libc() is None or importlib.util.find_spec("torch") is None:
+        return None
+    thread = threading.Thread(target=preload_framework, name="thaw-framework-preload", daemon=True)
+    thread.start()
+    return thread
 
 
 def _import_framework() -> None:

@@ -50,8 +50,11 @@ _control = _Control()
 
 
 @functools.cache
-def _libc() -> Any | None:
-    """glibc through ctypes, or None elsewhere (its foreign calls release the GIL)."""
+def libc() -> Any | None:
+    """glibc through ctypes, or None elsewhere (its foreign calls release the GIL).
+
+    Made once: making it is a dlopen, which waits while another thread's dlopen
+    runs its libraries' initialisers, holding the GIL meanwhile."""
     try:
         if not os.confstr("CS_GNU_LIBC_VERSION"):
             return None
@@ -60,19 +63,21 @@ def _libc() -> Any | None:
     import ctypes
 
     try:
-        libc = ctypes.CDLL(None)
-        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-        libc.mallopt.restype = ctypes.c_int
-        libc.malloc_trim.argtypes = [ctypes.c_size_t]
-        libc.malloc_trim.restype = ctypes.c_int
+        found = ctypes.CDLL(None)
+        found.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        found.mallopt.restype = ctypes.c_int
+        found.malloc_trim.argtypes = [ctypes.c_size_t]
+        found.malloc_trim.restype = ctypes.c_int
+        found.dlopen.restype = ctypes.c_void_p
+        found.dlopen.argtypes = [ctypes.c_char_p, ctypes.c_int]
     except (OSError, AttributeError):
         return None
-    return libc
+    return found
 
 
 def supported() -> bool:
     """Whether this process's C allocator is glibc's, which these controls drive."""
-    return _libc() is not None
+    return libc() is not None
 
 
 def configure(settings: Settings) -> None:
@@ -84,19 +89,19 @@ def configure(settings: Settings) -> None:
     MALLOC_* variables).
     """
     _control.trim = settings.malloc_trim
-    libc = _libc()
-    if libc is None:
+    glibc = libc()
+    if glibc is None:
         return
     threshold, arenas = settings.mmap_threshold_bytes, settings.malloc_arena_max
-    if threshold and not libc.mallopt(_M_MMAP_THRESHOLD, threshold):
+    if threshold and not glibc.mallopt(_M_MMAP_THRESHOLD, threshold):
         log.warning("mallopt(M_MMAP_THRESHOLD, %d) was refused", threshold)
-    if arenas and not libc.mallopt(_M_ARENA_MAX, arenas):
+    if arenas and not glibc.mallopt(_M_ARENA_MAX, arenas):
         log.warning("mallopt(M_ARENA_MAX, %d) was refused", arenas)
 
 
 def trim() -> None:
     """Return every whole free page the allocator holds to the OS (when configured)."""
     if _control.trim:
-        libc = _libc()
-        if libc is not None:
-            libc.malloc_trim(0)
+        glibc = libc()
+        if glibc is not None:
+            glibc.malloc_trim(0)
