@@ -55,7 +55,12 @@ def preload_in_background() -> threading.Thread | None:
     the GIL; the load does not). None where there is nothing to load (no torch
     installed, or imported already). What else the process loads meanwhile is the
     caller's to order: see runtime/cli/preload.py."""
-    if "torch" in sys.modules or host.libc() is None or importlib.util.find_spec("torch") is None:
+    if "torch" in sys.modules or host.libc() is None:
+        return None
+    try:
+        if importlib.util.find_spec("torch") is None:
+            return None
+    except (ImportError, ValueError):  # a finder that refuses it: not installed, as far as we go
         return None
     thread = threading.Thread(target=preload_framework, name="thaw-framework-preload", daemon=True)
     thread.start()
