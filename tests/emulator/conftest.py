@@ -11,9 +11,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import boto3
 import httpx
 import pytest
+from botocore.config import Config
 
 from tests.support import SAFETY_S, make_bundle
 
@@ -189,13 +192,12 @@ class Emulator:
         return self.proc.returncode
 
 
-def emulator_env(root: Path) -> dict[str, str]:
+def state_env(root: Path) -> dict[str, str]:
+    """This process's environment less THAW_* and Lambda's, with Thaw's state under `root`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("THAW_", "AWS_LAMBDA"))}
-    bundles = root / "bundles"
-    make_bundle(bundles, "tiny", config={"sleep_s": 0.5, "load_log": str(root / "loads.log")})
     env.update(
         {
-            "THAW_BUNDLE_SOURCE": str(bundles),
+            "THAW_BUNDLE_SOURCE": str(root / "bundles"),
             "THAW_CACHE_DIR": str(root / "cache"),
             "THAW_STATE_DIR": str(root / "state"),
             "THAW_JOB_STORE": f"sqlite:///{root / 'jobs.sqlite3'}",
@@ -203,6 +205,26 @@ def emulator_env(root: Path) -> dict[str, str]:
         }
     )
     return env
+
+
+def emulator_env(root: Path) -> dict[str, str]:
+    """`state_env` with a bundle `tiny` (loads in 0.5 s, logging each load)."""
+    make_bundle(
+        root / "bundles", "tiny", config={"sleep_s": 0.5, "load_log": str(root / "loads.log")}
+    )
+    return state_env(root)
+
+
+def lambda_client(emulator: Emulator) -> Any:
+    """boto3's Lambda client on the emulator: one try, a minute to answer."""
+    return boto3.client(
+        "lambda",
+        endpoint_url=emulator.url,
+        region_name="us-east-1",
+        aws_access_key_id="x",
+        aws_secret_access_key="x",
+        config=Config(retries={"max_attempts": 1}, read_timeout=60),
+    )
 
 
 @pytest.fixture(scope="package")

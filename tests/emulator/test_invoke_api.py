@@ -8,26 +8,12 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
-import boto3
 import orjson
 import pytest
-from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from tests.emulator.conftest import Emulator, wait_for
-
-
-def lambda_client(emulator: Emulator) -> Any:
-    return boto3.client(
-        "lambda",
-        endpoint_url=emulator.url,
-        region_name="us-east-1",
-        aws_access_key_id="x",
-        aws_secret_access_key="x",
-        config=Config(retries={"max_attempts": 1}, read_timeout=60),
-    )
+from tests.emulator.conftest import Emulator, lambda_client, wait_for
 
 
 def test_request_response_returns_the_payload(emulator: Emulator) -> None:

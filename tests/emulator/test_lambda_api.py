@@ -16,14 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import httpx
 import pytest
-from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from runtime.emulator.template import parse_template
-from tests.emulator.conftest import Emulator
+from tests.emulator.conftest import Emulator, lambda_client, state_env
 
 HANDLERS = "handlers.echo,tests.emulator.context_handler"
 TEMPLATE = f"""
@@ -77,30 +75,10 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
     (root / "bundles").mkdir()
     template = root / "template.yaml"
     template.write_text(TEMPLATE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("THAW_", "AWS_LAMBDA"))}
-    env.update(
-        {
-            "THAW_BUNDLE_SOURCE": str(root / "bundles"),
-            "THAW_CACHE_DIR": str(root / "cache"),
-            "THAW_STATE_DIR": str(root / "state"),
-            "THAW_JOB_STORE": f"sqlite:///{root / 'jobs.sqlite3'}",
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
+    env = state_env(root)
     emu = Emulator(root, env, template=template)
     yield emu
     emu.stop()
-
-
-def lambda_client(emulator: Emulator) -> Any:
-    return boto3.client(
-        "lambda",
-        endpoint_url=emulator.url,
-        region_name="us-east-1",
-        aws_access_key_id="x",
-        aws_secret_access_key="x",
-        config=Config(retries={"max_attempts": 1}, read_timeout=60),
-    )
 
 
 def error_of(info: pytest.ExceptionInfo[ClientError]) -> tuple[str, int, str]:

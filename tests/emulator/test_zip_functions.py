@@ -16,15 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
-from botocore.config import Config
 
 from runtime.emulator.ric import RicLauncher
 from runtime.emulator.sandboxes import Sandbox
 from runtime.emulator.template import load_template, parse_template
 from runtime.errors import ConfigError
-from tests.emulator.conftest import EMULATE, Emulator, wait_for
+from tests.emulator.conftest import EMULATE, Emulator, lambda_client, state_env, wait_for
 from tests.emulator.test_sandboxes import alive
 
 CODE = Path(__file__).resolve().parent / "zip_code"
@@ -66,30 +64,10 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
     template = root / "template.yaml"
     # Relative to the template's directory, as SAM reads a CodeUri.
     template.write_text(TEMPLATE.format(runtime=RUNTIME, code=os.path.relpath(CODE, root)))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("THAW_", "AWS_LAMBDA"))}
-    env.update(
-        {
-            "THAW_BUNDLE_SOURCE": str(root / "bundles"),
-            "THAW_CACHE_DIR": str(root / "cache"),
-            "THAW_STATE_DIR": str(root / "state"),
-            "THAW_JOB_STORE": f"sqlite:///{root / 'jobs.sqlite3'}",
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
+    env = state_env(root)
     emu = Emulator(root, env, "--max-sandboxes", "2", template=template)
     yield emu
     emu.stop()
-
-
-def lambda_client(emulator: Emulator) -> Any:
-    return boto3.client(
-        "lambda",
-        endpoint_url=emulator.url,
-        region_name="us-east-1",
-        aws_access_key_id="x",
-        aws_secret_access_key="x",
-        config=Config(retries={"max_attempts": 1}, read_timeout=60),
-    )
 
 
 def invoke(emulator: Emulator, function: str, event: Any, **kw: Any) -> tuple[Any, Any]:

@@ -16,32 +16,13 @@ from pathlib import Path
 import pytest
 
 from runtime.errors import StorageUnavailable
-from runtime.jobs.job import Job, JobStatus, new_job_id
+from runtime.jobs.job import Job, JobStatus
 from runtime.jobs.store import NOT_NOW
 from runtime.jobs.stores.sqlite import SQLiteJobStore
 from tests.jobs import tmpfs
+from tests.jobs.test_sqlite_faults import in_another_thread as in_thread
+from tests.jobs.test_sqlite_faults import new_job
 from tests.support import until
-
-
-def new_job() -> Job:
-    return Job(
-        id=new_job_id(),
-        handler="echo",
-        input={"x": 1},
-        status=JobStatus.RUNNING,
-        attempts=1,
-        owner="a",
-        lease_until=4e9,
-    )
-
-
-def in_thread(fn: object) -> object:
-    """`fn()` on a fresh thread (its own connection), as StoreCalls runs NOT_NOW's calls."""
-    box: list[object] = []
-    thread = threading.Thread(target=lambda: box.append(fn()))  # type: ignore[operator]
-    thread.start()
-    thread.join(30)
-    return box[0]
 
 
 def stored_ids(path: Path) -> set[str]:

@@ -79,6 +79,22 @@ _BUSY_CODES = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED
 CHECKPOINT_EVERY = 256
 
 
+@contextlib.contextmanager
+def _committed(conn: sqlite3.Connection) -> Iterator[None]:
+    """BEGIN IMMEDIATE ... COMMIT on `conn`, rolled back if the block or the COMMIT fails."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        # A failed COMMIT (a full disk) leaves the transaction open; a failed
+        # statement may have rolled it back already.
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        raise
+
+
 class SQLiteFile:
     """The database at `path` (created with `schema`), its per-thread connections, its faults."""
 
@@ -134,17 +150,8 @@ class SQLiteFile:
             return
         with self.translated(what), self._write_lock:
             conn = self.connection()
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with _committed(conn):
                 yield conn
-                conn.execute("COMMIT")
-            except BaseException:
-                # A failed COMMIT (a full disk) leaves the transaction open; a
-                # failed statement may have rolled it back already.
-                if conn.in_transaction:
-                    with contextlib.suppress(sqlite3.Error):
-                        conn.execute("ROLLBACK")
-                raise
             self.check_durable()
 
     def close(self) -> None:
@@ -181,17 +188,9 @@ class SQLiteFile:
         conn = self.connection()
         if not writes:
             return call()
-        with self.translated("beginning a write"):
-            conn.execute("BEGIN IMMEDIATE")
-        try:
+        # A busy BEGIN is `_Wait` (translated): nothing was done.
+        with self.translated("writing"), _committed(conn):
             result = call()
-            with self.translated("committing a write"):
-                conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-            raise
         self.check_durable()
         self._now_commits += 1
         if self._now_commits >= self.checkpoint_every:
