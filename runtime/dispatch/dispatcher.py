@@ -227,9 +227,8 @@ class Dispatcher:
         if jobless:
             work.cancel()
             raise self.warming.refuse(spec, await self._estimate_s(spec), wait)
-        job = await self.recorder.follow(
-            spec, await self.recorder.record(spec, event, work, key_id), work
-        )
+        recorded = await self.recorder.record(spec, event, work, key_id)
+        job = await self.recorder.follow(spec, recorded, work)
         return Accepted(job, retry_after_s=max(1.0, await self._estimate_s(spec)))
 
     async def _settled_by(self, work: Work, answer_by: float) -> bool:

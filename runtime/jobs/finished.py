@@ -14,7 +14,7 @@ measured on the wall clock the store writes it with, so the memory never
 answers for a job the store has expired.
 
 A recorded outcome is also counted (`thaw_jobs_total`), its output added to the
-job's quota use, and logged in one line (`recorded`), wherever it was written:
+job's quota use, and logged in one line (`outcome_recorded`), wherever it was written:
 as the job finished, or with the job itself (work that ended before its record).
 """
 
@@ -79,7 +79,7 @@ def finish_and_read(
     return store.get(job_id) or True
 
 
-def recorded(
+def outcome_recorded(
     job: Job, status: JobStatus, output: Any, tries: int, metrics: Metrics, quota: JobQuota | None
 ) -> None:
     """`job`'s outcome is in the store (at its `tries`-th write): counted and logged."""
@@ -89,10 +89,15 @@ def recorded(
     outcome = str(status)
     if tries > 1:
         outcome += f" (recorded at try {tries}: the store had refused it)"
-    logged(job, outcome)
+    _logged(job, outcome)
 
 
-def logged(job: Job, outcome: str) -> None:
+def outcome_discarded(job: Job) -> None:
+    """`job`'s outcome was not recorded: the job is no longer this instance's."""
+    _logged(job, "discarded (no longer owned)")
+
+
+def _logged(job: Job, outcome: str) -> None:
     log.info(
         "job %s %s", job.id, outcome,
         extra={"job_id": job.id, "handler": job.handler, "status": outcome},

@@ -32,10 +32,14 @@ from typing import Any
 
 from runtime.clock import SYSTEM, Clock
 from runtime.errors import StorageUnavailable, UnknownJob
-from runtime.jobs import finished
 from runtime.jobs.batch import CreateBatcher
 from runtime.jobs.calls import RETRY_FIRST_S, RETRY_MAX_S, STORE_CONDITION, StoreCalls
-from runtime.jobs.finished import FinishedJobs, finish_and_read
+from runtime.jobs.finished import (
+    FinishedJobs,
+    finish_and_read,
+    outcome_discarded,
+    outcome_recorded,
+)
 from runtime.jobs.items import ItemSource, JobItems
 from runtime.jobs.job import Job, JobStatus, new_job_id
 from runtime.jobs.leases import Leases, LocalJob, Probe, outcome_of, wait_set
@@ -131,13 +135,7 @@ class JobManager:
     # ---- this instance's jobs ----------------------------------------------------
 
     async def record(
-        self,
-        handler: str,
-        event: Any,
-        *,
-        phase: str,
-        key_id: str | None,
-        queued: bool = False,
+        self, handler: str, event: Any, *, phase: str, key_id: str | None, queued: bool = False
     ) -> Job:
         """Write a new job, running and leased to this instance (or `queued`: for any
         instance to claim, this one by `claim_queued` when it gets to it); returns once
@@ -185,7 +183,7 @@ class JobManager:
         if not isinstance(final, Job):
             return None
         self.finished.remember(final)
-        finished.recorded(final, status, output, 1, self.metrics, self.quota)
+        outcome_recorded(final, status, output, 1, self.metrics, self.quota)
         return final
 
     def follow(
@@ -303,9 +301,9 @@ class JobManager:
             await wait_set(self.clock, self._give_up, delay)
             delay = min(2 * delay, RETRY_MAX_S)
         if recorded:
-            finished.recorded(job, status, output, tries, self.metrics, self.quota)
+            outcome_recorded(job, status, output, tries, self.metrics, self.quota)
         else:
-            finished.logged(job, "discarded (no longer owned)")
+            outcome_discarded(job)
 
     # ---- client operations ----------------------------------------------------
 
