@@ -147,11 +147,20 @@ def _healthz_ok(port: int) -> bool:
 class Proc:
     """A server process on 127.0.0.1 that is always stopped (use it as a context manager)."""
 
-    def __init__(self, argv: list[str], env: Mapping[str, str], port: int, log_path: Path) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        env: Mapping[str, str],
+        port: int,
+        log_path: Path,
+        cwd: Path = ROOT,
+    ) -> None:
         self.argv = argv
         self.env = dict(env)
         self.port = port
         self.log_path = log_path
+        # Where it starts: `python -m runtime...` runs the `runtime` found there first.
+        self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
 
@@ -163,7 +172,7 @@ class Proc:
             self.proc = subprocess.Popen(
                 self.argv,
                 env=self.env,
-                cwd=ROOT,
+                cwd=self.cwd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

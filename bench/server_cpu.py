@@ -1,0 +1,138 @@
+"""Server CPU per warm request: Thaw against the bare app (or another Thaw tree).
+
+    .venv/bin/python bench/server_cpu.py [--clients 8] [--rounds 10] [--seconds 2]
+    .venv/bin/python bench/server_cpu.py --against /path/to/an/older/checkout
+
+With several keep-alive clients the server is one event loop at 100 % of a
+core, so its requests/s is the inverse of its CPU per request: this measures
+that CPU directly, from the server process's own user + system time
+(/proc/PID/stat) over each window, divided by the requests the window
+answered. Thaw and its baseline run side by side, measured in alternating
+windows (A, B, B, A, ...), and every ratio is taken within a round, then the
+median over rounds (bench/overhead.py's method). The async no-op `echo` by
+default; `--path /invoke/echo_sync` for the sync one (the bare app's
+`/thread/echo`).
+
+`--against DIR` runs the Thaw of another checkout (its `runtime/`, started
+from DIR) as the baseline instead of the bare app: what a change to the warm
+path was worth, in CPU, on the same machine in the same minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.common import (  # noqa: E402
+    Proc,
+    bare_argv,
+    fmt_x,
+    free_port,
+    median,
+    runtime_env,
+    thaw_serve_argv,
+)
+from bench.overhead import measure  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime of `pid`, seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+@dataclass
+class Window:
+    cpu_per_request_us: float
+    rps: float
+    p50_s: float
+
+
+def start(name: str, root: Path | None, tmp: Path) -> tuple[Proc, int]:
+    """`thaw serve` of `root` (None: the bare app), healthy, and its port."""
+    env = runtime_env(tmp / name, handlers="handlers.echo,bench.fixtures")
+    port = free_port()
+    if root is None:
+        proc = Proc(bare_argv(port), env, port, tmp / f"{name}.log")
+    else:
+        env["PYTHONPATH"] = str(root)
+        proc = Proc(thaw_serve_argv(port), env, port, tmp / f"{name}.log", cwd=root)
+    proc.start()
+    proc.wait_healthy()
+    return proc, port
+
+
+async def window(proc: Proc, port: int, path: str, clients: int, seconds: float) -> Window:
+    assert proc.proc is not None
+    before = cpu_s(proc.proc.pid)
+    slot = await measure(port, path, clients, seconds)
+    spent = cpu_s(proc.proc.pid) - before
+    return Window(spent / (slot.rps * seconds) * 1e6, slot.rps, slot.p50_s)
+
+
+async def run(args: argparse.Namespace, ports: dict[str, int], procs: dict[str, Proc]) -> None:
+    paths = {"thaw": args.path, "base": args.path}
+    if args.against is None and args.path == "/invoke/echo_sync":
+        paths["base"] = "/thread/echo"
+    for name in procs:  # first calls, thread pools
+        await measure(ports[name], paths[name], args.clients, 1.0)
+    found: dict[str, list[Window]] = {name: [] for name in procs}
+    for index in range(args.rounds):
+        for name in ("thaw", "base") if index % 2 == 0 else ("base", "thaw"):
+            found[name].append(
+                await window(procs[name], ports[name], paths[name], args.clients, args.seconds)
+            )
+    base = "the bare app" if args.against is None else f"Thaw at {args.against}"
+    print(
+        f"| {args.path}, {args.clients} clients, medians of {args.rounds} | Thaw | {base} | ratio |"
+    )
+    print("|---|---:|---:|---:|")
+    thaw, other = found["thaw"], found["base"]
+    for label, field, fmt in (
+        ("server CPU per request", "cpu_per_request_us", lambda v: f"{v:.1f} us"),
+        ("requests/s", "rps", lambda v: f"{v:.0f}"),
+        ("p50 latency", "p50_s", lambda v: f"{v * 1e6:.0f} us"),
+    ):
+        ratio = median(
+            [getattr(a, field) / getattr(b, field) for a, b in zip(thaw, other, strict=True)]
+        )
+        print(
+            f"| {label} | {fmt(median([getattr(w, field) for w in thaw]))} "
+            f"| {fmt(median([getattr(w, field) for w in other]))} | {fmt_x(ratio)} |"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--path", default="/invoke/echo")
+    parser.add_argument("--against", type=Path, help="another checkout's Thaw as the baseline")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="thaw-cpu-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        procs: dict[str, Proc] = {}
+        ports: dict[str, int] = {}
+        try:
+            for name, root in (("thaw", ROOT), ("base", args.against)):
+                procs[name], ports[name] = start(name, root, tmp)
+            asyncio.run(run(args, ports, procs))
+        finally:
+            for proc in procs.values():
+                proc.stop()
+
+
+if __name__ == "__main__":
+    main()
