@@ -72,9 +72,9 @@ class Edge:
     every line logged while the request is served, and the X-Request-Id of
     its answer, whatever gives it:
     a route, a problem, a 404 no route matched, a 401 from the auth layer, a
-    500 for a bug (`render_error` is called here for an exception no handler
-    answered, which Starlette's outermost middleware would otherwise answer
-    past this edge). Answers of routes that read Prefer carry `Vary: Prefer`.
+    500 for a bug: every exception a route raises is rendered here, through
+    `render_error` (the app has no error middleware of Starlette's:
+    runtime/http/routing.py). Answers of routes that read Prefer carry `Vary: Prefer`.
     Once answered, a request adds to the request-duration histogram and writes
     one access-log line (`thaw.access`, info): method, route template (never
     the path's own values, a query or a body), status, duration, request id.

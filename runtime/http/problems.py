@@ -1,8 +1,9 @@
 """The one place an exception becomes an HTTP answer: application/problem+json.
 
-`render_error` is every route's exception handler (and `Edge`'s, for what no
-handler answered); `problem_response` renders a ThawError the runtime raised
-(the auth layer and `Edge` call it directly, outside Starlette's handlers).
+`render_error` renders every exception a route raises (`Edge` calls it: the
+app has no exception handlers of Starlette's, runtime/http/routing.py);
+`problem_response` renders a ThawError the runtime raised (the auth layer and
+`Edge` call it directly).
 The body itself is runtime/wire/render.py's `problem`, shared with every
 other surface.
 """
