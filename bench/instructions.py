@@ -169,12 +169,18 @@ def _wait_healthz(port: int, proc: subprocess.Popen[str]) -> None:
 def _server(which: str, path: str, count: int, env: dict[str, str]) -> int:
     port = free_port()
     argv = thaw_serve_argv(port) if which == "thaw" else bare_argv(port)
+    # The server's log goes to a file, callgrind's report to another: a pipe read
+    # only at the end would fill with access-log lines, and the server block on it.
+    state = Path(env["THAW_STATE_DIR"])
+    state.mkdir(parents=True, exist_ok=True)
+    report = state / f"callgrind-{which}-{port}.txt"
+    server_log = open(state / f"server-{which}-{port}.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        _callgrind(argv),
+        [*_callgrind(argv)[:3], f"--log-file={report}", *_callgrind(argv)[3:]],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=server_log,
         text=True,
     )
     try:
@@ -188,12 +194,13 @@ def _server(which: str, path: str, count: int, env: dict[str, str]) -> int:
                 raise RuntimeError(f"{which} {path}: status {reply.status}")
         conn.close()
         proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=300)
-        return _collected(stderr)
+        proc.wait(300)
+        return _collected(report.read_text())
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        server_log.close()
 
 
 Measure = Callable[[str, str, int, dict[str, str]], int]
