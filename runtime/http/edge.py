@@ -40,7 +40,9 @@ def _stopping(scope: Scope) -> bool:
     return bool(getattr(getattr(app, "state", None), "stopping", False))
 
 
-# The headers the warm path reads, picked out in `Edge`'s one pass (`header_of`).
+# The headers the warm path reads, picked out in `Edge`'s one pass: read through
+# `header_of`, or straight from `scope[PICKED_SCOPE]` where only the app (whose
+# first middleware `Edge` is) calls the reader (the invoke route).
 _PICKED = frozenset({b"x-request-id", b"content-length", b"accept", b"prefer"})
 PICKED_SCOPE = "thaw.headers"
 
@@ -245,12 +247,3 @@ def header_of(request: Request, name: bytes) -> str | None:
         return request.headers.get(name.decode())
     value: bytes | None = picked.get(name)
     return None if value is None else value.decode("latin-1")
-
-
-def prefer_lines(request: Request) -> list[str]:
-    """Every Prefer header line of the request, in order."""
-    picked: dict[bytes, Any] | None = request.scope.get(PICKED_SCOPE)
-    if picked is None:
-        return request.headers.getlist("prefer")
-    lines: list[str] = picked.get(b"prefer", [])
-    return lines
