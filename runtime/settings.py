@@ -134,7 +134,7 @@ class Settings:
     malloc_trim: bool = True
     # A server process whose handlers use bundles loads the framework's native
     # libraries on another thread as it starts, not at its first load
-    # (runtime/cli/preload.py); its Python modules still wait for the first load.
+    # (runtime/preload.py); its Python modules still wait for the first load.
     preload_framework: bool = True
 
     @classmethod

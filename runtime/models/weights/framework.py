@@ -54,7 +54,7 @@ def preload_in_background() -> threading.Thread | None:
     libraries load on another core while the caller goes on (its Python work holds
     the GIL; the load does not). None where there is nothing to load (no torch
     installed, or imported already). What else the process loads meanwhile is the
-    caller's to order: see runtime/cli/preload.py."""
+    caller's to order: see runtime/preload.py."""
     if "torch" in sys.modules or host.libc() is None:
         return None
     try:
