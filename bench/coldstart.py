@@ -22,6 +22,7 @@ again (about 80 ms here). `run()` compiles them first
 from __future__ import annotations
 
 import asyncio
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,12 @@ from typing import Any
 
 import orjson
 
-from bench.common import (
+# `python bench/coldstart.py` puts bench/ on sys.path, not the repository root.
+ROOT_DIR = Path(__file__).resolve().parent.parent
+if str(ROOT_DIR) not in sys.path:
+    sys.path.insert(0, str(ROOT_DIR))
+
+from bench.common import (  # noqa: E402
     ROOT,
     Proc,
     Row,
@@ -45,7 +51,7 @@ from bench.common import (
     thaw_serve_argv,
     verdict,
 )
-from runtime.cli.coldstart import compile_bytecode
+from runtime.cli.coldstart import compile_bytecode  # noqa: E402
 
 HEALTHZ_TARGET_S = 0.3
 OVERHEAD_TARGET_S = 0.050
@@ -184,6 +190,6 @@ def run(*, quick: bool = False) -> list[Row]:
 
 
 if __name__ == "__main__":
-    from bench.common import render
+    from bench.common import table_main
 
-    print(render(run(quick=True)))
+    table_main(run, __doc__)

@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -59,6 +59,17 @@ def render(rows: Sequence[Row]) -> str:
         cells = (r.measurement, r.thaw, r.baseline, r.ratio, r.target, r.verdict)
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)
+
+
+def table_main(run: Callable[..., Sequence[Row]], doc: str | None) -> None:
+    """`python bench/NAME.py [--full]` for a benchmark that bench/run.py also runs:
+    its table alone, in quick rounds unless --full (bench/run.py --quick's)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
+    parser.add_argument("--full", action="store_true", help="the full rounds (bench/run.py's)")
+    args = parser.parse_args()
+    print(render(run(quick=not args.full)))
 
 
 def median(values: Sequence[float]) -> float:

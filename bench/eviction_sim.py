@@ -39,15 +39,21 @@ import asyncio
 import contextlib
 import math
 import random
+import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import Row, fmt_x, verdict
-from runtime.clock import Clock
-from runtime.models.eviction import Candidate, DensityPolicy, EvictionPolicy, GDSFPolicy, LRUPolicy
+# `python bench/eviction_sim.py` puts bench/ on sys.path, not the repository root.
+ROOT_DIR = Path(__file__).resolve().parent.parent
+if str(ROOT_DIR) not in sys.path:
+    sys.path.insert(0, str(ROOT_DIR))
+
+from bench.common import Row, fmt_x, verdict  # noqa: E402
+from runtime.clock import Clock  # noqa: E402
+from runtime.models.eviction import Candidate, DensityPolicy, EvictionPolicy, GDSFPolicy, LRUPolicy  # noqa: E402
 
 # name, GB, reload seconds: fetch and load from the node cache at ~1 GB/s plus
 # init and warm-up, which vary far more than size does (a compiled ASR model
@@ -638,6 +644,6 @@ def run(*, quick: bool = False) -> list[Row]:
 
 
 if __name__ == "__main__":
-    from bench.common import render
+    from bench.common import table_main
 
-    print(render(run(quick=True)))
+    table_main(run, __doc__)

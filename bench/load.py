@@ -42,7 +42,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, Row, fmt_bw, fmt_s, fmt_x, median, verdict
+# `python bench/load.py` puts bench/ on sys.path, not the repository root.
+ROOT_DIR = Path(__file__).resolve().parent.parent
+if str(ROOT_DIR) not in sys.path:
+    sys.path.insert(0, str(ROOT_DIR))
+
+from bench.common import ROOT, Row, fmt_bw, fmt_s, fmt_x, median, verdict  # noqa: E402
 
 SHARDS = 4
 TENSORS_PER_SHARD = 16
@@ -515,6 +520,6 @@ if __name__ == "__main__":
         dtype_arg = sys.argv[4] if len(sys.argv) > 4 else ""
         print(json.dumps(child(sys.argv[2], Path(sys.argv[3]), dtype_arg)))
     else:
-        from bench.common import render
+        from bench.common import table_main
 
-        print(render(run(quick=True)))
+        table_main(run, __doc__)

@@ -20,6 +20,7 @@ load on the machine drifts, but rarely within one round.
 from __future__ import annotations
 
 import asyncio
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -27,7 +28,12 @@ from pathlib import Path
 
 import orjson
 
-from bench.common import (
+# `python bench/overhead.py` puts bench/ on sys.path, not the repository root.
+ROOT_DIR = Path(__file__).resolve().parent.parent
+if str(ROOT_DIR) not in sys.path:
+    sys.path.insert(0, str(ROOT_DIR))
+
+from bench.common import (  # noqa: E402
     Conn,
     Proc,
     Row,

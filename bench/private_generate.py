@@ -8,14 +8,27 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from handlers.generate import _WARMUP, _item, build_smollm2, join_completion, parse_request
+from handlers.generate import (
+    _ACCELERATOR_WARMUP,
+    _item,
+    build_smollm2,
+    join_completion,
+    parse_request,
+)
 from runtime import Context, handler
 
 if TYPE_CHECKING:
     from handlers.models.chat import ChatLM
 
 
-@handler("generate_private", uses=["smollm2"], warmup=_WARMUP, join=join_completion)
+# Warmed as `generate` is: on an accelerator only (a CPU's first request costs what
+# a steady one does, bench/warmup.py).
+@handler(
+    "generate_private",
+    uses=["smollm2"],
+    accelerator_warmup=_ACCELERATOR_WARMUP,
+    join=join_completion,
+)
 def generate_private(event: Any, smollm2: ChatLM, ctx: Context) -> Iterator[dict[str, Any]]:
     """Complete a prompt or a chat in a decode loop of its own."""
     request = parse_request(event, smollm2)

@@ -24,7 +24,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import HOST, Row, fmt_bw, fmt_s, fmt_x, free_port, median, verdict
+# `python bench/s3fetch.py` puts bench/ on sys.path, not the repository root.
+ROOT_DIR = Path(__file__).resolve().parent.parent
+if str(ROOT_DIR) not in sys.path:
+    sys.path.insert(0, str(ROOT_DIR))
+
+from bench.common import HOST, Row, fmt_bw, fmt_s, fmt_x, free_port, median, verdict  # noqa: E402
 
 SHARDS = 8
 SHARD_BYTES = 64 * 1024 * 1024
@@ -185,6 +190,6 @@ def run(*, quick: bool = False) -> list[Row]:
 
 
 if __name__ == "__main__":
-    from bench.common import render
+    from bench.common import table_main
 
-    print(render(run(quick=True)))
+    table_main(run, __doc__)

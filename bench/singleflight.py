@@ -25,6 +25,7 @@ bursts after it arrive while that load imports the framework.
 from __future__ import annotations
 
 import asyncio
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,7 +33,12 @@ from typing import Any
 
 import orjson
 
-from bench.common import (
+# `python bench/singleflight.py` puts bench/ on sys.path, not the repository root.
+ROOT_DIR = Path(__file__).resolve().parent.parent
+if str(ROOT_DIR) not in sys.path:
+    sys.path.insert(0, str(ROOT_DIR))
+
+from bench.common import (  # noqa: E402
     Conn,
     Proc,
     Reply,
@@ -278,6 +284,6 @@ def run(*, quick: bool = False) -> list[Row]:
 
 
 if __name__ == "__main__":
-    from bench.common import render
+    from bench.common import table_main
 
-    print(render(run(quick=True)))
+    table_main(run, __doc__)
