@@ -44,6 +44,7 @@ from runtime.http.routing import Endpoint, ThawApp
 from runtime.instance import Instance
 from runtime.registry import Registry
 from runtime.settings import Settings
+from runtime.telemetry.logs import LATER
 
 log = logging.getLogger("thaw.registry")
 
@@ -109,6 +110,8 @@ def create_app(
             yield
         finally:
             await inst.stop()
+            # What the instance answered and ended is logged by the time it has stopped.
+            LATER.flush()
 
     observed = Observed()
     keys = KeyRing.from_settings(settings)

@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.errors import BadRequest, Draining
 from runtime.http.problems import problem_response, render_error
-from runtime.telemetry.logs import ACCESS, REQUEST_ID
+from runtime.telemetry.logs import LATER, REQUEST_ID
 from runtime.telemetry.metrics import UNMATCHED, RequestStats
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -182,7 +182,7 @@ class Edge:
                 requests.observe(method, template, status, took_s)
             # Written after the answer, with the lines of its window (logs.py), which
             # is where the logger's level is asked (once a window, not per request).
-            ACCESS.add(method, template, status, took_s, shown)
+            LATER.add(method, template, status, took_s, shown)
             REQUEST_ID.reset(token)
 
 

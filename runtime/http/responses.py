@@ -62,7 +62,9 @@ def job_response(
 ) -> Response:
     headers = {"Location": f"/jobs/{job.id}"}
     if retry_after_s is not None:
-        headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
+        # A job final already (its work ended before this answer) holds its result
+        # here: nothing to wait for, where a whole second would be the hint otherwise.
+        headers["Retry-After"] = "0" if job.status.final else str(max(1, math.ceil(retry_after_s)))
     if applied is not None:
         # RFC 7240: only preferences the client sent and the server honoured.
         headers["Preference-Applied"] = applied

@@ -215,6 +215,9 @@ def serve(host: str = "127.0.0.1", port: int = 8080, insecure: bool = False) -> 
         http=_h11_protocol(settings.body_timeout_s),
         timeout_keep_alive=5,
         h11_max_incomplete_event_size=64 * 1024,
+        # No `Server: uvicorn`: an answer does not name the software behind it (a
+        # scanner's first question), and each header is h11 work on every answer.
+        server_header=False,
     )
     failed: list[Exception] = []
 

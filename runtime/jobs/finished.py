@@ -29,6 +29,7 @@ from runtime.clock import SYSTEM, Clock
 from runtime.jobs.job import Job, JobStatus
 from runtime.jobs.quota import JobQuota, json_size
 from runtime.jobs.store import JobStore
+from runtime.telemetry.logs import LATER
 from runtime.telemetry.metrics import Metrics
 
 log = logging.getLogger("thaw.jobs")
@@ -98,7 +99,5 @@ def outcome_discarded(job: Job) -> None:
 
 
 def _logged(job: Job, outcome: str) -> None:
-    log.info(
-        "job %s %s", job.id, outcome,
-        extra={"job_id": job.id, "handler": job.handler, "status": outcome},
-    )  # fmt: skip
+    # Written after the answer that waits on it, with the access lines (logs.py).
+    LATER.info(log, f"job {job.id} {outcome}", job_id=job.id, handler=job.handler, status=outcome)

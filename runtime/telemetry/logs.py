@@ -12,16 +12,19 @@ runtime's own lines and a handler's alike (handler threads and tasks run in a
 copy of the request's context). One `extra=` of its own wins.
 
 The access log (`thaw.access`, one line per answered request) is written after
-the answer, not on its path: `ACCESS.add` keeps the line's fields (its time
-stamped then) and the lines are written together, in the order the requests
-ended, FLUSH_AFTER_S after the first of them was kept (or at once when
-FLUSH_LINES are pending), in one write to the stream when our JSON handler is
-where they go (`JSONLines`), else each through the logger as any record. A
-write per loop turn cost one client's warm requests 0.1-0.15x of the bare
-app's latency (issue 29, BENCHMARKS.md); a write per window costs a few per
-second. Pending lines are written at exit and when the server stops
-(`ACCESS.flush`), so a stopped server has logged every request it answered;
-what a SIGKILL loses is the last window's lines.
+the answer, not on its path: `LATER.add` keeps the line's fields (its time
+stamped then) and the lines are written together, in the order they were
+kept, FLUSH_AFTER_S after the first of them (or at once when FLUSH_LINES are
+pending), in one write to the stream when our JSON handler is where they go
+(`JSONLines`), else each through its logger as any record. A write per loop
+turn cost one client's warm requests 0.1-0.15x of the bare app's latency
+(issue 29, BENCHMARKS.md); a write per window costs a few per second. Other
+info lines about an event that is over, and that a request or job waits on
+(a job's outcome, once recorded: `LATER.info`), are kept with them the same
+way: written at once, each cost the durable job cycle 30 us of its answer.
+Pending lines are written at exit and when the server stops (`LATER.flush`),
+so a stopped server has logged every request it answered; what a SIGKILL
+loses is the last window's lines.
 """
 
 from __future__ import annotations
@@ -97,20 +100,36 @@ AccessEntry = tuple[float, str, str, int, float, str | None]
 access_log = logging.getLogger("thaw.access")
 
 
-# How long an access line may wait to be written with the lines after it, and how
-# many may wait: a window short enough to read the log live, long enough to
-# write a busy second's lines in tens of writes, not thousands.
+class LaterLine:
+    """An info line of another logger, kept until written with the access lines:
+    its time and request id taken when it was kept, its fields `_EXTRA_FIELDS`."""
+
+    __slots__ = ("created", "fields", "logger", "msg", "request_id")
+
+    def __init__(
+        self, logger: logging.Logger, msg: str, request_id: str | None, fields: dict[str, Any]
+    ) -> None:
+        self.created = time.time()
+        self.logger = logger
+        self.msg = msg
+        self.request_id = request_id
+        self.fields = fields
+
+
+# How long a line may wait to be written with the lines after it, and how many
+# may wait: a window short enough to read the log live, long enough to write a
+# busy second's lines in tens of writes, not thousands.
 FLUSH_AFTER_S = 0.05
 FLUSH_LINES = 512
 
 
-class AccessLog:
-    """The access log's lines not yet written (see the module docstring)."""
+class LaterLines:
+    """The lines kept to be written after their answers (see the module docstring)."""
 
     __slots__ = ("_loop", "_pending", "_timer", "flush_after_s", "flush_lines")
 
     def __init__(self, flush_after_s: float = FLUSH_AFTER_S, flush_lines: int = FLUSH_LINES):
-        self._pending: list[AccessEntry] = []
+        self._pending: list[AccessEntry | LaterLine] = []
         self._timer: asyncio.TimerHandle | None = None
         # The loop the open window's timer runs on; None: no window open.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -118,13 +137,23 @@ class AccessLog:
         self.flush_lines = flush_lines
 
     def add(self, method: str, route: str, status: int, took_s: float, request_id: str) -> None:
-        """One answered request's line (status 0: it ended with no answer, cut off),
-        written `flush_after_s` later with the lines kept meanwhile (at once outside
-        a running loop, or when `flush_lines` are pending). Whether the logger takes
-        INFO lines is asked as they are written, not once per request."""
-        pending = self._pending
+        """One answered request's access line (status 0: it ended with no answer, cut
+        off). Whether the logger takes INFO lines is asked as they are written, not
+        once per request."""
         took_ms = round(took_s * 1000, 3)
-        pending.append((time.time(), method[:16], route, status, took_ms, request_id))
+        self._keep((time.time(), method[:16], route, status, took_ms, request_id))
+
+    def info(self, logger: logging.Logger, msg: str, **fields: Any) -> None:
+        """An info line of `logger` whose event is over (a job's outcome, recorded), kept
+        as an access line is: `msg` formatted already, `fields` among `_EXTRA_FIELDS`,
+        the request id the context's now."""
+        self._keep(LaterLine(logger, msg, REQUEST_ID.get(), fields))
+
+    def _keep(self, entry: AccessEntry | LaterLine) -> None:
+        """Written `flush_after_s` later with the lines kept meanwhile (at once outside
+        a running loop, or when `flush_lines` are pending)."""
+        pending = self._pending
+        pending.append(entry)
         if len(pending) >= self.flush_lines:
             self.flush()
             return
@@ -144,14 +173,22 @@ class AccessLog:
         if timer is not None:
             timer.cancel()  # a no-op when it is the timer calling
         pending, self._pending = self._pending, []
-        if not pending or not access_log.isEnabledFor(logging.INFO):
+        if not pending:
             return
-        handler = _direct_handler()
+        loggers = {access_log} | {e.logger for e in pending if isinstance(e, LaterLine)}
+        taken = {logger for logger in loggers if logger.isEnabledFor(logging.INFO)}
+        if not taken:
+            return
+        handler = _direct_handler(taken)
         if handler is None:
             for entry in pending:
-                access_log.handle(_record(entry))
+                if _logger_of(entry) in taken:
+                    _logger_of(entry).handle(_record(entry))
             return
-        text = "".join([_line(entry) + handler.terminator for entry in pending])
+        terminator = handler.terminator
+        text = "".join(
+            [_line(entry) + terminator for entry in pending if _logger_of(entry) in taken]
+        )
         handler.acquire()
         try:
             handler.stream.write(text)
@@ -162,11 +199,21 @@ class AccessLog:
             handler.release()
 
 
-def _direct_handler() -> JSONLines | None:
-    """Our JSON handler when it alone takes `thaw.access` lines (no filter, no other
+def _logger_of(entry: AccessEntry | LaterLine) -> logging.Logger:
+    return access_log if isinstance(entry, tuple) else entry.logger
+
+
+def _direct_handler(loggers: set[logging.Logger]) -> JSONLines | None:
+    """Our JSON handler when it alone takes these loggers' lines (no filter, no other
     handler on the way): then a batch is written as one string; else None."""
-    if access_log.handlers or access_log.filters or not access_log.propagate:
-        return None
+    for logger in loggers:
+        if logger.handlers or logger.filters or not logger.propagate:
+            return None
+        parent = logger.parent
+        while parent is not None and parent.parent is not None:  # up to the root
+            if parent.handlers or parent.filters or not parent.propagate:
+                return None
+            parent = parent.parent
     root = logging.getLogger()
     if root.filters or len(root.handlers) != 1:
         return None
@@ -183,8 +230,23 @@ def _message(entry: AccessEntry) -> str:
     return "%s %s %d %.1f ms" % (method, route, status, took_ms)  # noqa: UP031  # the logged form
 
 
-def _line(entry: AccessEntry) -> str:
+def _line(entry: AccessEntry | LaterLine) -> str:
     """The JSON line `JSONFormatter` writes for `_record(entry)`, field for field."""
+    if not isinstance(entry, tuple):
+        later: dict[str, Any] = {
+            "ts": _stamp(entry.created),
+            "level": "info",
+            "logger": entry.logger.name,
+            "msg": entry.msg,
+        }
+        if entry.request_id is not None:
+            later["request_id"] = entry.request_id
+        fields = entry.fields
+        for name in _EXTRA_FIELDS:
+            value = fields.get(name)
+            if value is not None:
+                later[name] = value
+        return orjson.dumps(later, default=str).decode()
     created, method, route, status, took_ms, request_id = entry
     line: dict[str, Any] = {
         "ts": _stamp(created),
@@ -202,32 +264,29 @@ def _line(entry: AccessEntry) -> str:
     return orjson.dumps(line).decode()
 
 
-def _record(entry: AccessEntry) -> logging.LogRecord:
-    created, method, route, status, took_ms, request_id = entry
-    record = access_log.makeRecord(
-        access_log.name,
-        logging.INFO,
-        __file__,
-        0,
-        _message(entry),
-        (),
-        None,
-        extra={
+def _record(entry: AccessEntry | LaterLine) -> logging.LogRecord:
+    if isinstance(entry, tuple):
+        created, method, route, status, took_ms, request_id = entry
+        logger, msg = access_log, _message(entry)
+        extra: dict[str, Any] = {
             "method": method,
             "route": route,
             "status_code": status,
             "duration_ms": took_ms,
             "request_id": request_id,
-        },
-    )
+        }
+    else:
+        created, logger, msg = entry.created, entry.logger, entry.msg
+        extra = {**entry.fields, "request_id": entry.request_id}
+    record = logger.makeRecord(logger.name, logging.INFO, __file__, 0, msg, (), None, extra=extra)
     record.created = created
     record.msecs = int((created - int(created)) * 1000) + 0.0
     return record
 
 
-ACCESS = AccessLog()
+LATER = LaterLines()
 # At exit (after the loop stopped): lines still pending are written before logging shuts down.
-atexit.register(ACCESS.flush)
+atexit.register(LATER.flush)
 
 
 def configure_logging(level: str = "INFO") -> None:

@@ -1,4 +1,4 @@
-"""The access log, written after the answer (runtime/telemetry/logs.py `AccessLog`):
+"""The access log, written after the answer (runtime/telemetry/logs.py `LaterLines`):
 every answered request leaves its line, complete and in the order the requests
 ended, in a real `thaw serve` stopped by SIGTERM; a batch of lines written in one
 piece is the same text the logger would write line by line; and lines wait off
@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from runtime.telemetry.logs import ACCESS, AccessLog, JSONFormatter, JSONLines
+from runtime.telemetry.logs import LATER, REQUEST_ID, JSONFormatter, JSONLines, LaterLines
 from tests.support import SAFETY_S, ServerProcess
 
 # The fields of an access line, in the order JSONFormatter writes them.
@@ -94,7 +94,7 @@ def root_handler() -> Iterator[list[logging.Handler]]:
     """The root logger's handlers, put back as they were after the test."""
     # Lines another test's app left pending (its loop ended within their window)
     # are written where they were going, not into this test's stream.
-    ACCESS.flush()
+    LATER.flush()
     root = logging.getLogger()
     before, level = root.handlers[:], root.level
     root.setLevel(logging.INFO)
@@ -102,7 +102,7 @@ def root_handler() -> Iterator[list[logging.Handler]]:
     try:
         yield installed
     finally:
-        ACCESS.flush()
+        LATER.flush()
         root.handlers[:] = before
         root.setLevel(level)
 
@@ -132,7 +132,7 @@ def test_a_batch_written_at_once_is_the_text_the_logger_writes(
         stream = io.StringIO()
         _install(stream, filtered=filtered)
         for entry in entries:
-            ACCESS.add(*entry)  # outside a running loop: written at once
+            LATER.add(*entry)  # outside a running loop: written at once
         texts.append(stream.getvalue())
     batched, one_by_one = texts
     assert batched.count("\n") == len(entries)
@@ -149,7 +149,7 @@ async def test_lines_wait_for_the_window_then_are_written_together_in_order(
 ) -> None:
     stream = io.StringIO()
     _install(stream, filtered=False)
-    log = AccessLog(flush_after_s=SAFETY_S)  # a window no test run outlasts
+    log = LaterLines(flush_after_s=SAFETY_S)  # a window no test run outlasts
     for index in range(3):
         log.add("GET", "/healthz", 200, 0.001, f"turn-{index}")
     assert stream.getvalue() == ""  # not on the request's path
@@ -172,7 +172,7 @@ async def test_lines_wait_for_the_window_then_are_written_together_in_order(
 async def test_the_windows_end_writes_what_is_pending(root_handler: list[logging.Handler]) -> None:
     stream = io.StringIO()
     _install(stream, filtered=False)
-    log = AccessLog(flush_after_s=0.0)
+    log = LaterLines(flush_after_s=0.0)
     log.add("GET", "/healthz", 200, 0.001, "timed")
     deadline = asyncio.get_running_loop().time() + SAFETY_S
     while not stream.getvalue() and asyncio.get_running_loop().time() < deadline:
@@ -184,7 +184,7 @@ async def test_the_windows_end_writes_what_is_pending(root_handler: list[logging
 async def test_a_full_window_is_written_at_once(root_handler: list[logging.Handler]) -> None:
     stream = io.StringIO()
     _install(stream, filtered=False)
-    log = AccessLog(flush_after_s=SAFETY_S, flush_lines=4)
+    log = LaterLines(flush_after_s=SAFETY_S, flush_lines=4)
     for index in range(3):
         log.add("GET", "/healthz", 200, 0.001, f"many-{index}")
     assert stream.getvalue() == ""
@@ -204,7 +204,7 @@ def test_a_window_whose_loop_ended_does_not_hold_later_lines(
 ) -> None:
     stream = io.StringIO()
     _install(stream, filtered=False)
-    log = AccessLog(flush_after_s=SAFETY_S)
+    log = LaterLines(flush_after_s=SAFETY_S)
 
     async def one_line(request_id: str) -> None:
         log.add("GET", "/healthz", 200, 0.001, request_id)
@@ -218,3 +218,61 @@ def test_a_window_whose_loop_ended_does_not_hold_later_lines(
         "second-loop",
         "no-loop",
     ]
+
+
+def test_a_later_info_line_is_the_line_its_logger_writes_in_order_with_access_lines(
+    root_handler: list[logging.Handler],
+) -> None:
+    jobs_log = logging.getLogger("thaw.jobs")
+    fields = {"job_id": "j-1", "handler": "echo", "status": "succeeded"}
+    texts = []
+    for filtered in (False, True):
+        stream = io.StringIO()
+        _install(stream, filtered=filtered)
+        log = LaterLines(flush_after_s=SAFETY_S)
+        token = REQUEST_ID.set("req-job")
+        try:
+            log.add("POST", "/invoke/{handler}", 202, 0.001, "req-job")
+            log.info(jobs_log, "job j-1 succeeded", **fields)  # outside a loop: at once
+        finally:
+            REQUEST_ID.reset(token)
+        texts.append(stream.getvalue())
+    batched, one_by_one = texts
+
+    def parsed(text: str) -> list[dict[str, Any]]:
+        return [
+            {k: v for k, v in json.loads(line).items() if k != "ts"} for line in text.splitlines()
+        ]
+
+    assert parsed(batched) == parsed(one_by_one)
+    assert [e["logger"] for e in parsed(batched)] == ["thaw.access", "thaw.jobs"]
+    # As the logger writes it at once, field for field.
+    stream = io.StringIO()
+    _install(stream, filtered=False)
+    token = REQUEST_ID.set("req-job")
+    try:
+        jobs_log.info("job j-1 succeeded", extra=fields)
+    finally:
+        REQUEST_ID.reset(token)
+    assert list(json.loads(stream.getvalue())) == list(json.loads(batched.splitlines()[1]))
+    assert parsed(stream.getvalue()) == parsed(batched)[1:]
+
+
+@pytest.mark.anyio
+async def test_later_lines_of_a_logger_that_takes_no_info_are_not_written(
+    root_handler: list[logging.Handler],
+) -> None:
+    stream = io.StringIO()
+    _install(stream, filtered=False)
+    jobs_log = logging.getLogger("thaw.jobs")
+    jobs_log.setLevel(logging.WARNING)
+    try:
+        log = LaterLines(flush_after_s=SAFETY_S)
+        log.info(jobs_log, "job j-2 succeeded", job_id="j-2")
+        log.add("GET", "/healthz", 200, 0.001, "still-written")
+        assert stream.getvalue() == ""  # both wait for one window
+        log.flush()
+    finally:
+        jobs_log.setLevel(logging.NOTSET)
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [e.get("request_id") for e in lines] == ["still-written"]

@@ -99,15 +99,26 @@ async def test_a_job_whose_work_ended_before_its_answer_is_answered_final(
     """An async handler that never waits ends in its first step: its outcome is written
     before the 202 is sent, so the 202 carries the final job, durable in the store; a
     job still running when its answer goes is answered running, as before."""
-    async with serving(dataclasses.replace(app_settings, handlers=("handlers.echo",))) as served:
+    handlers = ("handlers.echo", "tests.handlers.sleepy")
+    async with serving(dataclasses.replace(app_settings, handlers=handlers)) as served:
         accepted = await served.client.post("/handlers/echo/jobs", json={"n": 1})
         assert accepted.status_code == 202
         job = accepted.json()
         assert (job["status"], job["output"]) == ("succeeded", {"n": 1})
+        # Its result is in the answer: nothing to wait for before polling.
+        assert accepted.headers["retry-after"] == "0"
+        assert accepted.headers["location"] == f"/jobs/{job['id']}"
         stored = store_row(app_settings, job["id"])
         assert stored == ("succeeded", b'{"n":1}')
         polled = await served.client.get(f"/jobs/{job['id']}")
         assert polled.json() == job
+
+        running = await served.client.post("/handlers/sleepy/jobs", json={"s": 0.05})
+        assert running.status_code == 202
+        assert running.json()["status"] in ("queued", "running")
+        assert int(running.headers["retry-after"]) >= 1
+        done = await served.client.get(f"/jobs/{running.json()['id']}", params={"wait": 60})
+        assert done.json()["status"] == "succeeded"
 
 
 @pytest.mark.anyio

@@ -32,6 +32,8 @@ def test_a_job_submitted_as_soon_as_healthz_answers_is_recorded(
     with server.client() as client:
         job = client.post("/handlers/echo/jobs", json={"at": "start"})
         assert job.status_code == 202, job.text
+        # No answer names the server's software (runtime/http/server.py).
+        assert "server" not in job.headers and "date" in job.headers
         done = client.get(f"/jobs/{job.json()['id']}", params={"wait": 10}).json()
         assert done["status"] == "succeeded" and done["output"] == {"at": "start"}
         metrics = client.get("/metrics").text
