@@ -70,15 +70,15 @@ _SMALL_JPEG = (
 
 
 def _warmup() -> list[dict[str, Any]]:
-    """One PNG and one JPEG: the first forward pass (kernel and allocator set-up:
-    62 ms against 25-27 ms after) and each decoder plugin's first image (19 ms
-    against 0.2 ms) are the one-time costs on a CPU (bench/RESULTS-warmup.md).
-    RGBA, so the alpha conversion path is warm too. Made on first use, not at
-    import (discovery runs before the server listens)."""
-    return [
-        {"image": _png_base64(64, 48, 6, b"\x0a\xc8\x28\x80"), "top_k": 10},  # RGBA
-        {"image": _SMALL_JPEG},
-    ]
+    """One RGBA PNG: the first forward pass (kernel and allocator set-up: 62 ms
+    against 25-27 ms after) and PIL's first image (17-21 ms: it imports its
+    PNG, JPEG, GIF, BMP and PPM plugins together, so the first JPEG after it
+    costs 0.3 ms) are the one-time costs on a CPU (bench/RESULTS-warmup.md).
+    RGBA, so the alpha conversion path is warm too. A second example (a JPEG)
+    warmed nothing more: it was one more forward pass, 27 ms of every cold
+    start. Made on first use, not at import (discovery runs before the server
+    listens)."""
+    return [{"image": _png_base64(64, 48, 6, b"\x0a\xc8\x28\x80"), "top_k": 10}]  # RGBA
 
 
 def _accelerator_warmup() -> list[dict[str, Any]]:
