@@ -45,8 +45,12 @@ def documented() -> set[str]:
     return found
 
 
-def user_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+def run_as_user(*argv: str) -> subprocess.CompletedProcess[str]:
+    """`python ARGV...` from the repository root, without PYTHONPATH, as a user runs it."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run(
+        [sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_every_documented_benchmark_is_a_command() -> None:
@@ -55,14 +59,7 @@ def test_every_documented_benchmark_is_a_command() -> None:
 
 @pytest.mark.parametrize("script", commands())
 def test_the_benchmark_answers_help_as_the_docs_run_it(script: str) -> None:
-    done = subprocess.run(
-        [sys.executable, f"bench/{script}", "--help"],
-        cwd=ROOT,
-        env=user_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_as_user(f"bench/{script}", "--help")
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("usage:"), done.stdout[:500]
 
@@ -90,14 +87,7 @@ def test_every_benchmark_handler_module_registers() -> None:
         "print(sorted(registry.handlers))\n"
         "sys.exit(1 if registry.broken else 0)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe, *modules],
-        cwd=ROOT,
-        env=user_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_as_user("-c", probe, *modules)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "generate_private" in done.stdout, done.stdout
 
@@ -108,7 +98,7 @@ def test_the_bare_app_serves_the_baseline(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "bench/bare_app.py", str(port)],
         cwd=ROOT,
-        env=user_env(),
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
         stdout=log,
         stderr=subprocess.STDOUT,
     )

@@ -140,21 +140,8 @@ class LaterLines:
         """One answered request's access line (status 0: it ended with no answer, cut
         off). Whether the logger takes INFO lines is asked as they are written, not
         once per request."""
-        pending = self._pending
         took_ms = round(took_s * 1000, 3)
-        pending.append((time.time(), method[:16], route, status, took_ms, request_id))
-        # `_keep`, inline: this runs for every request.
-        if len(pending) >= self.flush_lines:
-            self.flush()
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self.flush()
-            return
-        if self._loop is not loop:
-            self._loop = loop
-            self._timer = loop.call_later(self.flush_after_s, self.flush)
+        self._keep((time.time(), method[:16], route, status, took_ms, request_id))
 
     def info(self, logger: logging.Logger, msg: str, **fields: Any) -> None:
         """An info line of `logger` whose event is over (a job's outcome, recorded), kept
