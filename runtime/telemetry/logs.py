@@ -181,9 +181,15 @@ class LaterLines:
             return
         handler = _direct_handler(taken)
         if handler is None:
-            for entry in pending:
-                if _logger_of(entry) in taken:
-                    _logger_of(entry).handle(_record(entry))
+            # Each line names the request it was kept under, or none: never the one
+            # being served where the flush runs (JSONFormatter's fallback).
+            token = REQUEST_ID.set(None)
+            try:
+                for entry in pending:
+                    if _logger_of(entry) in taken:
+                        _logger_of(entry).handle(_record(entry))
+            finally:
+                REQUEST_ID.reset(token)
             return
         terminator = handler.terminator
         text = "".join(

@@ -276,3 +276,26 @@ async def test_later_lines_of_a_logger_that_takes_no_info_are_not_written(
         jobs_log.setLevel(logging.NOTSET)
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert [e.get("request_id") for e in lines] == ["still-written"]
+
+
+@pytest.mark.anyio
+async def test_a_line_kept_outside_any_request_names_none_where_it_is_written(
+    root_handler: list[logging.Handler],
+) -> None:
+    jobs_log = logging.getLogger("thaw.jobs")
+    for filtered in (False, True):
+        stream = io.StringIO()
+        _install(stream, filtered=filtered)
+        log = LaterLines(flush_after_s=SAFETY_S, flush_lines=2)
+        log.info(jobs_log, "job j-3 succeeded", job_id="j-3")  # no request: no id
+        assert stream.getvalue() == ""
+        token = REQUEST_ID.set("req-flushing")
+        try:
+            log.add("GET", "/healthz", 200, 0.001, "req-flushing")  # the second: a flush
+        finally:
+            REQUEST_ID.reset(token)
+        lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+        assert [(e["logger"], e.get("request_id")) for e in lines] == [
+            ("thaw.jobs", None),
+            ("thaw.access", "req-flushing"),
+        ], filtered
