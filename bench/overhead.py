@@ -15,6 +15,12 @@ its next request when the previous answer arrived. Variants are measured in
 alternating slots (Thaw, bare, bare, Thaw, ...) and every ratio is taken
 between the two slots of one round, then the median over rounds: background
 load on the machine drifts, but rarely within one round.
+
+Each variant runs as `--processes` server processes (3 by default), round i
+measuring the i-th modulo that count: two processes of the same code differ
+by up to 5-7 % in CPU per request here (where their objects and code land in
+memory), a difference one process per variant would carry into every round
+of the run as if it were the code's.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import orjson
@@ -150,7 +157,7 @@ PAIRS = (
 
 
 async def _run(
-    ports: dict[str, int], rounds: int, duration_s: float, jobs_only: bool = False
+    ports: dict[str, list[int]], rounds: int, duration_s: float, jobs_only: bool = False
 ) -> list[Row]:
     if jobs_only:
         return await _jobs_rows(ports, rounds, duration_s)
@@ -161,8 +168,9 @@ async def _run(
     }
     if "runpod" in ports:
         variants["runpod/runsync"] = (ports["runpod"], "/runsync", RUNPOD_BODY)
-    for port, path, body in variants.values():  # warm every path: first calls, thread pools
-        await measure(port, path, 8, 0.5, body)
+    for each, path, body in variants.values():  # warm every path: first calls, thread pools
+        for port in each:
+            await measure(port, path, 8, 0.5, body)
     rows: list[Row] = []
     for clients in (1, 8):
         slots: dict[str, list[Slot]] = {name: [] for name in variants}
@@ -170,7 +178,8 @@ async def _run(
             names = list(variants)
             order = names if index % 2 == 0 else names[::-1]
             for name in order:
-                port, path, body = variants[name]
+                each, path, body = variants[name]
+                port = each[index % len(each)]
                 slots[name].append(await measure(port, path, clients, duration_s, body))
         for label, thaw_server, thaw_path, bare_server, bare_path in PAIRS:
             thaw, bare = slots[thaw_server + thaw_path], slots[bare_server + bare_path]
@@ -237,16 +246,18 @@ def _runpod_rows(prefix: str, thaw: list[Slot], runpod: list[Slot]) -> list[Row]
     ]
 
 
-async def _jobs_rows(ports: dict[str, int], rounds: int, duration_s: float) -> list[Row]:
+async def _jobs_rows(ports: dict[str, list[int]], rounds: int, duration_s: float) -> list[Row]:
     """Submit -> result, one client; Thaw's and (if it runs) RunPod's in alternate slots."""
     arms = {"thaw": False} | ({"runpod": True} if "runpod" in ports else {})
-    for name, runpod in arms.items():  # the job path's first calls
-        await measure_jobs(ports[name], 0.5, runpod)
+    for name, is_runpod in arms.items():  # the job path's first calls
+        for port in ports[name]:
+            await measure_jobs(port, 0.5, is_runpod)
     slots: dict[str, list[Slot]] = {name: [] for name in arms}
     for index in range(rounds):
         names = list(arms) if index % 2 == 0 else list(arms)[::-1]
         for name in names:
-            slots[name].append(await measure_jobs(ports[name], duration_s, arms[name]))
+            port = ports[name][index % len(ports[name])]
+            slots[name].append(await measure_jobs(port, duration_s, arms[name]))
     thaw = slots["thaw"]
     p50_s = median([s.p50_s for s in thaw])
     runpod = slots.get("runpod")
@@ -271,36 +282,45 @@ async def _jobs_rows(ports: dict[str, int], rounds: int, duration_s: float) -> l
     ]
 
 
+def _runpod_argv(python: str, port: int) -> list[str]:
+    return [python, str(Path(__file__).with_name("runpod_worker.py")), str(port)]
+
+
 def run(
     *,
     quick: bool = False,
     runpod_python: str | None = None,
     log_level: str = "INFO",
     jobs_only: bool = False,
+    processes: int = 3,
 ) -> list[Row]:
     """`runpod_python`: a Python with the `runpod` package, to add RunPod's worker;
     `log_level`: Thaw's THAW_LOG_LEVEL (INFO, as deployed, writes the access log);
-    `jobs_only`: the job cycle's rows alone."""
+    `jobs_only`: the job cycle's rows alone; `processes`: server processes per
+    variant, taking the rounds in turn (see the module docstring)."""
     rounds, duration_s = (4, 0.6) if quick else (12, 1.0)
     with tempfile.TemporaryDirectory(prefix="thaw-bench-") as tmp_dir:
         tmp = Path(tmp_dir)
-        # The job cycles store tens of thousands of jobs: past the default stored-job
-        # quota (THAW_MAX_JOBS, kept for THAW_JOB_TTL_S), which is not what is measured.
-        env = runtime_env(
-            tmp, handlers="handlers.echo,bench.fixtures", log_level=log_level, max_jobs="10000000"
-        )
-        ports = {"thaw": free_port(), "bare": free_port()}
+        ports: dict[str, list[int]] = {}
         with stopping([]) as procs:
-            procs.append(
-                Proc(thaw_serve_argv(ports["thaw"]), env, ports["thaw"], tmp / "thaw.log").start()
-            )
-            procs.append(
-                Proc(bare_argv(ports["bare"]), env, ports["bare"], tmp / "bare.log").start()
-            )
-            if runpod_python:
-                ports["runpod"] = port = free_port()
-                argv = [runpod_python, str(Path(__file__).with_name("runpod_worker.py")), str(port)]
-                procs.append(Proc(argv, env, port, tmp / "runpod.log").start())
+            for index in range(processes):
+                # Each its own job store and state: one instance each, as measured.
+                # The job cycles store tens of thousands of jobs: past the default
+                # stored-job quota (THAW_MAX_JOBS), which is not what is measured.
+                env = runtime_env(
+                    tmp / str(index),
+                    handlers="handlers.echo,bench.fixtures",
+                    log_level=log_level,
+                    max_jobs="10000000",
+                )
+                servers = {"thaw": thaw_serve_argv, "bare": bare_argv}
+                if runpod_python:
+                    servers["runpod"] = partial(_runpod_argv, runpod_python)
+                for name, argv in servers.items():
+                    port = free_port()
+                    ports.setdefault(name, []).append(port)
+                    log = tmp / f"{name}-{index}.log"
+                    procs.append(Proc(argv(port), env, port, log).start())
             for proc in procs:
                 proc.wait_healthy()
             return asyncio.run(_run(ports, rounds, duration_s, jobs_only))
@@ -324,11 +344,20 @@ if __name__ == "__main__":
         help="Thaw's THAW_LOG_LEVEL (WARNING: no access log, to see what it costs)",
     )
     parser.add_argument("--jobs-only", action="store_true", help="only the job cycle's rows")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=3,
+        help="server processes per variant, taking the rounds in turn (default 3)",
+    )
     args = parser.parse_args()
+    if args.processes < 1:
+        parser.error("--processes must be at least 1")
     rows = run(
         quick=args.quick,
         runpod_python=args.runpod_python,
         log_level=args.log_level,
         jobs_only=args.jobs_only,
+        processes=args.processes,
     )
     print(render(rows))

@@ -16,6 +16,10 @@ default; `--path /invoke/echo_sync` for the sync one (the bare app's
 `--against DIR` runs the Thaw of another checkout (its `runtime/`, started
 from DIR) as the baseline instead of the bare app: what a change to the warm
 path was worth, in CPU, on the same machine in the same minutes.
+
+Each side runs as `--processes` server processes (3 by default), window i
+measuring the i-th modulo that count: two processes of the same code differ
+by up to 5-7 % in CPU per request (bench/overhead.py's docstring).
 """
 
 from __future__ import annotations
@@ -81,17 +85,23 @@ async def window(proc: Proc, port: int, path: str, clients: int, seconds: float)
     return Window(spent / (slot.rps * seconds) * 1e6, slot.rps, slot.p50_s)
 
 
-async def run(args: argparse.Namespace, ports: dict[str, int], procs: dict[str, Proc]) -> None:
+async def run(
+    args: argparse.Namespace, ports: dict[str, list[int]], procs: dict[str, list[Proc]]
+) -> None:
     paths = {"thaw": args.path, "base": args.path}
     if args.against is None and args.path == "/invoke/echo_sync":
         paths["base"] = "/thread/echo"
     for name in procs:  # first calls, thread pools
-        await measure(ports[name], paths[name], args.clients, 1.0)
+        for port in ports[name]:
+            await measure(port, paths[name], args.clients, 1.0)
     found: dict[str, list[Window]] = {name: [] for name in procs}
     for index in range(args.rounds):
         for name in ("thaw", "base") if index % 2 == 0 else ("base", "thaw"):
+            turn = index % len(procs[name])
             found[name].append(
-                await window(procs[name], ports[name], paths[name], args.clients, args.seconds)
+                await window(
+                    procs[name][turn], ports[name][turn], paths[name], args.clients, args.seconds
+                )
             )
     base = "the bare app" if args.against is None else f"Thaw at {args.against}"
     print(
@@ -120,18 +130,27 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--path", default="/invoke/echo")
     parser.add_argument("--against", type=Path, help="another checkout's Thaw as the baseline")
+    parser.add_argument(
+        "--processes", type=int, default=3, help="server processes per side, windows in turn"
+    )
     args = parser.parse_args()
+    if args.processes < 1:
+        parser.error("--processes must be at least 1")
     with tempfile.TemporaryDirectory(prefix="thaw-cpu-") as tmp_dir:
         tmp = Path(tmp_dir)
-        procs: dict[str, Proc] = {}
-        ports: dict[str, int] = {}
+        procs: dict[str, list[Proc]] = {"thaw": [], "base": []}
+        ports: dict[str, list[int]] = {"thaw": [], "base": []}
         try:
-            for name, root in (("thaw", ROOT), ("base", args.against)):
-                procs[name], ports[name] = start(name, root, tmp)
+            for index in range(args.processes):
+                for name, root in (("thaw", ROOT), ("base", args.against)):
+                    proc, port = start(f"{name}-{index}", root, tmp)
+                    procs[name].append(proc)
+                    ports[name].append(port)
             asyncio.run(run(args, ports, procs))
         finally:
-            for proc in procs.values():
-                proc.stop()
+            for each in procs.values():
+                for proc in each:
+                    proc.stop()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,13 @@ middleware stack is the app's own middleware alone (`Edge`, and the auth layer
 when keys are set) in front of the router, and an `Endpoint` calls its
 function and sends its answer, nothing between: on a warm invocation those
 layers were 14 Python calls of about 70 (issue 29, bench/instructions.py).
+
+Starlette's router walks its routes in order and asks each one whether it
+matches, through a generic protocol (a `Match` and a child scope per route).
+The app's first route is the warm path (`POST /invoke/{handler}`), so
+`FirstRoute` asks that one route directly, with Starlette's own regex and
+convertors, and hands every other request to the router: the same match, the
+same scope, in half the bytecode (issue 29; docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -18,9 +25,11 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable, Collection
 
+# The path the router matches (the scope's, less its root_path): the router's own helper.
+from starlette._utils import get_route_path
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.routing import Route
+from starlette.routing import Route, Router
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 # What an endpoint answers is itself an ASGI app: a Response, or an event stream.
@@ -65,7 +74,43 @@ class ThawApp(Starlette):
     `HTTPException` (404, 405), which `render_error` maps."""
 
     def build_middleware_stack(self) -> ASGIApp:
-        app: ASGIApp = self.router
+        app: ASGIApp = FirstRoute(self.router)
         for cls, args, kwargs in reversed(self.user_middleware):
             app = cls(app, *args, **kwargs)
         return app
+
+
+class FirstRoute:
+    """The router, its first route (an `Endpoint`) matched before the router's walk.
+
+    A request that route matches fully (path and method) gets the scope
+    `Router.app` would give it (`router`, `route`, `endpoint`, `path_params`)
+    and goes straight to the route's app; any other request, and the lifespan,
+    go to the router, whose walk answers it as before (a route further down,
+    405, 404). The route's own `path_regex` and `param_convertors` decide the
+    match, so it matches exactly what the router would have matched first.
+    """
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        first = router.routes[0] if router.routes else None
+        self.route = first if isinstance(first, Endpoint) else None
+        self.methods: Collection[str] = () if self.route is None else self.route.methods or ()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = self.route
+        if route is not None and scope["type"] == "http" and scope["method"] in self.methods:
+            match = route.path_regex.match(get_route_path(scope))
+            if match is not None:
+                params = scope.get("path_params")
+                path_params = dict(params) if params else {}
+                for key, value in match.groupdict().items():
+                    path_params[key] = route.param_convertors[key].convert(value)
+                if "router" not in scope:
+                    scope["router"] = self.router
+                scope["route"] = route
+                scope["endpoint"] = route.endpoint
+                scope["path_params"] = path_params
+                await route.app(scope, receive, send)
+                return
+        await self.router(scope, receive, send)
