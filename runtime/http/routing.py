@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Collection
+from typing import Any
 
 # The path the router matches (the scope's, less its root_path): the router's own helper.
 from starlette._utils import get_route_path
 from starlette.applications import Starlette
+from starlette.datastructures import State
 from starlette.requests import Request
 from starlette.routing import Route, Router
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -65,13 +67,42 @@ class Endpoint(Route):
         self.app = endpoint_app(endpoint)
 
 
+class AppState(State):
+    """Starlette's `State`, each of its values a plain attribute as well.
+
+    `State` keeps its values in a dict that its `__getattr__` reads, and Python
+    calls `__getattr__` only once the ordinary lookup has failed: each read of
+    `app.state.instance` built and dropped an AttributeError first (two per
+    warm invocation). Here the ordinary lookup finds the value; the dict stays
+    what `State`'s other readers (iteration, items) see."""
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        super().__setattr__(key, value)
+        object.__setattr__(self, key, value)
+
+    def __delattr__(self, key: str) -> None:
+        super().__delattr__(key)
+        object.__delattr__(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.__setattr__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.__delattr__(key)
+
+
 class ThawApp(Starlette):
     """Starlette's app, its middleware stack the app's own middleware and the router.
 
     Without Starlette's outer error middleware and its exception middleware, an
     exception is `Edge`'s to render (the app must be given `Edge` as its first
     middleware: `create_app` does). Routing errors still arrive as Starlette's
-    `HTTPException` (404, 405), which `render_error` maps."""
+    `HTTPException` (404, 405), which `render_error` maps. Its `state` is an
+    `AppState`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.state = AppState()
 
     def build_middleware_stack(self) -> ASGIApp:
         app: ASGIApp = FirstRoute(self.router)

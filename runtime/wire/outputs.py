@@ -30,8 +30,10 @@ def encode_output(handler: str, output: Any) -> bytes:
             handler=handler,
         ) from exc
     # A non-finite number is written as null: look for one only when a null is there,
-    # so the warm path of every other output walks nothing.
-    if b"null" in body:
+    # so the warm path of every other output walks nothing. `find`, not `in`: bytes'
+    # `in` tries its operand as an integer first, and raises and drops a TypeError
+    # for every bytes operand.
+    if body.find(b"null") != -1:
         check_finite(handler, output)
     return body
 

@@ -14,8 +14,8 @@ from starlette.responses import Response
 from starlette.routing import Route, Router
 from starlette.types import Message, Receive, Scope, Send
 
-from runtime.http.app import ROUTES
-from runtime.http.routing import Endpoint, FirstRoute
+from runtime.http.app import ROUTES, create_app
+from runtime.http.routing import AppState, Endpoint, FirstRoute
 
 pytestmark = pytest.mark.anyio
 
@@ -166,3 +166,32 @@ async def test_the_warm_path_is_matched_without_the_router_s_walk(root_path: str
     # Anything else is the router's: here a 405 for the warm path's other methods.
     assert (await _outcome(first, _scope("GET", "/invoke/echo", root_path)))[:2] == ("raised", 405)
     assert walked == [root_path + "/invoke/echo"]
+
+
+def test_the_app_state_reads_its_values_as_plain_attributes() -> None:
+    """`AppState` keeps `State`'s behaviour (attributes, items, iteration, a missing
+    name's AttributeError) with each value in the instance's own attributes, where
+    the ordinary lookup finds it before `State.__getattr__` is ever asked."""
+    state = AppState()
+    state.instance = "the instance"
+    state["intake"] = "the intake"
+    assert vars(state)["instance"] == "the instance"
+    assert vars(state)["intake"] == "the intake"
+    assert (state.instance, state["instance"]) == ("the instance", "the instance")
+    assert (state.intake, state["intake"]) == ("the intake", "the intake")
+    assert sorted(state) == ["instance", "intake"]
+    assert len(state) == 2
+    state.instance = "replaced"
+    assert (state.instance, state["instance"]) == ("replaced", "replaced")
+    del state.instance
+    del state["intake"]
+    assert "instance" not in vars(state) and "intake" not in vars(state)
+    assert len(state) == 0
+    with pytest.raises(AttributeError):
+        _ = state.instance
+    with pytest.raises(KeyError):
+        _ = state["intake"]
+
+
+def test_the_app_s_state_is_an_app_state() -> None:
+    assert isinstance(create_app().state, AppState)
