@@ -6,6 +6,7 @@ tables of the same shape."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from runtime.http.app import ROUTES, create_app
 from runtime.http.routing import AppState, Endpoint, FirstRoute
+from tests.inproc import settings_for
 
 pytestmark = pytest.mark.anyio
 
@@ -193,5 +195,5 @@ def test_the_app_state_reads_its_values_as_plain_attributes() -> None:
         _ = state["intake"]
 
 
-def test_the_app_s_state_is_an_app_state() -> None:
-    assert isinstance(create_app().state, AppState)
+def test_the_app_s_state_is_an_app_state(tmp_path: Path) -> None:
+    assert isinstance(create_app(settings_for(tmp_path)).state, AppState)
