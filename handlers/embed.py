@@ -49,17 +49,46 @@ def build_minilm(
     return MiniLM(BertConfig.from_config(config), weights, files["tokenizer.json"], device)
 
 
+def _padded_texts(count: int, words: int) -> list[str]:
+    """`count` texts of `words` words down to `words - count + 1`: a batch that is padded."""
+    return ["word " * (words - i) for i in range(count)]
+
+
+def _texts_of_tokens(tokens: int) -> list[str]:
+    """Texts of `tokens` tokens in all ("word " is one token; each text adds [CLS] and
+    [SEP]), at most the model's 256 apiece: one forward pass of that many rows."""
+    full, rest = divmod(tokens, 256)
+    return ["word " * 254] * full + (["word " * (rest - 2)] if rest >= 3 else [])
+
+
 # On a CPU the one-time costs of a request (the tokenizer's first encode, the
 # first forward pass's kernel and allocator set-up) are paid by the smallest
 # one: a full batch of long texts first costs within noise of its steady state
 # with or without warm-up (bench/RESULTS-warmup.md), and warming it took 1.7-2.2
-# s of every cold start. On an accelerator each large shape selects (and may
-# autotune) kernels on its first call: there the full batch is warmed too.
+# s of every cold start. On a GPU a kernel is loaded on its first use (CUDA's
+# lazy module loading), and which GEMM kernel runs changes with the rows of the
+# linear layers (the real tokens of a pass): on an H200 a first request of two
+# short texts took 48 ms after warming only the largest batch and one word,
+# against 6 ms steady, and 8 ms after warming padded batches of 20, 148 and 1216
+# rows too (bench/gpu.py). So an accelerator warms the linear layers at rows
+# about 1.5x apart from 4 to 1536, padded batches for attention's masked path,
+# and the largest batch (2048 rows a pass).
+_SWEEP_TOKENS = (4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536)
+_ACCELERATOR_WARMUP: list[dict[str, Any]] = [
+    {"texts": [_LONG_TEXT] * MAX_TEXTS},
+    {"texts": ["hi"]},
+    {"texts": _padded_texts(2, 8)},
+    {"texts": _padded_texts(4, 35)},
+    {"texts": _padded_texts(8, 150)},
+    *({"texts": _texts_of_tokens(tokens)} for tokens in _SWEEP_TOKENS),
+]
+
+
 @handler(
     "embed",
     uses=["minilm"],
     warmup=[{"texts": ["hi"]}],
-    accelerator_warmup=[{"texts": [_LONG_TEXT] * MAX_TEXTS}, {"texts": ["hi"]}],
+    accelerator_warmup=_ACCELERATOR_WARMUP,
     batch=Batch(max_size=32, max_wait_ms=5),
     openai=OpenAI("embeddings", aliases=["minilm", "all-MiniLM-L6-v2"], dimensions=384),
 )

@@ -97,6 +97,25 @@ def compute_dtype(device: str) -> torch.dtype:
     return torch.float32 if torch.device(device).type == "cpu" else torch.float16
 
 
+def plan_free_attention(device: str) -> None:
+    """On CUDA, keep `F.scaled_dot_product_attention` off cuDNN's backend.
+
+    cuDNN's attention (PyTorch's first choice for float16 on Hopper) builds an
+    execution plan for each input shape and stride, per thread. A decode step's
+    keys grow by one token every step, and each sequence's KV cache has its own
+    capacity, so its own strides. On an H200 (torch 2.11, cuDNN 9.19) a decode
+    step's attention at a key length not seen before took 119 ms against 3.3 ms
+    with cuDNN's backend off; a lone 128-token completion ran at 85 ms a token
+    until every length had its plan, 22 ms after; and the first attention on a
+    new thread took 62-74 ms, against 0.2 (docs/generation.md, "On a GPU").
+    Flash and memory-efficient attention, which PyTorch picks instead, plan
+    nothing. The choice is PyTorch's process-wide flag, so it holds for every
+    model in the instance.
+    """
+    if torch.device(device).type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def packed_bf16(device: str) -> bool:
     """Whether the matrices are bfloat16, prepacked for oneDNN's AMX kernels.
 
@@ -168,6 +187,7 @@ class Llama:
         consume: bool = False,
     ) -> None:
         self.cfg = cfg
+        plan_free_attention(device)
         dtype = compute_dtype(device)
         self.packed = cfg.matmul == "auto" and packed_bf16(device)
         self.matmul_dtype = torch.bfloat16 if self.packed else dtype
@@ -310,7 +330,9 @@ class Llama:
             # inputs let CPU torch pick its flash kernel (3-D falls back to ~5x slower math).
             qg = q.reshape(1, cfg.num_kv_heads, groups * n, cfg.head_dim)
             out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
-            out = out.view(cfg.num_heads, n, cfg.head_dim).transpose(0, 1).reshape(n, q_rows)
+            # reshape, not view: CUDA's flash kernel lays its output out (batch, seq,
+            # heads, dim) in memory, and reshape copies only then.
+            out = out.reshape(cfg.num_heads, n, cfg.head_dim).transpose(0, 1).reshape(n, q_rows)
             x = x + self._mm(out, layer.o)
             h = self._rms_norm(x, layer.mlp_norm)
             gate, up = self._mm(h, layer.gate_up).chunk(2, dim=-1)
@@ -381,9 +403,11 @@ class Llama:
                 qg = q_t[:, first : first + n].reshape(1, cfg.num_kv_heads, groups * n, -1)
                 out = F.scaled_dot_product_attention(qg, kj, vj, attn_mask=mask)
                 if n == 1:  # (1, kv heads, groups, hd) is already one row in head order
-                    outs.append(out.view(1, q_rows))
+                    outs.append(out.reshape(1, q_rows))
                 else:
-                    outs.append(out.view(cfg.num_heads, n, -1).transpose(0, 1).reshape(n, q_rows))
+                    outs.append(
+                        out.reshape(cfg.num_heads, n, -1).transpose(0, 1).reshape(n, q_rows)
+                    )
             out = torch.cat(outs)
             x = x + self._mm(out, layer.o)
             h = self._rms_norm(x, layer.mlp_norm)
