@@ -4,7 +4,7 @@
     .venv/bin/python bench/gpu.py --smoke      # every code path on the CPU, tiny sizes
 
 One command, one table, every figure measured in real `thaw serve` processes
-on 127.0.0.1 (bench/common.py), sized to finish within 8 minutes on one H200.
+on 127.0.0.1 (bench/common.py): 78-108 s on one H200 (BENCHMARKS.md).
 Where CUDA is absent it prints one line saying so and exits 0.
 
 - Load: Thaw's load phase (`phase_ms.load` in `GET /models`: the shards read
