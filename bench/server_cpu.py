@@ -29,6 +29,7 @@ import asyncio
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,11 +110,12 @@ async def run(
     )
     print("|---|---:|---:|---:|")
     thaw, other = found["thaw"], found["base"]
-    for label, field, fmt in (
+    rows: list[tuple[str, str, Callable[[float], str]]] = [
         ("server CPU per request", "cpu_per_request_us", lambda v: f"{v:.1f} us"),
         ("requests/s", "rps", lambda v: f"{v:.0f}"),
         ("p50 latency", "p50_s", lambda v: f"{v * 1e6:.0f} us"),
-    ):
+    ]
+    for label, field, fmt in rows:
         ratio = median(
             [getattr(a, field) / getattr(b, field) for a, b in zip(thaw, other, strict=True)]
         )

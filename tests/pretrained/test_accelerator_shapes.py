@@ -1,7 +1,8 @@
 """What the shipped models do for a GPU that a CPU never shows (bench/gpu.py found both).
 
 - The first request of a shape not seen before pays for loading its kernels:
-  `embed` warms padded batches across the range of rows a request can bring.
+  `embed` warms its linear layers and its padded attention across the range of
+  rows a request can bring.
 - cuDNN's attention plans every new shape (each decode step's key length, each
   KV cache's strides): SmolLM2 built for CUDA turns that backend off, and takes
   the flash kernel's output, laid out (batch, seq, heads, dim) in memory.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from itertools import pairwise
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -23,9 +24,14 @@ from handlers.models.llama import plan_free_attention
 from handlers.models.minilm import MAX_BATCH_TEXTS, MiniLM
 
 
+def _cudnn_attention() -> bool:
+    on: bool = torch.backends.cuda.cudnn_sdp_enabled()  # type: ignore[no-untyped-call]
+    return on
+
+
 @pytest.fixture
 def cudnn_attention_restored() -> Iterator[None]:
-    before = torch.backends.cuda.cudnn_sdp_enabled()
+    before = _cudnn_attention()
     yield
     torch.backends.cuda.enable_cudnn_sdp(before)
 
@@ -35,7 +41,7 @@ def cudnn_attention_restored() -> Iterator[None]:
 def test_a_model_for_cuda_keeps_attention_off_cudnn(device: str) -> None:
     torch.backends.cuda.enable_cudnn_sdp(True)
     plan_free_attention(device)
-    assert not torch.backends.cuda.cudnn_sdp_enabled()
+    assert not _cudnn_attention()
 
 
 @pytest.mark.usefixtures("cudnn_attention_restored")
@@ -43,38 +49,52 @@ def test_a_model_for_cuda_keeps_attention_off_cudnn(device: str) -> None:
 def test_elsewhere_the_backend_choice_is_left_alone(device: str) -> None:
     torch.backends.cuda.enable_cudnn_sdp(True)
     plan_free_attention(device)
-    assert torch.backends.cuda.cudnn_sdp_enabled()
+    assert _cudnn_attention()
 
 
-def _passes(minilm: MiniLM, texts: list[str]) -> list[tuple[int, int, bool]]:
-    """(texts, padded tokens, padded at all) of each forward pass `encode` makes."""
+class Pass(NamedTuple):
+    """One forward pass `MiniLM.encode` makes."""
+
+    texts: int
+    padded_tokens: int  # its longest text's: attention's shape
+    real_tokens: int  # all its texts': the linear layers' rows
+    padded: bool
+
+
+def _passes(minilm: MiniLM, texts: list[str]) -> list[Pass]:
     lengths = [len(e.ids) for e in minilm.tokenizer.encode_batch(texts)]
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    passes = minilm._sub_batches([lengths[i] for i in order], order)
     return [
-        (len(rows), max(lengths[i] for i in rows), len({lengths[i] for i in rows}) > 1)
-        for rows in passes
+        Pass(
+            len(rows),
+            max(lengths[i] for i in rows),
+            sum(lengths[i] for i in rows),
+            len({lengths[i] for i in rows}) > 1,
+        )
+        for rows in minilm._sub_batches([lengths[i] for i in order], order)
     ]
 
 
+def _warmed_passes(minilm: MiniLM) -> list[Pass]:
+    return [p for example in _ACCELERATOR_WARMUP for p in _passes(minilm, example["texts"])]
+
+
 def test_embed_warms_padded_passes_across_every_decade_of_rows(minilm: MiniLM) -> None:
-    passes = [p for example in _ACCELERATOR_WARMUP for p in _passes(minilm, example["texts"])]
+    passes = _warmed_passes(minilm)
     # Attention's masked path: a padded pass in each decade of padded rows.
     for low, high in ((10, 100), (100, 1000), (1000, MAX_BATCH_TEXTS * minilm.max_tokens)):
-        assert any(low <= t * n <= high and padded for t, n, padded in passes), (low, high, passes)
+        assert any(low <= p.texts * p.padded_tokens <= high and p.padded for p in passes), (
+            low,
+            high,
+            passes,
+        )
     assert max(len(example["texts"]) for example in _ACCELERATOR_WARMUP) == MAX_TEXTS
 
 
 def test_embed_warms_the_linear_layers_at_rows_at_most_1_6x_apart(minilm: MiniLM) -> None:
     # The linear layers run on a pass's real tokens: which GEMM kernel loads
     # depends on that count, from a lone short text to the largest pass.
-    real = set()
-    for example in _ACCELERATOR_WARMUP:
-        lengths = [len(e.ids) for e in minilm.tokenizer.encode_batch(example["texts"])]
-        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-        for rows in minilm._sub_batches([lengths[i] for i in order], order):
-            real.add(sum(lengths[i] for i in rows))
-    steps = sorted(real)
+    steps = sorted({p.real_tokens for p in _warmed_passes(minilm)})
     assert steps[0] <= 4 and steps[-1] == MAX_BATCH_TEXTS * minilm.max_tokens
     gaps = [(a, b) for a, b in pairwise(steps) if b > 1.6 * a]
     assert not gaps, (gaps, steps)
