@@ -1,6 +1,7 @@
-"""bench/gpu.py, the GPU check no device has run yet, runs where there is none:
-without CUDA it says so in one line and exits 0, and `--smoke` drives every
-measurement's code path on the CPU (real servers, real bundles) into one table.
+"""bench/gpu.py, the GPU check (run on a lent H200, BENCHMARKS.md), and
+bench/gpu_attention.py run where there is no GPU, as in CI: without CUDA each
+says so in one line and exits 0, and `--smoke` drives every measurement's code
+path on the CPU (for gpu.py: real servers, real bundles) into one table.
 
 The smoke run shares this session's built bundles (conftest's `bundles_dir`);
 the bench builds any that are missing itself, and a shipped bundle whose
@@ -23,6 +24,7 @@ from tests.support import SAFETY_S
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu.py"
+ATTENTION = ROOT / "bench" / "gpu_attention.py"
 
 # Each row the table must hold, as a pattern of its first cell, and the shipped
 # bundle it needs (None: the synthetic bundle only).
@@ -51,13 +53,13 @@ def installed(bundle: str) -> bool:
     return all(importlib.util.find_spec(m) is not None for m in modules)
 
 
-def run_bench(*args: str, cuda: bool) -> subprocess.CompletedProcess[str]:
+def run_bench(*args: str, cuda: bool, script: Path = SCRIPT) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     if not cuda:
         env["CUDA_VISIBLE_DEVICES"] = ""  # torch then sees no device, even on a GPU machine
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     return subprocess.run(
-        [sys.executable, str(SCRIPT), *args],
+        [sys.executable, str(script), *args],
         capture_output=True,
         text=True,
         env=env,
@@ -79,6 +81,28 @@ def test_without_cuda_it_skips_in_one_line_and_exits_0() -> None:
     assert len(lines) == 1, done.stdout
     assert lines[0].startswith("bench/gpu.py: skipped: no CUDA device"), lines[0]
     assert "|" not in done.stdout  # no table
+
+
+def test_the_attention_check_skips_in_one_line_without_cuda() -> None:
+    done = run_bench(cuda=False, script=ATTENTION)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, done.stdout
+    assert lines[0].startswith("bench/gpu_attention.py: skipped: no CUDA device"), lines[0]
+    assert "|" not in done.stdout
+
+
+def test_the_attention_check_measures_both_backends_in_its_smoke_run() -> None:
+    done = run_bench("--smoke", cuda=False, script=ATTENTION)
+    assert done.returncode == 0, done.stderr
+    rows = table_rows(done.stdout)
+    names = [row[0] for row in rows]
+    for backend in ("cuDNN on", "cuDNN off"):
+        assert any(n.startswith(f"{backend}: decode attention, first call") for n in names), names
+        assert f"{backend}: first attention on a new thread" in names, names
+    assert names[-1].startswith("cuDNN plans per shape"), names
+    for row in rows:  # every figure measured: a duration, never n/a
+        assert re.fullmatch(r"[\d.]+ (µs|ms|s)", row[1]), row
 
 
 @pytest.mark.slow
