@@ -107,10 +107,10 @@ def plan_free_attention(device: str) -> None:
     step's attention at a key length not seen before took 119 ms against 3.3 ms
     with cuDNN's backend off; a lone 128-token completion ran at 85 ms a token
     until every length had its plan, 22 ms after; and the first attention on a
-    new thread took 62-74 ms, against 0.2 (docs/generation.md, "On a GPU").
-    Flash and memory-efficient attention, which PyTorch picks instead, plan
-    nothing. The choice is PyTorch's process-wide flag, so it holds for every
-    model in the instance.
+    new thread took 62-74 ms, against 0.2 (bench/gpu_attention.py;
+    docs/generation.md, "On a GPU"). Flash and memory-efficient attention,
+    which PyTorch picks instead, plan nothing. The choice is PyTorch's
+    process-wide flag, so it holds for every model in the instance.
     """
     if torch.device(device).type == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(False)
