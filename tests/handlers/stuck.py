@@ -6,7 +6,8 @@ another process too; nothing waits longer than `LIMIT_S`.
 
     bundle `stuck`       its builder waits
     bundle `warmstuck`   builds at once; the warm-up of `warmhang` waits
-    handler `hang`       sync, no model: waits in its thread
+    handler `hang`       sync, no model: waits in its thread (touching
+                         `event["started"]` first, when given)
     handler `ahang`      async, no model: waits on the loop (cancellable)
     handler `ahang_batch`
                          async, batched (one batch at a time): waits on the loop
@@ -62,6 +63,8 @@ def warmhang(event: Any, model: Released, ctx: Context) -> dict[str, Any]:
 
 @handler("hang")
 def hang(event: Any, ctx: Context) -> dict[str, Any]:
+    if "started" in event:  # tells a test it is running
+        Path(event["started"]).touch()
     _wait_for(event["release"])
     return {"released": True}
 

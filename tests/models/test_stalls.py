@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from runtime.jobs.job import JobStatus
 from runtime.models.lifecycle import State
 from runtime.registry import discover
 from runtime.settings import Settings
-from tests.support import ServerProcess, make_bundle
+from tests.support import ServerProcess, make_bundle, until
 
 pytestmark = pytest.mark.anyio
 
@@ -216,7 +217,9 @@ def test_a_wedged_server_reports_unready_then_drains_and_exits(
     tmp_path: Path, release: Path, thaw_env: dict[str, str]
 ) -> None:
     """The policy end to end: a builder stuck past its deadline makes the server
-    answer /readyz 503 and leave, so the platform replaces it."""
+    answer /readyz 503, let the work in flight finish, and leave, so the platform
+    replaces it. A request held in flight keeps the drain open while /readyz is
+    asked: without one the server may be gone before the question arrives."""
     settings_for(tmp_path, release)  # writes the bundles
     env = {
         **thaw_env,
@@ -225,11 +228,21 @@ def test_a_wedged_server_reports_unready_then_drains_and_exits(
         # Above what a healthy phase of a fresh process takes on a loaded machine (the
         # framework's import, the weights' read): only the stuck builder may stall.
         "THAW_PHASE_STALL_S": "5",
-        "THAW_DRAIN_GRACE_S": "1",
+        # Longer than the test: the held request, not the grace, ends the drain.
+        "THAW_DRAIN_GRACE_S": "300",
     }
+    held, started = tmp_path / "held", tmp_path / "started"
     server = ServerProcess(env).start()
     try:
-        with server.client() as client:
+        with server.client() as client, server.client() as other, ThreadPoolExecutor(1) as pool:
+            in_flight = pool.submit(
+                other.post,
+                "/invoke/hang",
+                json={"release": str(held), "started": str(started)},
+                headers={"Prefer": "wait=60"},
+                timeout=120.0,
+            )
+            until(started.exists, "the held request running")
             response = client.post("/invoke/stuckmodel", json={}, headers={"Prefer": "wait=30"})
             assert response.status_code == 503
             assert response.json()["type"].endswith("/load-failed")
@@ -237,11 +250,14 @@ def test_a_wedged_server_reports_unready_then_drains_and_exits(
             assert ready.status_code == 503
             conditions = ready.json()["conditions"]
             assert conditions and "init" in conditions[0]["detail"]
-        assert server.proc is not None
+            assert server.proc is not None and server.proc.poll() is None  # draining
+            held.touch()
+            assert in_flight.result().json() == {"released": True}
         code = server.proc.wait(timeout=60)  # leaves on its own, the builder still stuck
         assert not release.exists()
         assert code == 1, server.log()
         assert "wedged" in server.log()
     finally:
+        held.touch()
         release.touch()
         server.kill()
