@@ -18,6 +18,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from runtime import process
 from runtime.errors import ConfigError
 from runtime.http.app import create_app
+from runtime.http.writes import OneSendPerTurn
 from runtime.instance import Instance
 from runtime.models.weights import host as host_memory
 from runtime.registry import discover
@@ -49,6 +50,10 @@ class _H11Protocol(H11Protocol):
     (`timeout_keep_alive_task`, `conn`, `cycle`) are uvicorn's internals:
     pyproject.toml pins uvicorn to the range the tests ran with.
 
+    Its transport is `OneSendPerTurn` (runtime/http/writes.py): while other
+    requests are in flight, a response's head and body leave in one send(2),
+    not the two uvicorn's writes make; the response is flushed as it completes.
+
     A request answered before its body was read (404, 405, 413, /drain) leaves
     the rest of the body to be read and discarded, and each byte of it would
     put off uvicorn's keep-alive timeout again: a client trickling it holds the
@@ -61,6 +66,11 @@ class _H11Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # A busy server sends a response's head and body at once (runtime/http/writes.py);
+        # uvicorn's flow control keeps the transport itself. `tasks` holds the request
+        # cycles in flight, this connection's own among them.
+        tasks = self.server_state.tasks
+        self.transport = OneSendPerTurn(transport, self.loop, lambda: len(tasks) > 1)
         self.timeout_keep_alive_task = self.loop.call_later(
             self.timeout_keep_alive, self.timeout_keep_alive_handler
         )
@@ -75,6 +85,10 @@ class _H11Protocol(H11Protocol):
                 timer.cancel()
 
     def on_response_complete(self) -> None:
+        # The response is whole: it leaves now, not at the end of the loop's turn,
+        # ahead of whatever else this turn runs (a job's work after its 202).
+        assert isinstance(self.transport, OneSendPerTurn)
+        self.transport.flush()
         super().on_response_complete()
         if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
             self.loop.call_later(self.body_timeout_s, self._unread_body_overdue, self.cycle)
