@@ -17,7 +17,7 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from runtime.http.server import _h11_protocol
-from runtime.http.writes import OneSendPerTurn
+from runtime.http.writes import JOIN_LIMIT, OneSendPerTurn
 
 pytestmark = pytest.mark.anyio
 
@@ -87,6 +87,16 @@ async def test_a_whole_response_leaves_at_once_when_flushed() -> None:
     assert wire.sent == [b"head body"]
     await asyncio.sleep(0)  # the turn's own flush finds nothing more
     assert wire.sent == [b"head body"]
+
+
+async def test_a_large_body_goes_through_after_its_head_without_a_copy() -> None:
+    wire = Wire()
+    transport = over(wire, busy=True)
+    big = b"x" * JOIN_LIMIT
+    transport.write(b"head")
+    transport.write(big)
+    assert wire.sent == [b"head", big]
+    assert wire.sent[1] is big
 
 
 async def test_an_idle_server_writes_through() -> None:
