@@ -110,6 +110,15 @@ def cuda_missing() -> str | None:
     return None
 
 
+def skipped_without_cuda(script: str, smoke: bool) -> bool:
+    """Unless `smoke`, where this machine cannot run a GPU check: one line saying why
+    (the check then exits 0), and True."""
+    missing = None if smoke else cuda_missing()
+    if missing is not None:
+        print(f"{script}: skipped: {missing}; `--smoke` runs its code on the CPU")
+    return missing is not None
+
+
 def share(part: float, whole: float) -> float | None:
     """part / whole, or None (shown as —) where there is no whole."""
     return part / whole if whole else None
@@ -469,11 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-build", action="store_true", help="use --bundles as they are")
     parser.add_argument("--out", help="also write the table to this file")
     args = parser.parse_args(argv)
-    if not args.smoke:
-        missing = cuda_missing()
-        if missing is not None:
-            print(f"bench/gpu.py: skipped: {missing}; `--smoke` runs its code on the CPU")
-            return 0
+    if skipped_without_cuda("bench/gpu.py", args.smoke):
+        return 0
     plan = plan_for(args.smoke)
     started, load = time.monotonic(), load_average()
     if not args.no_build:

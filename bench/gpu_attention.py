@@ -25,7 +25,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.common import Row, fmt_s, fmt_x, render  # noqa: E402
-from bench.gpu import cuda_missing  # noqa: E402
+from bench.gpu import skipped_without_cuda  # noqa: E402
 
 LENGTHS = range(40, 50)
 # A first call at a new length above this share of its repeat counts as planned.
@@ -106,11 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="its code on the CPU")
     args = parser.parse_args(argv)
-    if not args.smoke:
-        missing = cuda_missing()
-        if missing is not None:
-            print(f"bench/gpu_attention.py: skipped: {missing}")
-            return 0
+    if skipped_without_cuda("bench/gpu_attention.py", args.smoke):
+        return 0
     import torch
 
     device = "cpu" if args.smoke else "cuda"

@@ -166,7 +166,8 @@ def test_sam_local_invoke_answers_from_a_shipped_handler(sam: Sam, engine: Engin
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {
         "output": {"fahrenheit": [212.0, -40.0]}
     }
-    assert "REPORT RequestId" in done.stderr
+    # No check of RIE's REPORT line: SAM waits at most 1 s after the answer for it to
+    # come through the container's log stream, and under load prints the log without it.
     # SAM skips the GPU function (no build Metadata, an ECR image) instead of failing on it.
     assert "ThawGpuFunction" in done.stderr
     assert sam.containers, done.stderr
