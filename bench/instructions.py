@@ -2,6 +2,7 @@
 
     python bench/instructions.py            # the ASGI apps driven in-process (~2 minutes)
     python bench/instructions.py --server   # also the real servers over HTTP (~9 minutes)
+    python bench/instructions.py --jobs     # Thaw's durable job cycle alone, in-process (~1 minute)
 
 Over HTTP the warm path's differences are tens of microseconds under noise
 of the same size; instruction counts are exact and do not move with the
@@ -10,7 +11,11 @@ figure is (Ir(M) - Ir(N)) / (M - N): the same process under callgrind with
 two request counts, start-up and warm-up cancelling out. In-process, the ASGI
 app is called directly (no sockets); with `--server`, the real `thaw serve`
 and bare_app.py processes run under callgrind and one keep-alive client
-outside it sends the requests. Needs valgrind; says so and exits without it.
+outside it sends the requests. `--jobs` counts Thaw's durable job cycle
+(`POST /handlers/echo/jobs`, then `GET /jobs/{id}?wait=5`, its SQLite writes
+included; the kernel's share of them is not an instruction callgrind sees),
+against two warm `POST /invoke/echo` requests, the same two trips to the app
+without a job. Needs valgrind; says so and exits without it.
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ WARMUP = 200
 COUNTS = (300, 1300)
 SERVER_COUNTS = (100, 600)
 HANDLERS = "handlers.echo,bench.fixtures"
+# `--jobs`: what a "path" of the in-process driver may also name.
+JOB_CYCLE = "job-cycle"
+TWO_INVOKES = "two-invokes"
+JOB_COUNTS = (100, 400)
 # (label, Thaw's path, the bare app's path)
 PAIRS = (
     ("async `echo`", "/invoke/echo", "/invoke/echo"),
@@ -50,16 +59,17 @@ PAIRS = (
 # ---- the child: drive one app in-process ---------------------------------------------
 
 
-async def _call(app: Any, path: str) -> None:
+async def _call(app: Any, path: str, method: str = "POST", query: bytes = b"") -> bytes:
+    """One request to `app`; its body (the status must be 200, or 202 for a job)."""
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
-        "method": "POST",
+        "method": method,
         "scheme": "http",
         "path": path,
         "raw_path": path.encode(),
-        "query_string": b"",
+        "query_string": query,
         "root_path": "",
         "headers": [
             (b"host", b"bench"),
@@ -81,14 +91,34 @@ async def _call(app: Any, path: str) -> None:
         raise AssertionError("unreachable")
 
     status: list[int] = []
+    body: list[bytes] = []
 
     async def send(message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
             status.append(message["status"])
+        else:
+            body.append(message.get("body", b""))
 
     await app(scope, receive, send)
-    if status != [200]:
+    if status not in ([200], [202]):
         raise RuntimeError(f"{path}: status {status}")
+    return b"".join(body)
+
+
+async def _job_cycle(app: Any) -> None:
+    """Submit a job of `echo`, then long-poll it to its result (the job cycle of
+    bench/overhead.py)."""
+    import orjson
+
+    job_id = orjson.loads(await _call(app, "/handlers/echo/jobs"))["id"]
+    done = orjson.loads(await _call(app, f"/jobs/{job_id}", "GET", b"wait=5"))
+    if done["status"] != "succeeded":
+        raise RuntimeError(f"job {job_id}: {done}")
+
+
+async def _two_invokes(app: Any) -> None:
+    await _call(app, "/invoke/echo")
+    await _call(app, "/invoke/echo")
 
 
 async def _start_lifespan(app: Any) -> asyncio.Task[None]:
@@ -122,7 +152,12 @@ async def _drive(which: str, path: str, count: int) -> None:
 
         app, lifespan = bare_app.app, None
     for _ in range(WARMUP + count):
-        await _call(app, path)
+        if path == JOB_CYCLE:
+            await _job_cycle(app)
+        elif path == TWO_INVOKES:
+            await _two_invokes(app)
+        else:
+            await _call(app, path)
     if lifespan is not None and lifespan.done():
         raise RuntimeError("the app's lifespan ended while it served")
     os._exit(0)  # no teardown: the same for both counts, and slow under valgrind
@@ -219,6 +254,9 @@ def main() -> None:
     parser.add_argument(
         "--log-level", default="INFO", help="THAW_LOG_LEVEL (WARNING: no access log)"
     )
+    parser.add_argument(
+        "--jobs", action="store_true", help="only Thaw's durable job cycle, in-process"
+    )
     parser.add_argument("--drive", nargs=3, metavar=("WHICH", "PATH", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.drive:
@@ -227,6 +265,9 @@ def main() -> None:
         return
     if shutil.which("valgrind") is None:
         print("valgrind is not installed: nothing to count", file=sys.stderr)
+        return
+    if args.jobs:
+        _jobs(args.log_level)
         return
     modes: list[tuple[str, Measure, tuple[int, int]]] = [("app in-process", _in_process, COUNTS)]
     if args.server:
@@ -245,6 +286,23 @@ def main() -> None:
                     f"| {thaw / bare:.2f}x |",
                     flush=True,
                 )
+
+
+def _jobs(log_level: str) -> None:
+    """Thaw's durable job cycle against two warm invocations, in-process."""
+    print("| instructions per cycle, in-process | Thaw | two warm `echo` invocations | ratio |")
+    print("|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="thaw-ir-") as tmp:
+        env = runtime_env(Path(tmp), handlers=HANDLERS, log_level=log_level)
+        # Every cycle keeps its job: the instance's job quota must not refuse the last ones.
+        env["THAW_MAX_JOBS"] = str(10 * (WARMUP + JOB_COUNTS[1]))
+        cycle = _per_request(_in_process, "thaw", JOB_CYCLE, JOB_COUNTS, env)
+        two = _per_request(_in_process, "thaw", TWO_INVOKES, JOB_COUNTS, env)
+        print(
+            f"| submit -> result (SQLite) | {cycle / 1000:.0f} k | {two / 1000:.0f} k "
+            f"| {cycle / two:.2f}x |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -41,6 +41,28 @@ class OutputResponse(Response):
         ]
 
 
+class JSONBody(Response):
+    """`content` as JSON, its header list built here as is (as `OutputResponse`'s):
+    a job's 202 and its polls, the durable job cycle's two answers (issue 29).
+    `headers`: raw (lowercase name, value) pairs sent before the body's own."""
+
+    media_type = "application/json"
+
+    def __init__(
+        self,
+        content: Any,
+        status_code: int = 200,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        self.status_code = status_code
+        self.background = None
+        self.body = body = orjson.dumps(content, option=_JSON_OPTS)
+        raw = headers if headers is not None else []
+        raw.append((b"content-length", b"%d" % len(body)))
+        raw.append((b"content-type", b"application/json"))
+        self.raw_headers = raw
+
+
 def server_timing(timings_ms: dict[str, float], batch_size: int | None = None) -> str:
     """The Server-Timing value; the dispatcher fills `timings_ms` in phase order.
     A batched request's `batch` (its wait for the batch) says the batch's size."""
@@ -60,12 +82,13 @@ def job_response(
     *,
     applied: str | None = None,
 ) -> Response:
-    headers = {"Location": f"/jobs/{job.id}"}
+    headers = [(b"location", b"/jobs/" + job.id.encode())]
     if retry_after_s is not None:
         # A job final already (its work ended before this answer) holds its result
         # here: nothing to wait for, where a whole second would be the hint otherwise.
-        headers["Retry-After"] = "0" if job.status.final else str(max(1, math.ceil(retry_after_s)))
+        after = 0 if job.status.final else max(1, math.ceil(retry_after_s))
+        headers.append((b"retry-after", b"%d" % after))
     if applied is not None:
         # RFC 7240: only preferences the client sent and the server honoured.
-        headers["Preference-Applied"] = applied
-    return JSONResponse(job.public(), status_code=status, headers=headers)
+        headers.append((b"preference-applied", applied.encode("latin-1")))
+    return JSONBody(job.public(), status, headers)

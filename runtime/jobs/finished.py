@@ -28,7 +28,6 @@ from cachetools import TLRUCache
 from runtime.clock import SYSTEM, Clock
 from runtime.jobs.job import Job, JobStatus
 from runtime.jobs.quota import JobQuota, json_size
-from runtime.jobs.store import JobStore
 from runtime.telemetry.logs import LATER
 from runtime.telemetry.metrics import Metrics
 
@@ -62,22 +61,6 @@ class FinishedJobs:
 
     def __len__(self) -> int:
         return len(self._jobs)
-
-
-def finish_and_read(
-    store: JobStore,
-    attempt: int,
-    job_id: str,
-    owner: str,
-    status: JobStatus,
-    output: Any,
-    error: dict[str, Any] | None,
-) -> Job | bool:
-    """Finish the job (fenced by `attempt`); then, in the same thread call, its final
-    record as the store now has it (True when recorded but no longer readable)."""
-    if not store.finish(job_id, owner, status, output, error, attempt=attempt):
-        return False
-    return store.get(job_id) or True
 
 
 def outcome_recorded(

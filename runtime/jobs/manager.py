@@ -34,12 +34,7 @@ from runtime.clock import SYSTEM, Clock
 from runtime.errors import StorageUnavailable, UnknownJob
 from runtime.jobs.batch import CreateBatcher
 from runtime.jobs.calls import RETRY_FIRST_S, RETRY_MAX_S, STORE_CONDITION, StoreCalls
-from runtime.jobs.finished import (
-    FinishedJobs,
-    finish_and_read,
-    outcome_discarded,
-    outcome_recorded,
-)
+from runtime.jobs.finished import FinishedJobs, outcome_discarded, outcome_recorded
 from runtime.jobs.items import ItemSource, JobItems
 from runtime.jobs.job import Job, JobStatus, new_job_id
 from runtime.jobs.leases import Leases, LocalJob, Probe, outcome_of, wait_set
@@ -175,12 +170,14 @@ class JobManager:
         was sent: written at once (one try), so the answer is final too and nothing
         follows it. None when that try did not record it: `follow` it then (retries)."""
         status, output, error = outcome_of(work, job.handler)
-        finish = partial(finish_and_read, self.store, job.attempts, job.id)
+        finish = partial(self.store.finish, attempt=job.attempts)  # fenced
         try:
-            final = await self.calls.write(finish, self.owner, status, output, error, quick=True)
+            final = await self.calls.write(
+                finish, job.id, self.owner, status, output, error, quick=True
+            )
         except StorageUnavailable:
             return None
-        if not isinstance(final, Job):
+        if final is None:
             return None
         self.finished.remember(final)
         outcome_recorded(final, status, output, 1, self.metrics, self.quota)
@@ -259,13 +256,14 @@ class JobManager:
         while not local.released:
             tries += 1
             try:
-                finish = partial(finish_and_read, store, job.attempts, job.id)  # fenced
-                final = await calls.write(finish, self.owner, status, output, error, quick=True)
-                if final:
-                    if isinstance(final, Job):
-                        # Its polls (the caller's long-poll waits on `done`) are answered
-                        # from memory, with no store read of their own.
-                        self.finished.remember(final)
+                finish = partial(store.finish, attempt=job.attempts)  # fenced
+                final = await calls.write(
+                    finish, job.id, self.owner, status, output, error, quick=True
+                )
+                if final is not None:
+                    # Its polls (the caller's long-poll waits on `done`) are answered
+                    # from memory, with no store read of their own.
+                    self.finished.remember(final)
                     recorded = True
                     break
                 current = await calls.read(store.get, job.id, quick=True)
@@ -333,6 +331,9 @@ class JobManager:
             if changed is not None:
                 changed.clear()
             held_before = job_id in self.local
+            remembered = self.finished.get(job_id)
+            if remembered is not None and remembered.key_id == key_id:
+                return remembered  # final: nothing to wait for, nor to remember again
             job = await self._lookup(job_id, key_id)
             local = self.local.get(job_id)
             if job is None and local is not None and local.job.key_id == key_id:

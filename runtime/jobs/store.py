@@ -113,8 +113,10 @@ class JobStore(Protocol):
         error: dict[str, Any] | None = None,
         *,
         attempt: int | None = None,
-    ) -> bool:
-        """Record the final state, only if `owner` (and that `attempt`) holds the running job."""
+    ) -> Job | None:
+        """Record the final state, only if `owner` (and that `attempt`) holds the running
+        job: the record as written (read by the write itself where the store can), or
+        None when it was not."""
         ...
 
     def cancel(self, job_id: str) -> Job | None:
@@ -241,7 +243,7 @@ class DeferredStore:
         error: dict[str, Any] | None = None,
         *,
         attempt: int | None = None,
-    ) -> bool:
+    ) -> Job | None:
         return self.open().finish(job_id, owner, status, output, error, attempt=attempt)
 
     def cancel(self, job_id: str) -> Job | None:

@@ -229,3 +229,37 @@ async def test_models_load_unload_and_metrics(app_settings: Settings, bundles: P
             "thaw_estimate_error_seconds",
         ):
             assert metric in text, metric
+
+
+async def test_a_polls_wait_is_read_from_its_query_as_any_query_parameter(
+    app_settings: Settings,
+) -> None:
+    """`?wait=` on a job poll: a plain query string is read without a multi-dict (the
+    poll's fast path), one with escapes as Starlette decodes it; both agree on what
+    is a number, blank or repeated (the last one counts)."""
+    settings = dataclasses.replace(app_settings, handlers=("handlers.echo",))
+    async with serving(settings) as served:
+        client = served.client
+        job_id = (await client.post("/handlers/echo/jobs", json={"n": 1})).json()["id"]
+        cases = {
+            "wait=0.5": 200,
+            "x=1&wait=0": 200,
+            "wait=abc&wait=0": 200,
+            "": 200,
+            "wait=abc": 400,
+            "wait": 400,
+            "wait=": 400,
+            "wait=-1": 400,
+            "wait=nan": 400,
+            "wait=0&wait=abc": 400,
+            "w%61it=abc": 400,  # escaped: decoded as Starlette decodes it
+            "wait=%30": 200,
+            "wait=1+": 200,  # "+" is a space, and float() takes " 1 "
+        }
+        for query, status in cases.items():
+            reply = await client.get(f"/jobs/{job_id}?{query}")
+            assert reply.status_code == status, (query, reply.text)
+            if status == 200:
+                assert reply.json()["status"] == "succeeded"
+            else:
+                assert reply.headers["content-type"] == PROBLEM

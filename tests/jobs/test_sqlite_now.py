@@ -52,7 +52,7 @@ def test_a_write_run_now_is_durable_when_it_returns(store: SQLiteJobStore) -> No
     finished = store.now(
         lambda: store.finish(job.id, "a", JobStatus.SUCCEEDED, {"y": 2}, attempt=1), writes=True
     )
-    assert finished is True
+    assert isinstance(finished, Job) and finished.status is JobStatus.SUCCEEDED
     read = store.now(lambda: store.get(job.id), writes=False)
     assert isinstance(read, Job) and read.status is JobStatus.SUCCEEDED and read.output == {"y": 2}
 

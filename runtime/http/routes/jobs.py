@@ -18,8 +18,9 @@ from starlette.types import Scope
 from runtime.errors import BadRequest, ThawError
 from runtime.http import sse
 from runtime.http.auth import key_id_of
+from runtime.http.edge import PICKED_SCOPE
 from runtime.http.holds import Holds
-from runtime.http.responses import JSONResponse
+from runtime.http.responses import JSONBody
 from runtime.http.routes import instance_of
 from runtime.http.routes.invoke import invocation
 from runtime.http.routing import Endpoint
@@ -66,7 +67,9 @@ class DeprecatedSubmitRoute(Endpoint):
 
 
 def _wait_param(request: Request, max_wait_s: float) -> float:
-    raw = request.query_params.get("wait", "0")
+    raw = _plain_query_value(request.scope["query_string"], b"wait")
+    if raw is None:
+        raw = request.query_params.get("wait", "0")
     try:
         wait_s = float(raw)
     except ValueError:
@@ -76,24 +79,40 @@ def _wait_param(request: Request, max_wait_s: float) -> float:
     return min(wait_s, max_wait_s)
 
 
+def _plain_query_value(query: bytes, name: bytes) -> str | None:
+    """`name`'s last value in a query string that escapes nothing (no % nor +), read
+    as Starlette's `query_params` reads it ("0" when absent); None for any other
+    query string, which `query_params` decodes. A poll's `?wait=5` costs a split,
+    where `query_params` builds a multi-dict of the decoded pairs."""
+    if b"%" in query or b"+" in query:
+        return None
+    found = b"0"
+    for pair in query.split(b"&"):
+        key, _, value = pair.partition(b"=")
+        if key == name:
+            found = value
+    return found.decode("latin-1")
+
+
 async def get_job(request: Request) -> Response | sse.EventStreamResponse:
     """The job object; `?wait=S` long-polls up to S seconds for a final state. A running
     stream's job shows its output so far; `Accept: text/event-stream` follows it."""
     instance = instance_of(request)
-    if sse.wants_events(request.headers.get("accept", "")):
+    accept = request.scope[PICKED_SCOPE].get(b"accept")  # picked by the edge: no scan
+    if accept is not None and sse.wants_events(accept.decode("latin-1")):
         return await follow_job(request)
     job_id = request.path_params["job_id"]
     key_id = key_id_of(request)
     wait_s = _wait_param(request, instance.settings.max_wait_s)
     if wait_s <= 0:
-        return JSONResponse(await instance.job_view(job_id, key_id=key_id))
+        return JSONBody(await instance.job_view(job_id, key_id=key_id))
     holds: Holds = request.app.state.holds
     holds.take(key_id)  # a long-poll holds its connection
     try:
         body = await instance.job_view(job_id, key_id=key_id, wait_s=wait_s)
     finally:
         holds.give(key_id)
-    return JSONResponse(body)
+    return JSONBody(body)
 
 
 # Past any stream's items, and within a store's BIGINT: where a resume from a larger
@@ -175,4 +194,4 @@ async def cancel_job(request: Request) -> Response:
     job = await instance_of(request).cancel_job(
         request.path_params["job_id"], key_id=key_id_of(request)
     )
-    return JSONResponse(job.public())
+    return JSONBody(job.public())

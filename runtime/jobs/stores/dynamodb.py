@@ -118,9 +118,6 @@ class DynamoDBJobStore:
         """Create the jobs table with TTL on (emulator, tests; template.yaml on AWS)."""
         create_table(client, table_name, wait=wait)
 
-    def _to_job(self, item: dict[str, Any]) -> Job:
-        return job_of(item, self.payloads.load)
-
     def _update(
         self,
         job_id: str,
@@ -160,17 +157,19 @@ class DynamoDBJobStore:
         return attributes
 
     def _owned_update(
-        self, job_id: str, owner: str, sets: dict[str, Any], removes: list[str], attempt: Fence
-    ) -> bool:
+        self, job_id: str, owner: str, sets: dict[str, Any], removes: list[str], attempt: Fence,
+        return_new: bool = False,
+    ) -> dict[str, Any] | None:  # fmt: skip
         """An update only the running job's owner (with `attempt`: that run of it) may
-        make; drops its S3 objects if refused."""
+        make; drops its S3 objects if refused. The item's attributes (all of them as
+        written with `return_new`), or None when refused."""
         condition, values = owned(owner, attempt)
         try:
-            done = self._update(job_id, sets, removes, condition, values) is not None
+            done = self._update(job_id, sets, removes, condition, values, return_new=return_new)
         except BaseException:
             self.payloads.drop(sets)
             raise
-        if not done:
+        if done is None:
             self.payloads.drop(sets)
         return done
 
@@ -243,7 +242,7 @@ class DynamoDBJobStore:
         item = response.get("Item")
         if item is None or float(item[TTL_ATTRIBUTE]["N"]) <= self.clock.wall():
             return None
-        return self._to_job(item)
+        return job_of(item, self.payloads.load)
 
     def claim(self, job_id: str, owner: str, lease_s: float, max_attempts: int) -> Job | None:
         values = {":max": max_attempts, ":now": self.clock.wall()} | STATES
@@ -283,7 +282,7 @@ class DynamoDBJobStore:
             return_new=True,
         )
         if claimed is not None:
-            return self._to_job(claimed)
+            return job_of(claimed, self.payloads.load)
         self._update(
             job_id,
             {
@@ -338,7 +337,7 @@ class DynamoDBJobStore:
         # A job that is still being worked on must not expire under its worker.
         now = self.clock.wall()
         sets = {"lease_until": now + lease_s, TTL_ATTRIBUTE: float(math.ceil(now + self.ttl_s))}
-        return self._owned_update(job_id, owner, sets, [], attempt)
+        return self._owned_update(job_id, owner, sets, [], attempt) is not None
 
     def set_phase(
         self, job_id: str, owner: str, phase: str, progress: Any = None, *, attempt: Fence = None
@@ -346,12 +345,12 @@ class DynamoDBJobStore:
         sets: dict[str, Any] = {"phase": phase, "updated_at": self.clock.wall()}
         removes: list[str] = []
         self._set_payload(job_id, sets, removes, "progress", progress)
-        return self._owned_update(job_id, owner, sets, removes, attempt)
+        return self._owned_update(job_id, owner, sets, removes, attempt) is not None
 
     def finish(
         self, job_id: str, owner: str, status: JobStatus, output: Any = None,
         error: dict[str, Any] | None = None, *, attempt: Fence = None,
-    ) -> bool:  # fmt: skip
+    ) -> Job | None:  # fmt: skip
         if not status.final:
             raise ValueError(f"finish() needs a final status, got {status}")
         now = self.clock.wall()
@@ -369,7 +368,9 @@ class DynamoDBJobStore:
         except BaseException:
             self.payloads.drop(sets)
             raise
-        return self._owned_update(job_id, owner, sets, removes, attempt)
+        # The item as written comes back with the write: no read (a billed call) after it.
+        item = self._owned_update(job_id, owner, sets, removes, attempt, return_new=True)
+        return None if item is None else job_of(item, self.payloads.load)
 
     def cancel(self, job_id: str) -> Job | None:
         self._update(

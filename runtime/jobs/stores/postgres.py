@@ -298,8 +298,9 @@ class PostgresJobStore:
         error: dict[str, Any] | None = None,
         *,
         attempt: int | None = None,
-    ) -> bool:
-        """Record the final state, only if `owner` (and that `attempt`) holds the running job."""
+    ) -> Job | None:
+        """Record the final state, only if `owner` (and that `attempt`) holds the running
+        job; the record as written, in the same statement (no read after it)."""
         if not status.final:
             raise ValueError(f"finish() needs a final status, got {status}")
         now = self.clock.wall()
@@ -309,8 +310,8 @@ class PostgresJobStore:
             " output = %(output)s, error = %(error)s, lease_until = NULL, progress = NULL,"
             " updated_at = %(now)s, expires_at = %(expires)s"
             " WHERE id = %(id)s AND owner = %(owner)s AND status = 'running'"
-            f"{fence(attempt)} RETURNING id, status, handler)"
-            f" SELECT {NOTIFY} FROM done",
+            f"{fence(attempt)} RETURNING {FIELDS})"
+            f" SELECT {FIELDS}, {NOTIFY} FROM done",
             {
                 "status": str(status),
                 "output": dump(output),
@@ -322,7 +323,7 @@ class PostgresJobStore:
                 "attempt": attempt,
             },
         )
-        return len(rows) == 1
+        return job_of(rows[0]) if rows else None
 
     def cancel(self, job_id: str) -> Job | None:
         """Queued or running -> cancelled, in one statement that returns the job as it is."""

@@ -58,12 +58,19 @@ CREATE TABLE IF NOT EXISTS probes (
 
 
 _INSERT = f"INSERT INTO jobs ({FIELDS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+# UPDATE ... RETURNING (SQLite 3.35): a write that answers with the row it wrote,
+# where older SQLite (Debian 11, Ubuntu 20.04) needs a read after it.
+RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 
 
 class SQLiteJobStore:
-    def __init__(self, path: Path, *, ttl_s: float, clock: Clock = SYSTEM) -> None:
+    def __init__(
+        self, path: Path, *, ttl_s: float, clock: Clock = SYSTEM, returning: bool = RETURNING
+    ) -> None:
         self.path = path
         self.ttl_s = ttl_s
+        # Whether this SQLite has RETURNING (False also tests the older path).
+        self.returning = returning
         # Records hold epoch seconds (other processes read them): the wall clock.
         self.clock = clock
         self.db = SQLiteFile(path, schema=_SCHEMA)
@@ -207,28 +214,32 @@ class SQLiteJobStore:
         error: dict[str, Any] | None = None,
         *,
         attempt: int | None = None,
-    ) -> bool:
+    ) -> Job | None:
         if not status.final:
             raise ValueError(f"finish() needs a final status, got {status}")
         now = self.clock.wall()
-        changed = self.db.write(
-            f"recording the outcome of job {job_id}",
+        sql = (
             "UPDATE jobs SET status = ?, phase = ?, output = ?, error = ?, lease_until = NULL,"
             " progress = NULL, updated_at = ?, expires_at = ?"
-            " WHERE id = ? AND owner = ? AND status = 'running'" + _fence(attempt),
-            (
-                str(status),
-                str(status),
-                dump(output),
-                dump(error),
-                now,
-                now + self.ttl_s,
-                job_id,
-                owner,
-                *_attempt(attempt),
-            ),
+            " WHERE id = ? AND owner = ? AND status = 'running'" + _fence(attempt)
         )
-        return changed == 1
+        params = (
+            str(status),
+            str(status),
+            dump(output),
+            dump(error),
+            now,
+            now + self.ttl_s,
+            job_id,
+            owner,
+            *_attempt(attempt),
+        )
+        what = f"recording the outcome of job {job_id}"
+        if self.returning:
+            rows = self.db.write_rows(what, f"{sql} RETURNING {FIELDS}", params)
+            return job_of(rows[0]) if rows else None
+        # A final record changes no more: the read finds it as written.
+        return self.get(job_id) if self.db.write(what, sql, params) == 1 else None
 
     def cancel(self, job_id: str) -> Job | None:
         error = orjson.dumps(cancelled_error())

@@ -1,7 +1,8 @@
 """One SQLite database file at a path, written only where that path still names it.
 
 Storage faults. Every sqlite3 or OS error becomes `StorageUnavailable` here,
-once. A write is reported done only once it is in the file that `path` names:
+once (through runtime/jobs/stores/sqlite_calls.py, which also holds a call's
+write transaction). A write is reported done only once it is in the file that `path` names:
 SQLite keeps writing happily into a database deleted or replaced under an open
 connection (the old inode lives on until the connection closes), so a job
 "recorded" there is gone at the next restart. After each write the store checks
@@ -40,12 +41,14 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from runtime.errors import StorageUnavailable
 from runtime.jobs.job import STORE_RETRY_AFTER_S
 from runtime.jobs.stores.now import NOT_NOW, NotNow, T
+from runtime.jobs.stores.sqlite_calls import Committed, InCallNow, Translated, Wait
 from runtime.jobs.stores.sqlite_identity import MAGIC, Identity, header_of, identity_of
 
 log = logging.getLogger("thaw.jobs")
@@ -69,30 +72,8 @@ class _Connection(_Held, threading.local):
     now: bool = False
 
 
-class _Wait(Exception):
-    """A call run now would have to wait (a lock, a file to reopen): NOT_NOW."""
-
-
-# SQLite's result codes for a lock held elsewhere (its extended codes keep them in the low byte).
-_BUSY_CODES = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED
 # Commits made now between two checkpoints run by a worker thread.
 CHECKPOINT_EVERY = 256
-
-
-@contextlib.contextmanager
-def _committed(conn: sqlite3.Connection) -> Iterator[None]:
-    """BEGIN IMMEDIATE ... COMMIT on `conn`, rolled back if the block or the COMMIT fails."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-        conn.execute("COMMIT")
-    except BaseException:
-        # A failed COMMIT (a full disk) leaves the transaction open; a failed
-        # statement may have rolled it back already.
-        if conn.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-        raise
 
 
 class SQLiteFile:
@@ -100,6 +81,8 @@ class SQLiteFile:
 
     def __init__(self, path: Path, *, schema: str) -> None:
         self.path = path
+        # `path` as os.stat takes it at once (a Path converts itself on every call).
+        self._where = os.fspath(path)
         self.schema = schema
         self._local = _Connection()
         # SQLite allows one writer at a time and makes the others sleep in
@@ -131,26 +114,39 @@ class SQLiteFile:
         """One statement that changes the file; its row count once it is durable there."""
         if self._local.now:  # inside the transaction of a call run now, which checks it
             with self.translated(what):
-                return self._writing_now().execute(sql, params).rowcount
+                return self.writing_now().execute(sql, params).rowcount
         with self.translated(what), self._write_lock:
             count: int = self.connection().execute(sql, params).rowcount
             self.check_durable()
             return count
 
+    def write_rows(self, what: str, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        """One statement that changes the file and returns rows (RETURNING); its rows
+        once it is durable there."""
+        if self._local.now:
+            with self.translated(what):
+                return self.writing_now().execute(sql, params).fetchall()
+        with self.translated(what), self._write_lock:
+            # Fetching steps the statement to its end: the change is committed then.
+            rows = self.connection().execute(sql, params).fetchall()
+            self.check_durable()
+            return rows
+
     def read(self, what: str, sql: str, params: tuple[Any, ...]) -> list[Any]:
         with self.translated(what):
             return self.connection().execute(sql, params).fetchall()
 
-    @contextlib.contextmanager
-    def transaction(self, what: str) -> Iterator[sqlite3.Connection]:
+    def transaction(self, what: str) -> AbstractContextManager[sqlite3.Connection]:
         """A write transaction (BEGIN IMMEDIATE ... COMMIT), durable when the block ends."""
         if self._local.now:  # a call run now is one transaction already
-            with self.translated(what):
-                yield self._writing_now()
-            return
+            return InCallNow(self, what)
+        return self._transaction(what)
+
+    @contextlib.contextmanager
+    def _transaction(self, what: str) -> Iterator[sqlite3.Connection]:
         with self.translated(what), self._write_lock:
             conn = self.connection()
-            with _committed(conn):
+            with Committed(conn):
                 yield conn
             self.check_durable()
 
@@ -175,7 +171,7 @@ class SQLiteFile:
             local.now = True
             try:
                 return self._run_now(call, writes)
-            except _Wait:
+            except Wait:
                 return NOT_NOW
             finally:
                 local.now = False
@@ -188,8 +184,8 @@ class SQLiteFile:
         conn = self.connection()
         if not writes:
             return call()
-        # A busy BEGIN is `_Wait` (translated): nothing was done.
-        with self.translated("writing"), _committed(conn):
+        # A busy BEGIN is `Wait` (translated): nothing was done.
+        with self.translated("writing"), Committed(conn):
             result = call()
         self.check_durable()
         self._now_commits += 1
@@ -200,10 +196,10 @@ class SQLiteFile:
             self._checkpointer.submit(self._checkpoint)
         return result
 
-    def _writing_now(self) -> sqlite3.Connection:
+    def writing_now(self) -> sqlite3.Connection:
         conn = self._now.conn
         if conn is None or not conn.in_transaction:  # a call run now as a read writes
-            raise _Wait()
+            raise Wait()
         return conn
 
     def _checkpoint(self) -> None:
@@ -245,21 +241,14 @@ class SQLiteFile:
             with contextlib.suppress(sqlite3.Error):
                 conn.close()
 
-    @contextlib.contextmanager
-    def translated(self, what: str) -> Iterator[None]:
-        """sqlite3 and OS errors -> StorageUnavailable, once, at the store's boundary."""
-        try:
-            yield
-        except (sqlite3.ProgrammingError, sqlite3.InterfaceError):
-            raise  # misuse of the API: a bug here, not the storage
-        except sqlite3.OperationalError as exc:
-            if self._local.now and (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in _BUSY_CODES:
-                raise _Wait() from exc  # locked elsewhere: a thread waits for it instead
-            raise self._unavailable(what, exc) from exc
-        except (sqlite3.Error, OSError) as exc:
-            raise self._unavailable(what, exc) from exc
+    def calling_now(self) -> bool:
+        return self._local.now
 
-    def _unavailable(self, what: str, exc: sqlite3.Error | OSError) -> StorageUnavailable:
+    def translated(self, what: str) -> Translated:
+        """sqlite3 and OS errors -> StorageUnavailable, once, at the store's boundary."""
+        return Translated(self, what)
+
+    def unavailable(self, what: str, exc: sqlite3.Error | OSError) -> StorageUnavailable:
         if isinstance(exc, sqlite3.DatabaseError) and not isinstance(
             exc, sqlite3.OperationalError | sqlite3.IntegrityError
         ):
@@ -277,12 +266,12 @@ class SQLiteFile:
         it makes SQLite checkpoint its log into it, which can hide the damage).
         """
         local = self._local
-        current = identity_of(self.path)
+        current = identity_of(self._where)
         broken = self._broken
         if local.now:
             # Reopening (and saying why) is for a thread: a call run now never waits.
             if self._now.conn is None or self._now.identity != current or broken is not None:
-                raise _Wait()
+                raise Wait()
             return self._now.conn
         if broken is not None:
             if current == broken[0]:
@@ -390,7 +379,7 @@ class SQLiteFile:
         """
         held = self._held()
         expected = held.identity
-        if identity_of(self.path) != expected:
+        if identity_of(self._where) != expected:
             # The next call notices it too, logs it and reopens.
             raise StorageUnavailable(
                 f"job store {self.path}: the database was deleted or replaced while open;"

@@ -4,7 +4,6 @@ database it writes is still the one at its path (runtime/jobs/stores/sqlite_file
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,11 +53,28 @@ def header_of(identity: Identity | None, known_fd: int | None) -> tuple[bytes | 
     """
     if identity is None:
         return None, None
-    known = [] if known_fd is None else [known_fd]
-    for fd in itertools.chain(known, descriptors_of(identity)):  # scans only on a miss
-        if identity_of_fd(fd) != identity:
-            continue
-        head = os.pread(fd, len(MAGIC), 0)
-        if identity_of_fd(fd) == identity:  # not closed and reused meanwhile
+    if known_fd is not None:
+        head = _header_through(known_fd, identity)
+        if head is not None:
+            return head, known_fd
+    for fd in descriptors_of(identity):  # scanned only on a miss
+        head = _header_through(fd, identity)
+        if head is not None:
             return head, fd
     return None, None
+
+
+def _header_through(fd: int, identity: Identity) -> bytes | None:
+    """The file's first bytes read through `fd`, if `fd` is on the file `identity`.
+
+    Read first, then checked (one fstat, not one before and one after): a descriptor
+    closed and reused for another file before the read still names that file after
+    it, and such a read is thrown away. pread needs a seekable file, so a descriptor
+    reused for a socket or a pipe fails at once (ESPIPE) rather than wait."""
+    try:
+        head = os.pread(fd, len(MAGIC), 0)
+    except OSError:  # closed meanwhile, or a descriptor that cannot be read
+        return None
+    if identity_of_fd(fd) != identity:
+        return None
+    return head
