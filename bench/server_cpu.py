@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/server_cpu.py [--clients 8] [--rounds 10] [--seconds 2]
     .venv/bin/python bench/server_cpu.py --against /path/to/an/older/checkout
+    .venv/bin/python bench/server_cpu.py --jobs --against /path/to/an/older/checkout
 
 With several keep-alive clients the server is one event loop at 100 % of a
 core, so its requests/s is the inverse of its CPU per request: this measures
@@ -15,7 +16,10 @@ default; `--path /invoke/echo_sync` for the sync one (the bare app's
 
 `--against DIR` runs the Thaw of another checkout (its `runtime/`, started
 from DIR) as the baseline instead of the bare app: what a change to the warm
-path was worth, in CPU, on the same machine in the same minutes.
+path was worth, in CPU, on the same machine in the same minutes. With
+`--jobs` (which needs `--against`: the bare app has no jobs) a window is one
+client's durable job cycles (bench/overhead.py's `measure_jobs`: submit, then
+long-poll the result), and the figures are per cycle.
 
 Each side runs as `--processes` server processes (3 by default), window i
 measuring the i-th modulo that count: two processes of the same code differ
@@ -46,9 +50,11 @@ from bench.common import (  # noqa: E402
     runtime_env,
     thaw_serve_argv,
 )
-from bench.overhead import measure  # noqa: E402
+from bench.overhead import measure, measure_jobs  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
+# `--jobs`: the "path" of a window that runs job cycles.
+JOBS = "job cycle"
 
 
 def cpu_s(pid: int) -> float:
@@ -66,7 +72,8 @@ class Window:
 
 def start(name: str, root: Path | None, tmp: Path) -> tuple[Proc, int]:
     """`thaw serve` of `root` (None: the bare app), healthy, and its port."""
-    env = runtime_env(tmp / name, handlers="handlers.echo,bench.fixtures")
+    # Every job cycle keeps its job for the TTL: no quota refuses the last windows'.
+    env = runtime_env(tmp / name, handlers="handlers.echo,bench.fixtures", max_jobs="10000000")
     port = free_port()
     if root is None:
         proc = Proc(bare_argv(port), env, port, tmp / f"{name}.log")
@@ -79,9 +86,13 @@ def start(name: str, root: Path | None, tmp: Path) -> tuple[Proc, int]:
 
 
 async def window(proc: Proc, port: int, path: str, clients: int, seconds: float) -> Window:
+    """One window of `path` (JOBS: the job cycle, one client)."""
     assert proc.proc is not None
     before = cpu_s(proc.proc.pid)
-    slot = await measure(port, path, clients, seconds)
+    if path == JOBS:
+        slot = await measure_jobs(port, seconds)
+    else:
+        slot = await measure(port, path, clients, seconds)
     spent = cpu_s(proc.proc.pid) - before
     return Window(spent / (slot.rps * seconds) * 1e6, slot.rps, slot.p50_s)
 
@@ -89,12 +100,13 @@ async def window(proc: Proc, port: int, path: str, clients: int, seconds: float)
 async def run(
     args: argparse.Namespace, ports: dict[str, list[int]], procs: dict[str, list[Proc]]
 ) -> None:
-    paths = {"thaw": args.path, "base": args.path}
+    path = JOBS if args.jobs else args.path
+    paths = {"thaw": path, "base": path}
     if args.against is None and args.path == "/invoke/echo_sync":
         paths["base"] = "/thread/echo"
     for name in procs:  # first calls, thread pools
-        for port in ports[name]:
-            await measure(port, paths[name], args.clients, 1.0)
+        for proc, port in zip(procs[name], ports[name], strict=True):
+            await window(proc, port, paths[name], args.clients, 1.0)
     found: dict[str, list[Window]] = {name: [] for name in procs}
     for index in range(args.rounds):
         for name in ("thaw", "base") if index % 2 == 0 else ("base", "thaw"):
@@ -105,14 +117,14 @@ async def run(
                 )
             )
     base = "the bare app" if args.against is None else f"Thaw at {args.against}"
-    print(
-        f"| {args.path}, {args.clients} clients, medians of {args.rounds} | Thaw | {base} | ratio |"
-    )
+    what = "the job cycle, 1 client" if args.jobs else f"{args.path}, {args.clients} clients"
+    print(f"| {what}, medians of {args.rounds} | Thaw | {base} | ratio |")
     print("|---|---:|---:|---:|")
     thaw, other = found["thaw"], found["base"]
+    each = "cycle" if args.jobs else "request"
     rows: list[tuple[str, str, Callable[[float], str]]] = [
-        ("server CPU per request", "cpu_per_request_us", lambda v: f"{v:.1f} us"),
-        ("requests/s", "rps", lambda v: f"{v:.0f}"),
+        (f"server CPU per {each}", "cpu_per_request_us", lambda v: f"{v:.1f} us"),
+        (f"{each}s/s", "rps", lambda v: f"{v:.0f}"),
         ("p50 latency", "p50_s", lambda v: f"{v * 1e6:.0f} us"),
     ]
     for label, field, fmt in rows:
@@ -133,11 +145,16 @@ def main() -> None:
     parser.add_argument("--path", default="/invoke/echo")
     parser.add_argument("--against", type=Path, help="another checkout's Thaw as the baseline")
     parser.add_argument(
+        "--jobs", action="store_true", help="the durable job cycle, against --against's"
+    )
+    parser.add_argument(
         "--processes", type=int, default=3, help="server processes per side, windows in turn"
     )
     args = parser.parse_args()
     if args.processes < 1:
         parser.error("--processes must be at least 1")
+    if args.jobs and args.against is None:
+        parser.error("--jobs needs --against: the bare app has no jobs")
     with tempfile.TemporaryDirectory(prefix="thaw-cpu-") as tmp_dir:
         tmp = Path(tmp_dir)
         procs: dict[str, list[Proc]] = {"thaw": [], "base": []}
