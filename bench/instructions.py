@@ -281,11 +281,15 @@ def main() -> None:
             for label, thaw_path, bare_path in PAIRS:
                 thaw = _per_request(measure, "thaw", thaw_path, counts, env)
                 bare = _per_request(measure, "bare", bare_path, counts, env)
-                print(
-                    f"| {label}, {mode} | {thaw / 1000:.0f} k | {bare / 1000:.0f} k "
-                    f"| {thaw / bare:.2f}x |",
-                    flush=True,
-                )
+                _row(f"{label}, {mode}", thaw, bare)
+
+
+def _row(label: str, counted: float, against: float) -> None:
+    """One table row: two instruction counts, in thousands, and their ratio."""
+    print(
+        f"| {label} | {counted / 1000:.0f} k | {against / 1000:.0f} k | {counted / against:.2f}x |",
+        flush=True,
+    )
 
 
 def _jobs(log_level: str) -> None:
@@ -298,11 +302,7 @@ def _jobs(log_level: str) -> None:
         env["THAW_MAX_JOBS"] = str(10 * (WARMUP + JOB_COUNTS[1]))
         cycle = _per_request(_in_process, "thaw", JOB_CYCLE, JOB_COUNTS, env)
         two = _per_request(_in_process, "thaw", TWO_INVOKES, JOB_COUNTS, env)
-        print(
-            f"| submit -> result (SQLite) | {cycle / 1000:.0f} k | {two / 1000:.0f} k "
-            f"| {cycle / two:.2f}x |",
-            flush=True,
-        )
+        _row("submit -> result (SQLite)", cycle, two)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -119,3 +120,33 @@ def test_the_bare_app_serves_the_baseline(tmp_path: Path) -> None:
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
+
+
+@pytest.mark.parametrize("what", ["job-cycle", "two-invokes"])
+def test_the_instruction_counts_job_driver_runs_its_cycles(tmp_path: Path, what: str) -> None:
+    """`bench/instructions.py --jobs` counts what its driver runs under callgrind: the
+    driver itself, run plainly, submits and long-polls real jobs (it checks each
+    ends succeeded) or invokes, in the real app on a SQLite file."""
+    from bench.common import runtime_env
+
+    env = runtime_env(tmp_path, handlers="handlers.echo,bench.fixtures", max_jobs="1000")
+    env.pop("PYTHONPATH")  # as a user runs it: the script puts the root on sys.path
+    done = subprocess.run(
+        [sys.executable, "bench/instructions.py", "--drive", "thaw", what, "3"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    # The driver warms up with 200 of them, then runs the 3 asked for.
+    with sqlite3.connect(tmp_path / "jobs.sqlite3") as db:
+        stored = db.execute("SELECT status, count(*) FROM jobs GROUP BY status").fetchall()
+    assert stored == ([] if what == "two-invokes" else [("succeeded", 203)])
+
+
+def test_the_job_cycle_cpu_comparison_needs_another_checkout() -> None:
+    done = run_as_user("bench/server_cpu.py", "--jobs")
+    assert done.returncode == 2
+    assert "--jobs needs --against" in done.stderr
