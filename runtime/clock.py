@@ -22,6 +22,20 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+# The last whole second `utc_second` wrote and its text, as one tuple: the log
+# lines and the job times of one second share it, and threads at a second's turn
+# never pair one second's number with another's text.
+_second: tuple[int, str] = (-1, "")
+
+
+def utc_second(whole: int) -> str:
+    """Epoch second `whole` as ISO 8601 UTC, "YYYY-MM-DDTHH:MM:SS" (the last one kept)."""
+    global _second
+    second = _second
+    if second[0] != whole:
+        second = _second = (whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)))
+    return second[1]
+
 
 class Timer(Protocol):
     """A callback armed on a clock; `asyncio.TimerHandle` is one."""

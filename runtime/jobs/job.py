@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 import secrets
-import time
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from runtime.clock import utc_second
 from runtime.errors import Cancelled, WorkerLost
 from runtime.wire.render import job_error
 
@@ -35,27 +35,19 @@ def new_job_id() -> str:
     return secrets.token_urlsafe(24)
 
 
-# The last second `rfc3339` formatted and its text, as one tuple (threads share it):
-# a job's times, and the jobs of one second, reuse it, where a datetime per call
-# cost a 202 and its poll about 6 % of their instructions (issue 29).
-_second: tuple[int, str] = (-1, "")
-
-
 def rfc3339(epoch_s: float) -> str:
     """`epoch_s` as RFC 3339 UTC with milliseconds, as `datetime.fromtimestamp(epoch_s,
     UTC).isoformat(timespec="milliseconds")` writes it (with Z): rounded to the
     microsecond half to even, then cut to the millisecond."""
-    global _second
     fraction_s, whole_s = math.modf(epoch_s)  # as datetime splits it, then rounds
     whole, micros = int(whole_s), round(fraction_s * 1_000_000)
     if micros >= 1_000_000:
         whole, micros = whole + 1, micros - 1_000_000
     elif micros < 0:
         whole, micros = whole - 1, micros + 1_000_000
-    second = _second
-    if second[0] != whole:
-        second = _second = (whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)))
-    return f"{second[1]}.{micros // 1000:03d}Z"
+    # The second's text is kept (runtime/clock.py): a datetime per call cost a 202
+    # and its poll about 6 % of their instructions (issue 29).
+    return f"{utc_second(whole)}.{micros // 1000:03d}Z"
 
 
 @dataclass

@@ -334,7 +334,8 @@ class JobManager:
             remembered = self.finished.get(job_id)
             if remembered is not None and remembered.key_id == key_id:
                 return remembered  # final: nothing to wait for, nor to remember again
-            job = await self._lookup(job_id, key_id)
+            # Not remembered for this key: read as `_lookup` would, without asking again.
+            job = await self.calls.read(self.store.get, job_id, quick=True)
             local = self.local.get(job_id)
             if job is None and local is not None and local.job.key_id == key_id:
                 # Held here but gone from the store (a deleted database): write it again.

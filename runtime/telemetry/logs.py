@@ -39,6 +39,8 @@ from typing import Any
 
 import orjson
 
+from runtime.clock import utc_second
+
 _EXTRA_FIELDS = (
     "handler",
     "bundle",
@@ -55,21 +57,11 @@ _EXTRA_FIELDS = (
 REQUEST_ID: ContextVar[str | None] = ContextVar("thaw_request_id", default=None)
 
 
-# The last second formatted by `_stamp` and its text, as one tuple: lines of one
-# second share it, and threads that log at a second's turn never pair one's
-# milliseconds with the other's second.
-_second: tuple[int, str] = (-1, "")
-
-
 def _stamp(created: float) -> str:
     """`created` (epoch seconds) as the line's ts: UTC, milliseconds, as LogRecord rounds."""
-    global _second
     whole = int(created)
-    second = _second
-    if second[0] != whole:
-        second = _second = (whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)))
     millis = int((created - whole) * 1000)  # LogRecord.msecs
-    return f"{second[1]}.{millis:03d}Z"
+    return f"{utc_second(whole)}.{millis:03d}Z"
 
 
 class JSONFormatter(logging.Formatter):
