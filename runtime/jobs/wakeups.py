@@ -12,10 +12,11 @@ committed change of a job. Here they become:
   hears of queued work).
 
 A notification is a hint: the row is the truth, and a waiter reads it again.
-While the listening session is down, notifications are lost: once it is back
-(`on_gap`), every waiter wakes and every subscriber hears a gap, to read
-again whatever it waits for. Stores that cannot listen (SQLite, DynamoDB)
-give no wake-ups: `supported` is False and callers keep their own timing.
+Until the listening session listens, and while it is down, notifications
+are lost: once it listens (`on_gap`: at the start too), every waiter wakes and
+every subscriber hears a gap, to read again whatever it waits for. Stores
+that cannot listen (SQLite, DynamoDB) give no wake-ups: `supported` is False
+and callers keep their own timing.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
   database's notification (shown in-process on a ManualClock that never moves,
   so no timer could have woken it);
 - a cancel that reaches another instance stops the running work, long before
-  any lease or heartbeat could have told its owner (leases of 600 s);
+  any lease or heartbeat could have told its owner (leases of 600 s), even one
+  committed before the owner's listening session listened;
 - an instance SIGKILLed has its running job taken over by another, found dead
   by its silence in the database, long before its lease lapses; a living
   instance's job that runs longer than that silence is never taken.
@@ -163,6 +164,41 @@ def test_a_follower_on_another_instance_gets_the_streamed_jobs_result(
     assert "event: result" in events
     result = events[events.index("event: result") + 1]
     assert result == 'data: {"text":"t0 t1 t2 t3 ","ticks":4}'
+
+
+@pytest.mark.anyio
+async def test_a_cancel_committed_before_the_instance_listened_still_stops_the_work(
+    fleet_dsn: str,
+) -> None:
+    """An instance takes jobs as soon as its store opens, before its listening session
+    listens (a submit can beat the connect): a cancel committed elsewhere in between,
+    whose notification nobody heard, stops the work once the session listens. The
+    clock never moves: no heartbeat could have told the owner."""
+    clock = ManualClock()
+    here = PostgresJobStore(fleet_dsn, ttl_s=3600, clock=clock)
+    there = PostgresJobStore(fleet_dsn, ttl_s=3600, clock=clock)
+    manager = JobManager(
+        here, owner="here", lease_s=30, max_attempts=3, metrics=Metrics(), clock=clock
+    )
+    work: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+    try:
+        job = await manager.record("echo", {}, phase="running", key_id=None)
+        manager.follow(job, work, lambda: ("running", None))
+        cancelled = await asyncio.to_thread(there.cancel, job.id)
+        assert cancelled is not None and cancelled.status is JobStatus.CANCELLED
+        await asyncio.sleep(0.3)
+        assert not work.done()  # nobody listens yet: nothing has told the owner
+        manager.wakeups.start(here)
+        for _ in range(int(SAFETY_S * 100)):  # until the first LISTEN's re-read stops it
+            if work.cancelled():
+                break
+            await asyncio.sleep(0.01)
+        assert work.cancelled()
+    finally:
+        manager.wakeups.close()
+        manager.close()
+        here.close()
+        there.close()
 
 
 @pytest.mark.anyio

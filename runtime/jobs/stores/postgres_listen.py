@@ -11,8 +11,10 @@ a thread of its own that sleeps in `select()` on the socket (no polling of the
 table). It calls `on_event(JobEvent)` for each notification, in the order the
 server committed them, from that thread: an asyncio consumer hands them to its
 loop with `call_soon_threadsafe`. Notifications sent while the session is
-down are lost, so once it is listening again it calls `on_gap()`: whatever a
-consumer waits for may have changed meanwhile, and it should read it again.
+not listening are lost, so each time LISTEN takes effect it calls `on_gap()`:
+whatever a consumer waits for may have changed meanwhile, and it should read it
+again. The first time too: a job this instance took before its session listened
+(a submit can beat the connect) may have been cancelled elsewhere in between.
 The session is checked every `keepalive_s` with a `SELECT 1`, so a server gone
 silent is noticed, and reconnected with a back-off of up to 2 s.
 """
@@ -89,7 +91,6 @@ class Listener:
 
     def _run(self) -> None:
         failures = 0
-        first = True
         while not self._stop.is_set():
             conn: Connection | None = None
             try:
@@ -99,9 +100,7 @@ class Listener:
                 if failures:
                     log.info("job store %s: listening for job changes again", self.where)
                 failures = 0
-                if not first:
-                    self._call(self.on_gap)
-                first = False
+                self._call(self.on_gap)
                 self._serve(conn)
             except psycopg.Error as exc:
                 if not self._stop.is_set():
@@ -113,7 +112,6 @@ class Listener:
                         )
                     self._stop.wait(_BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)])
                     failures += 1
-                    first = False
             finally:
                 self.listening.clear()
                 if conn is not None:
