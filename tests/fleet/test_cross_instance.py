@@ -166,6 +166,24 @@ def test_a_follower_on_another_instance_gets_the_streamed_jobs_result(
     assert result == 'data: {"text":"t0 t1 t2 t3 ","ticks":4}'
 
 
+def owner_on(dsn: str, clock: ManualClock) -> tuple[PostgresJobStore, JobManager]:
+    """An instance's store and job manager, in-process, on `clock`."""
+    store = PostgresJobStore(dsn, ttl_s=3600, clock=clock)
+    manager = JobManager(
+        store, owner="here", lease_s=30, max_attempts=3, metrics=Metrics(), clock=clock
+    )
+    return store, manager
+
+
+async def stopped(work: asyncio.Future[object]) -> None:
+    """Wait until the owner cancelled `work` (a safety limit, not a bound on time)."""
+    for _ in range(int(SAFETY_S * 100)):
+        if work.cancelled():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the held job's work was never stopped")
+
+
 @pytest.mark.anyio
 async def test_a_cancel_committed_before_the_instance_listened_still_stops_the_work(
     fleet_dsn: str,
@@ -174,12 +192,9 @@ async def test_a_cancel_committed_before_the_instance_listened_still_stops_the_w
     listens (a submit can beat the connect): a cancel committed elsewhere in between,
     whose notification nobody heard, stops the work once the session listens. The
     clock never moves: no heartbeat could have told the owner."""
-    clock = ManualClock()
-    here = PostgresJobStore(fleet_dsn, ttl_s=3600, clock=clock)
+    clock = ManualClock()  # never advanced: no heartbeat can tell the owner anything
+    here, manager = owner_on(fleet_dsn, clock)
     there = PostgresJobStore(fleet_dsn, ttl_s=3600, clock=clock)
-    manager = JobManager(
-        here, owner="here", lease_s=30, max_attempts=3, metrics=Metrics(), clock=clock
-    )
     work: asyncio.Future[object] = asyncio.get_running_loop().create_future()
     try:
         job = await manager.record("echo", {}, phase="running", key_id=None)
@@ -189,11 +204,7 @@ async def test_a_cancel_committed_before_the_instance_listened_still_stops_the_w
         await asyncio.sleep(0.3)
         assert not work.done()  # nobody listens yet: nothing has told the owner
         manager.wakeups.start(here)
-        for _ in range(int(SAFETY_S * 100)):  # until the first LISTEN's re-read stops it
-            if work.cancelled():
-                break
-            await asyncio.sleep(0.01)
-        assert work.cancelled()
+        await stopped(work)  # by the first LISTEN's re-read
     finally:
         manager.wakeups.close()
         manager.close()
@@ -208,11 +219,7 @@ async def test_a_gap_in_the_notifications_rereads_the_held_jobs(fleet_dsn: str) 
     its held jobs again. The clock never moves: no heartbeat could have told it."""
     import psycopg
 
-    clock = ManualClock()
-    here = PostgresJobStore(fleet_dsn, ttl_s=3600, clock=clock)
-    manager = JobManager(
-        here, owner="here", lease_s=30, max_attempts=3, metrics=Metrics(), clock=clock
-    )
+    here, manager = owner_on(fleet_dsn, ManualClock())
     work: asyncio.Future[object] = asyncio.get_running_loop().create_future()
     try:
         manager.wakeups.start(here)
@@ -233,11 +240,7 @@ async def test_a_gap_in_the_notifications_rereads_the_held_jobs(fleet_dsn: str) 
                 " AND query IN ('LISTEN thaw_jobs', 'SELECT 1')"
             )
         assert await asyncio.to_thread(listener.listening.wait, 30)  # back: the gap
-        for _ in range(int(SAFETY_S * 100)):  # until the re-read stopped it
-            if work.cancelled():
-                break
-            await asyncio.sleep(0.01)
-        assert work.cancelled()
+        await stopped(work)  # by the re-read
     finally:
         manager.wakeups.close()
         manager.close()
