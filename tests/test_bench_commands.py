@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.common import fmt_s
 from tests.support import free_port, until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -150,3 +151,20 @@ def test_the_job_cycle_cpu_comparison_needs_another_checkout() -> None:
     done = run_as_user("bench/server_cpu.py", "--jobs")
     assert done.returncode == 2
     assert "--jobs needs --against" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [
+        (0.00094, "940 µs"),
+        (0.00099996, "1.00 ms"),  # rounds up into the next unit, not "1000 µs"
+        (0.00104, "1.04 ms"),  # beside a target of 1.0 ms: which side, not "1.0 ms"
+        (0.0189, "18.9 ms"),
+        (0.25, "250 ms"),
+        (0.9999, "1.00 s"),
+        (2.5, "2.50 s"),
+        (float("nan"), "n/a"),
+    ],
+)
+def test_durations_show_three_significant_digits(seconds: float, shown: str) -> None:
+    assert fmt_s(seconds) == shown
