@@ -104,6 +104,30 @@ def test_large_payloads_live_in_s3_under_the_prefix(
     ]
 
 
+@pytest.mark.parametrize("big_input", [False, True], ids=["inline input", "input in S3"])
+def test_finish_reads_back_nothing_it_stored(
+    store: DynamoDBJobStore, aws: dict[str, Any], big_input: bool
+) -> None:
+    """`finish` answers with the record it wrote (ReturnValues=ALL_NEW), its output and
+    error taken from the bytes it just stored: a large output costs no S3 GET and no
+    download after its upload. Only an input kept in S3 is read, as `get` would."""
+    gets: list[str] = []
+    aws["s3"].meta.events.register(
+        "before-parameter-build.s3.GetObject", lambda params, **_: gets.append(params["Key"])
+    )
+    job = Job(id=new_job_id(), handler="echo", input=BIG if big_input else {"x": 1})
+    store.create(job)
+    assert store.claim(job.id, "a", 30, 3) is not None
+    gets.clear()  # the claim reads the input, for the run it hands out
+    finished = store.finish(job.id, "a", JobStatus.SUCCEEDED, {"out": "y" * 300_000})
+    assert [key.rpartition("-")[0] for key in gets] == (
+        [f"jobs/{job.id}/input"] if big_input else []
+    )
+    assert item(aws, job.id)["output_ref"]["S"].startswith(f"jobs/{job.id}/output-")
+    assert finished is not None and finished == store.get(job.id)
+    assert finished.output == {"out": "y" * 300_000}
+
+
 def test_small_payloads_stay_inline(store: DynamoDBJobStore, aws: dict[str, Any]) -> None:
     job = Job(id=new_job_id(), handler="echo", input={"x": 0.1})
     store.create(job)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -173,14 +174,6 @@ class DynamoDBJobStore:
             self.payloads.drop(sets)
         return done
 
-    def _set_payload(
-        self, job_id: str, sets: dict[str, Any], removes: list[str], field: str, value: Any
-    ) -> None:
-        stored = self.payloads.store(job_id, field, value)
-        if stored is not None:
-            sets[stored[0]] = stored[1]
-        removes.extend(a for a in (field, f"{field}_ref") if stored is None or a != stored[0])
-
     def create_many(self, jobs: Sequence[Job]) -> list[Conflict | None]:
         """One conditional put per job: DynamoDB batches take no conditions."""
         outcomes: list[Conflict | None] = []
@@ -217,7 +210,7 @@ class DynamoDBJobStore:
             for field in FIELDS:
                 stored = self.payloads.store(job.id, field, getattr(job, field))
                 if stored is not None:
-                    item[stored[0]] = blobs[stored[0]] = stored[1]
+                    item[stored.attribute] = blobs[stored.attribute] = stored.value
             with translated(f"creating job {job.id}"):
                 try:
                     self.client.put_item(
@@ -344,7 +337,7 @@ class DynamoDBJobStore:
     ) -> bool:
         sets: dict[str, Any] = {"phase": phase, "updated_at": self.clock.wall()}
         removes: list[str] = []
-        self._set_payload(job_id, sets, removes, "progress", progress)
+        self.payloads.update(job_id, sets, removes, "progress", progress)
         return self._owned_update(job_id, owner, sets, removes, attempt) is not None
 
     def finish(
@@ -362,15 +355,18 @@ class DynamoDBJobStore:
             TTL_ATTRIBUTE: float(math.ceil(now + self.ttl_s)),
         }
         removes = ["lease_until", "progress", "progress_ref", "active"]
-        self._set_payload(job_id, sets, removes, "output", output)
+        written = {"output": self.payloads.update(job_id, sets, removes, "output", output)}
         try:
-            self._set_payload(job_id, sets, removes, "error", error)
+            written["error"] = self.payloads.update(job_id, sets, removes, "error", error)
         except BaseException:
             self.payloads.drop(sets)
             raise
-        # The item as written comes back with the write: no read (a billed call) after it.
+        # The item as written comes back with the write: no read (a billed call) after
+        # it, and its output and error are the bytes just stored, not read back from S3.
         item = self._owned_update(job_id, owner, sets, removes, attempt, return_new=True)
-        return None if item is None else job_of(item, self.payloads.load)
+        if item is None:
+            return None
+        return job_of(item, partial(self.payloads.load, written=written))
 
     def cancel(self, job_id: str) -> Job | None:
         self._update(

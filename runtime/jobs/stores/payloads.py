@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import orjson
 from botocore.exceptions import BotoCoreError, ClientError
@@ -37,6 +38,18 @@ def translated(what: str) -> Iterator[None]:
         ) from exc
 
 
+class Stored(NamedTuple):
+    """A payload as an item holds it: the attribute (`field` or `field_ref`), its value,
+    and the serialized bytes (inline, or the S3 object's body)."""
+
+    attribute: str
+    value: dict[str, Any]
+    blob: bytes
+
+
+NONE_WRITTEN: Mapping[str, bytes | None] = MappingProxyType({})
+
+
 class Payloads:
     """Inline-or-S3 storage of job payloads; `s3` is None when no bucket is configured."""
 
@@ -45,13 +58,13 @@ class Payloads:
         self.bucket = bucket
         self.prefix = prefix
 
-    def store(self, job_id: str, field: str, value: Any) -> tuple[str, dict[str, Any]] | None:
-        """(attribute name, attribute value) for `value`: inline bytes or an S3 key."""
+    def store(self, job_id: str, field: str, value: Any) -> Stored | None:
+        """The attribute for `value` (inline bytes or an S3 key), and its bytes."""
         if value is None:
             return None
         blob = orjson.dumps(value)
         if len(blob) <= INLINE_LIMITS[field]:
-            return field, {"B": blob}
+            return Stored(field, {"B": blob}, blob)
         if self.s3 is None:
             raise PayloadTooLarge(
                 f"job {field} is {len(blob)} bytes; large payloads need THAW_JOB_STORE ?bucket="
@@ -62,9 +75,30 @@ class Payloads:
             self.s3.put_object(
                 Bucket=self.bucket, Key=key, Body=blob, ContentType="application/json"
             )
-        return f"{field}_ref", {"S": key}
+        return Stored(f"{field}_ref", {"S": key}, blob)
 
-    def load(self, item: dict[str, Any], field: str) -> Any:
+    def update(
+        self, job_id: str, sets: dict[str, Any], removes: list[str], field: str, value: Any
+    ) -> bytes | None:
+        """An update's `field` set to `value` (stored inline or in S3) and its other form
+        removed; the bytes stored (None for none)."""
+        stored = self.store(job_id, field, value)
+        if stored is not None:
+            sets[stored.attribute] = stored.value
+        removes.extend(
+            a for a in (field, f"{field}_ref") if stored is None or a != stored.attribute
+        )
+        return None if stored is None else stored.blob
+
+    def load(
+        self, item: dict[str, Any], field: str, written: Mapping[str, bytes | None] = NONE_WRITTEN
+    ) -> Any:
+        """The payload `field` of `item`: inline, from S3, or, for a field in `written`
+        (the bytes the caller has just stored, None for none), from those bytes: a
+        write reads back nothing it wrote (an S3 GET and download of a large output)."""
+        if field in written:
+            blob = written[field]
+            return None if blob is None else orjson.loads(blob)
         if field in item:
             return orjson.loads(item[field]["B"])
         ref = item.get(f"{field}_ref")
