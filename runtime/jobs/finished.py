@@ -8,10 +8,17 @@ clients follow one job; on DynamoDB each of those is a billed read and a
 round trip. It matters most when the store cannot serve for a while: a result
 this instance has seen stays readable (runtime/jobs/manager.py).
 
-`cachetools.TLRUCache` does both bounds: least recently used out first past
-`max_jobs`, and each record out at its own `expires_at` (THAW_JOB_TTL_S),
+`cachetools.TLRUCache` does the bounds: least recently used out first past
+`max_bytes`, and each record out at its own `expires_at` (THAW_JOB_TTL_S),
 measured on the wall clock the store writes it with, so the memory never
-answers for a job the store has expired.
+answers for a job the store has expired. The bound is in bytes as well as records:
+each record costs its payloads' serialized bytes (`Job.payload_bytes`, known
+from the store's own bytes) and a flat `max_bytes // max_jobs` for the rest,
+so `max_jobs` small records fill it, and so do a few large ones. A count alone
+let 4,096 finished jobs of 1 MB in and out hold about 15 GiB of RSS (their
+parsed payloads: a float of 20 JSON bytes is a 24-byte object and a pointer).
+A record larger than a sixteenth of the bound is not kept at all, so one large
+output does not push out hundreds of small ones: its polls read the store.
 
 A recorded outcome is also counted (`thaw_jobs_total`), its output added to the
 job's quota use, and logged in one line (`outcome_recorded`), wherever it was written:
@@ -34,6 +41,12 @@ from runtime.telemetry.metrics import Metrics
 log = logging.getLogger("thaw.jobs")
 
 MAX_JOBS = 4096
+# Serialized payload bytes the memory holds at most; as Python objects they take
+# about twice that, well inside the per-process overhead a container is told to
+# leave (README).
+MAX_BYTES = 16 * 1024 * 1024
+# The share of the bound a record may take, at most (see the module's docstring).
+LARGEST_SHARE = 16
 
 
 def _expires(_job_id: str, job: Job, now: float) -> float:
@@ -42,12 +55,22 @@ def _expires(_job_id: str, job: Job, now: float) -> float:
 
 
 class FinishedJobs:
-    """Final job records by id, at most `max_jobs`, none past its expiry."""
+    """Final job records by id: at most `max_jobs` of them and `max_bytes` of their
+    payloads, none past its expiry."""
 
-    def __init__(self, max_jobs: int = MAX_JOBS, clock: Clock = SYSTEM) -> None:
+    def __init__(
+        self, max_jobs: int = MAX_JOBS, clock: Clock = SYSTEM, *, max_bytes: int = MAX_BYTES
+    ) -> None:
+        record_bytes = max(1, max_bytes // max_jobs)
+        bound = record_bytes * max_jobs
+        # Past this a record is not kept (and the cache could not hold it at all).
+        self.largest_bytes = min(max_bytes // LARGEST_SHARE, bound - record_bytes)
         # Expiry is the record's own `expires_at`: epoch seconds, so the wall clock.
         self._jobs: TLRUCache[str, Job] = TLRUCache(
-            maxsize=max_jobs, ttu=_expires, timer=clock.wall
+            maxsize=bound,
+            ttu=_expires,
+            timer=clock.wall,
+            getsizeof=lambda job: record_bytes + job.payload_bytes,
         )
 
     def get(self, job_id: str) -> Job | None:
@@ -55,9 +78,20 @@ class FinishedJobs:
         return found
 
     def remember(self, job: Job) -> None:
-        """Keep `job` if it is final; a running one changes and is never kept."""
-        if job.status.final:
-            self._jobs[job.id] = job
+        """Keep `job` if it is final and not too large; a running one changes and is
+        never kept."""
+        if not job.status.final:
+            return
+        if job.payload_bytes > self.largest_bytes:
+            self._jobs.pop(job.id, None)
+            return
+        self._jobs[job.id] = job
+
+    @property
+    def size_bytes(self) -> int:
+        """What the records kept count against the bound: their payloads' bytes and
+        a flat share each."""
+        return int(self._jobs.currsize)
 
     def __len__(self) -> int:
         return len(self._jobs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -70,6 +70,11 @@ class Job:
     # Id (not the secret) of the API key that created the job; None when auth is off.
     key_id: str | None = None
     progress: dict[str, Any] | None = None
+    # Bytes of its payloads (input, output, error, progress) as its store holds them
+    # serialized, where known (a record read or written back; 0 otherwise): what a
+    # record costs the memory of finished jobs (runtime/jobs/finished.py), known
+    # without serializing anything again. Not part of the record's value.
+    payload_bytes: int = field(default=0, compare=False, repr=False)
 
     def public(self) -> dict[str, Any]:
         """The job object of the HTTP contract."""

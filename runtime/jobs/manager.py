@@ -39,7 +39,7 @@ from runtime.jobs.items import ItemSource, JobItems
 from runtime.jobs.job import Job, JobStatus, new_job_id
 from runtime.jobs.leases import Leases, LocalJob, Probe, outcome_of, wait_set
 from runtime.jobs.owners import OwnerLock
-from runtime.jobs.quota import JobQuota, json_size
+from runtime.jobs.quota import JobQuota, json_bytes
 from runtime.jobs.recovery import JobRunner, Recovery
 from runtime.jobs.store import JobStore
 from runtime.jobs.wakeups import Wakeups
@@ -135,10 +135,9 @@ class JobManager:
         """Write a new job, running and leased to this instance (or `queued`: for any
         instance to claim, this one by `claim_queued` when it gets to it); returns once
         durable. Refused past the key's or the instance's stored-job quota (quota.py)."""
-        quota = self.quota
-        size = 0
+        quota, encoded = self.quota, json_bytes(event)  # None: the store's write says why
+        size = 0 if encoded is None else len(encoded)
         if quota is not None:
-            size = json_size(event)
             quota.admit(key_id, size)
         now = self.clock.wall()
         job = Job(
@@ -153,9 +152,10 @@ class JobManager:
             owner=None if queued else self.owner,
             lease_until=None if queued else now + self.lease_s,
             key_id=key_id,
+            payload_bytes=size,
         )
         try:
-            await self._creates.create(job)
+            await self._creates.create(job, encoded)  # the bytes counted are those written
         except StorageUnavailable as exc:
             self.calls.failing(exc)
             raise

@@ -29,13 +29,19 @@ from runtime.errors import PayloadTooLarge, QuotaExceeded
 from runtime.wire.outputs import JSON_OPTIONS
 
 
+def json_bytes(value: object) -> bytes | None:
+    """`value` as the store keeps it, JSON; None for what JSON cannot carry."""
+    try:
+        return orjson.dumps(value, option=JSON_OPTIONS)
+    except TypeError:
+        return None
+
+
 def json_size(value: object) -> int:
     """Bytes of `value` as the store keeps it, JSON (0 for what JSON cannot carry:
     such an output is stored as its error)."""
-    try:
-        return len(orjson.dumps(value, option=JSON_OPTIONS))
-    except TypeError:
-        return 0
+    encoded = json_bytes(value)
+    return 0 if encoded is None else len(encoded)
 
 
 @dataclass

@@ -17,6 +17,7 @@ from runtime.jobs.job import Job, JobStatus
 from runtime.jobs.manager import JobManager
 from runtime.jobs.stores.sqlite import SQLiteJobStore
 from runtime.telemetry.metrics import Metrics
+from tests.support import SAFETY_S
 
 pytestmark = pytest.mark.anyio
 
@@ -112,3 +113,63 @@ def test_a_record_is_forgotten_at_its_expiry_and_only_final_ones_are_kept() -> N
         )
     assert len(finished) == 2
     assert finished.get("c") is None and finished.get("e") is not None
+
+
+def final_job(name: str, clock: ManualClock, payload_bytes: int) -> Job:
+    return Job(
+        id=name,
+        handler="echo",
+        input={},
+        status=JobStatus.SUCCEEDED,
+        expires_at=clock.wall() + 1000.0,
+        payload_bytes=payload_bytes,
+    )
+
+
+def test_the_memory_is_bounded_in_payload_bytes_as_well_as_in_records() -> None:
+    clock = ManualClock()
+    # 100 records at most, so each costs 1,000 bytes before its payloads.
+    finished = FinishedJobs(max_jobs=100, clock=clock, max_bytes=100_000)
+    for i in range(30):
+        finished.remember(final_job(f"large-{i}", clock, 6_000))
+    # 7,000 bytes a record: 14 fit, the least recently used went first.
+    assert len(finished) == 14 and finished.size_bytes == 98_000
+    assert finished.get("large-15") is None and finished.get("large-16") is not None
+
+    # Past a sixteenth of the bound a record is not kept, and pushes nothing out.
+    finished.remember(final_job("huge", clock, 6_251))
+    assert finished.get("huge") is None and len(finished) == 14
+
+    for i in range(300):
+        finished.remember(final_job(f"small-{i}", clock, 0))
+    assert len(finished) == 100 and finished.get("small-299") is not None
+
+
+async def test_a_job_too_large_to_remember_is_answered_from_the_store(tmp_path: Path) -> None:
+    store = CountedStore(tmp_path / "jobs.sqlite3")
+    jobs = manager(store)
+    output = {"text": "x" * (1024 * 1024 + 1)}  # past a sixteenth of the 16 MiB bound
+    job = await jobs.record("echo", {}, phase="running", key_id=None)
+    jobs.follow(job, asyncio.ensure_future(asyncio.sleep(0, output)), lambda: ("running", None))
+    await jobs.wait_idle()
+    store.reads = 0
+    for _ in range(2):
+        polled = await jobs.get(job.id, key_id=None)
+        assert polled.status is JobStatus.SUCCEEDED and polled.output == output
+    assert store.reads == 2
+    assert len(jobs.finished) == 0
+
+
+async def test_a_job_output_is_recorded_as_its_answer_encodes_it(tmp_path: Path) -> None:
+    """numpy values (which an answer encodes) in a job's output: recorded as JSON."""
+    numpy = pytest.importorskip("numpy")
+    store = CountedStore(tmp_path / "jobs.sqlite3")
+    jobs = manager(store)
+    output = {"scores": numpy.arange(3, dtype=numpy.float32) / 2}
+    job = await jobs.record("echo", {}, phase="running", key_id=None)
+    jobs.follow(job, asyncio.ensure_future(asyncio.sleep(0, output)), lambda: ("running", None))
+    # Until now the store's own serializer refused such an output: never recorded.
+    await asyncio.wait_for(jobs.wait_idle(), SAFETY_S)
+    stored = store.inner.get(job.id)
+    assert stored is not None and stored.status is JobStatus.SUCCEEDED
+    assert stored.output == {"scores": [0.0, 0.5, 1.0]}

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from runtime.clock import ManualClock
@@ -426,6 +427,27 @@ def test_large_input_and_output_round_trip(store: JobStore) -> None:
     assert store.finish(job.id, "a", JobStatus.SUCCEEDED, output)
     got = store.get(job.id)
     assert got is not None and got.output == output and got.input == big_input
+
+
+@pytest.mark.parametrize("scale", [1, 2000], ids=["small", "large"])
+def test_every_record_counts_the_bytes_its_payloads_are_stored_in(
+    store: JobStore, scale: int
+) -> None:
+    """What a record costs the memory of finished jobs is known from the store's own
+    bytes, inline or (DynamoDB, past its item limit) in S3: no serialization again."""
+    given = {"text": "x" * 100 * scale}
+    job = queued(store, given)
+    size_in = len(orjson.dumps(given))
+    claimed = store.claim(job.id, "a", 30.0, 3)
+    assert claimed is not None and claimed.payload_bytes == size_in
+    output = {"values": [i / 7 for i in range(10 * scale)]}
+    # An output the caller encoded already (an orjson.Fragment) is written as it is.
+    encoded = orjson.dumps(output)
+    final = store.finish(job.id, "a", JobStatus.SUCCEEDED, orjson.Fragment(encoded))
+    assert final is not None and final.output == output
+    assert final.payload_bytes == size_in + len(encoded)
+    got = store.get(job.id)
+    assert got == final and got is not None and got.payload_bytes == final.payload_bytes
 
 
 def test_jobs_survive_reopening_the_store(open_store: OpenStore) -> None:

@@ -235,7 +235,7 @@ class DynamoDBJobStore:
         item = response.get("Item")
         if item is None or float(item[TTL_ATTRIBUTE]["N"]) <= self.clock.wall():
             return None
-        return job_of(item, self.payloads.load)
+        return job_of(item, self.payloads.blob)
 
     def claim(self, job_id: str, owner: str, lease_s: float, max_attempts: int) -> Job | None:
         values = {":max": max_attempts, ":now": self.clock.wall()} | STATES
@@ -275,7 +275,7 @@ class DynamoDBJobStore:
             return_new=True,
         )
         if claimed is not None:
-            return job_of(claimed, self.payloads.load)
+            return job_of(claimed, self.payloads.blob)
         self._update(
             job_id,
             {
@@ -366,7 +366,7 @@ class DynamoDBJobStore:
         item = self._owned_update(job_id, owner, sets, removes, attempt, return_new=True)
         if item is None:
             return None
-        return job_of(item, partial(self.payloads.load, written=written))
+        return job_of(item, partial(self.payloads.blob, written=written))
 
     def cancel(self, job_id: str) -> Job | None:
         self._update(

@@ -12,9 +12,11 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
+import orjson
 from botocore.exceptions import ClientError
 
 from runtime.jobs.job import Job, JobStatus
+from runtime.jobs.stores.payloads import FIELDS as PAYLOAD_FIELDS
 
 ACTIVE_INDEX = "active-created_at"
 TTL_ATTRIBUTE = "expires_at"
@@ -122,12 +124,13 @@ def create_table(client: Any, table_name: str, *, wait: bool = True) -> None:
     )
 
 
-def job_of(item: dict[str, Any], load: Callable[[dict[str, Any], str], Any]) -> Job:
-    """The job an item holds; `load` reads a payload field (inline or from S3)."""
+def job_of(item: dict[str, Any], blob: Callable[[dict[str, Any], str], bytes | None]) -> Job:
+    """The job an item holds; `blob` reads a payload field's bytes (inline or from S3)."""
 
     def opt(name: str, kind: str) -> Any:
         return item[name][kind] if name in item else None
 
+    payloads = {name: blob(item, name) for name in PAYLOAD_FIELDS}
     lease = opt("lease_until", "N")
     return Job(
         id=item["id"]["S"],
@@ -138,11 +141,16 @@ def job_of(item: dict[str, Any], load: Callable[[dict[str, Any], str], Any]) -> 
         created_at=float(item["created_at"]["N"]),
         updated_at=float(item["updated_at"]["N"]),
         expires_at=float(item[TTL_ATTRIBUTE]["N"]),
-        input=load(item, "input"),
-        output=load(item, "output"),
-        error=load(item, "error"),
+        input=_parsed(payloads["input"]),
+        output=_parsed(payloads["output"]),
+        error=_parsed(payloads["error"]),
         owner=opt("owner", "S"),
         lease_until=None if lease is None else float(lease),
         key_id=opt("key_id", "S"),
-        progress=load(item, "progress"),
+        progress=_parsed(payloads["progress"]),
+        payload_bytes=sum(len(b) for b in payloads.values() if b is not None),
     )
+
+
+def _parsed(blob: bytes | None) -> Any:
+    return None if blob is None else orjson.loads(blob)

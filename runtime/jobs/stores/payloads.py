@@ -90,17 +90,17 @@ class Payloads:
         )
         return None if stored is None else stored.blob
 
-    def load(
+    def blob(
         self, item: dict[str, Any], field: str, written: Mapping[str, bytes | None] = NONE_WRITTEN
-    ) -> Any:
-        """The payload `field` of `item`: inline, from S3, or, for a field in `written`
-        (the bytes the caller has just stored, None for none), from those bytes: a
+    ) -> bytes | None:
+        """The serialized payload `field` of `item` (None for none): inline, from S3, or,
+        for a field in `written` (the bytes the caller has just stored), those bytes: a
         write reads back nothing it wrote (an S3 GET and download of a large output)."""
         if field in written:
-            blob = written[field]
-            return None if blob is None else orjson.loads(blob)
+            return written[field]
         if field in item:
-            return orjson.loads(item[field]["B"])
+            inline: bytes = item[field]["B"]
+            return inline
         ref = item.get(f"{field}_ref")
         if ref is None:
             return None
@@ -109,7 +109,8 @@ class Payloads:
         with translated(f"reading the {field} of job {item['id']['S']}"):
             response = self.s3.get_object(Bucket=self.bucket, Key=ref["S"])
             with contextlib.closing(response["Body"]) as body:
-                return orjson.loads(body.read())
+                read: bytes = body.read()
+                return read
 
     def drop(self, attributes: dict[str, dict[str, Any]]) -> None:
         """Delete the S3 objects named by `*_ref` attributes (a lost race, a failed write)."""

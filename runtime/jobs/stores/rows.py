@@ -21,6 +21,8 @@ FIELDS = (
 
 
 def dump(value: Any) -> bytes | None:
+    """`value` as orjson bytes; an `orjson.Fragment` (an output already encoded,
+    runtime/jobs/leases.py) is written as it is, with nothing serialized again."""
     return None if value is None else orjson.dumps(value)
 
 
@@ -65,4 +67,9 @@ def job_of(row: Sequence[Any]) -> Job:
         lease_until=row[12],
         key_id=row[13],
         progress=load(row[14]),
+        # Not a generator over them: this runs for every record read or written back.
+        payload_bytes=len(row[8] or b"")
+        + len(row[9] or b"")
+        + len(row[10] or b"")
+        + len(row[14] or b""),
     )
