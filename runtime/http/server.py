@@ -232,6 +232,10 @@ def serve(host: str = "127.0.0.1", port: int = 8080, insecure: bool = False) -> 
         # No `Server: uvicorn`: an answer does not name the software behind it (a
         # scanner's first question), and each header is h11 work on every answer.
         server_header=False,
+        # No X-Forwarded-* rewrite of the client address: nothing in Thaw reads it (the
+        # access log names no address), and uvicorn's middleware for it is one more
+        # ASGI layer, its header scan and frame, on every request.
+        proxy_headers=False,
     )
     failed: list[Exception] = []
 
