@@ -47,8 +47,8 @@ log = logging.getLogger("thaw.jobs")
 
 # What the job is doing right now: (phase, progress or None).
 Probe = Callable[[], tuple[str, dict[str, Any] | None]]
-# A job's final (status, output, error); a succeeded output as its JSON, encoded once
-# (`outcome_of`).
+# A job's final (status, output, error); a succeeded output as an orjson.Fragment of
+# its JSON, encoded once (`outcome_of`).
 Outcome = tuple[JobStatus, Any, dict[str, Any] | None]
 
 

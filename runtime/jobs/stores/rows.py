@@ -21,8 +21,8 @@ FIELDS = (
 
 
 def dump(value: Any) -> bytes | None:
-    """`value` as orjson bytes; an `orjson.Fragment` (an output already encoded,
-    runtime/jobs/leases.py) is written as it is, with nothing serialized again."""
+    """`value` as orjson bytes; an `orjson.Fragment` (an input or output its caller
+    encoded already: runtime/jobs/batch.py, leases.py) is written as it is."""
     return None if value is None else orjson.dumps(value)
 
 
