@@ -49,9 +49,10 @@ from bench.common import (  # noqa: E402
     thaw_serve_argv,
     verdict,
 )
+from bench.overhead import thaw_job_cycle  # noqa: E402
 from bench.server_cpu import cpu_s  # noqa: E402
+from tests.pretrained.host_memory import MIB, status_bytes  # noqa: E402
 
-MIB = 1024 * 1024
 GROWTH_TARGET = 48 * MIB
 # Floats per input: about 20 bytes of JSON each (0.2 MB and 1 MB inputs).
 SIZES = (10_000, 50_000)
@@ -64,10 +65,7 @@ def body(floats: int) -> bytes:
 
 def rss_bytes(proc: Proc) -> int:
     assert proc.proc is not None
-    for line in Path(f"/proc/{proc.proc.pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
+    return status_bytes(proc.proc.pid, "VmRSS")
 
 
 async def cycles(port: int, payload: bytes, count: int) -> list[float]:
@@ -77,13 +75,7 @@ async def cycles(port: int, payload: bytes, count: int) -> list[float]:
     try:
         for _ in range(count):
             started = time.monotonic()
-            submitted = await conn.request("POST", "/handlers/echo/jobs", payload)
-            if submitted.status != 202:
-                raise RuntimeError(f"submit answered {submitted.status}: {submitted.body[:200]!r}")
-            job_id = orjson.loads(submitted.body)["id"]
-            done = await conn.request("GET", f"/jobs/{job_id}?wait=30")
-            if done.status != 200 or orjson.loads(done.body)["status"] != "succeeded":
-                raise RuntimeError(f"job answered {done.status}: {done.body[:200]!r}")
+            await thaw_job_cycle(conn, payload)
             took.append(time.monotonic() - started)
     finally:
         await conn.close()

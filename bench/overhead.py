@@ -101,9 +101,9 @@ async def measure(
     return Slot(percentile(latencies, 50), percentile(latencies, 99), len(latencies) / elapsed)
 
 
-async def _thaw_cycle(conn: Conn) -> None:
+async def thaw_job_cycle(conn: Conn, body: bytes = BODY) -> None:
     """Submit a job of `echo`, then long-poll its result: durable in SQLite."""
-    submitted = await conn.request("POST", "/handlers/echo/jobs", BODY)
+    submitted = await conn.request("POST", "/handlers/echo/jobs", body)
     if submitted.status != 202:
         raise RuntimeError(f"submit answered {submitted.status}: {submitted.body[:200]!r}")
     job_id = orjson.loads(submitted.body)["id"]
@@ -123,7 +123,7 @@ async def _runpod_cycle(conn: Conn) -> None:
 
 async def measure_jobs(port: int, duration_s: float, runpod: bool = False) -> Slot:
     """One client's submit -> result cycles, again and again: p50, p99, cycles/s."""
-    cycle = _runpod_cycle if runpod else _thaw_cycle
+    cycle = _runpod_cycle if runpod else thaw_job_cycle
     cycles: list[float] = []
     conn = await Conn(port).open()
     started = time.monotonic()

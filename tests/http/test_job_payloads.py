@@ -5,24 +5,15 @@ the process shows, and every job still answers its whole output."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import httpx
 import orjson
 
+from tests.pretrained.host_memory import MIB, rss
 from tests.support import SAFETY_S, ServerProcess
 
-MIB = 1024 * 1024
 # About 190 KB of JSON each way: records small enough for the memory to keep.
 BODY = orjson.dumps({"values": [i / 7 for i in range(10_000)]})
-
-
-def rss_bytes(server: ServerProcess) -> int:
-    assert server.proc is not None
-    for line in Path(f"/proc/{server.proc.pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def echo_jobs(client: httpx.Client, count: int) -> list[str]:
@@ -45,9 +36,9 @@ def test_finished_jobs_with_large_payloads_do_not_grow_the_process(
     with httpx.Client(base_url=server.url, timeout=SAFETY_S) as client:
         # Past the memory's 16 MiB of payloads: it holds all it will from here on.
         first = echo_jobs(client, 100)
-        filled = rss_bytes(server)
+        filled = rss(server)
         echo_jobs(client, 200)
-        grown = rss_bytes(server) - filled
+        grown = rss(server) - filled
         # Kept by count alone, 200 more records of this size held about 150 MiB more.
         assert grown < 48 * MIB, f"RSS grew {grown / MIB:.0f} MiB over 200 finished jobs"
         # The jobs the memory let go are read from the store, whole.
