@@ -54,7 +54,7 @@ from bench.server_cpu import cpu_s  # noqa: E402
 from tests.pretrained.host_memory import MIB, status_bytes  # noqa: E402
 
 GROWTH_TARGET = 48 * MIB
-# Floats per input: about 20 bytes of JSON each (0.2 MB and 1 MB inputs).
+# Floats per input: about 17 bytes of JSON each (inputs of 0.17 and 0.84 MB).
 SIZES = (10_000, 50_000)
 WARM_JOBS = 20
 

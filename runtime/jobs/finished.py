@@ -9,7 +9,7 @@ round trip. It matters most when the store cannot serve for a while: a result
 this instance has seen stays readable (runtime/jobs/manager.py).
 
 `cachetools.TLRUCache` does the bounds: least recently used out first past
-`max_bytes`, and each record out at its own `expires_at` (THAW_JOB_TTL_S),
+either bound below, and each record out at its own `expires_at` (THAW_JOB_TTL_S),
 measured on the wall clock the store writes it with, so the memory never
 answers for a job the store has expired. The bound is in bytes as well as records:
 each record costs its payloads' serialized bytes (`Job.payload_bytes`, known
