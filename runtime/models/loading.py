@@ -32,6 +32,7 @@ import asyncio
 import logging
 import traceback
 from collections.abc import Awaitable, Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -48,6 +49,7 @@ from runtime.models.entry import Entry
 from runtime.models.estimate import Estimator
 from runtime.models.eviction import EvictionPolicy
 from runtime.models.lifecycle import LOAD_PHASES, State
+from runtime.models.weights import host
 from runtime.registry import HandlerSpec, Registry
 from runtime.telemetry.health import Health
 from runtime.telemetry.metrics import Metrics
@@ -276,7 +278,11 @@ class Loader:
         # Waits a reload would not repeat (the framework import) or that are not
         # the bundle's own (memory held by others); left out of its reload cost.
         waited_s = 0.0
+        # From the fetch to the end of the warm-up: the memory this bundle keeps is
+        # made in it (host.loading).
+        tensors_window = ExitStack()
         try:
+            tensors_window.enter_context(host.loading())
             manifest = await self._in_thread(entry, "fetch", self.source.manifest, entry.name)
             entry.manifest = manifest
             entry.estimated_load_s = self.estimator.remaining_s(manifest, State.STORED, 0.0)
@@ -347,11 +353,13 @@ class Loader:
             lc.advance(State.INITIALIZED)
             entry.built.set()
             await self._warm(entry)
+            tensors_window.close()
             lc.advance(State.WARMED)
             lc.advance(State.READY)
             self._loaded(entry, manifest, started, waited_s)
         except BaseException as exc:
             # Cancellation is not an Exception: clean up on anything.
+            tensors_window.close()
             weights = None
             available.clear()
             entry.model = None

@@ -11,7 +11,21 @@ reasons, each with its control here:
   of each mapped block freed (up to 32 MiB), so after the first unload the
   next bundle's tensors land on the heap, where freed memory stays.
   `configure` fixes the threshold (M_MMAP_THRESHOLD, which also stops the
-  climbing): weight tensors and large activations are mapped and unmapped.
+  climbing), low while a bundle loads (THAW_MMAP_THRESHOLD_BYTES, 1 MiB):
+  its weight tensors are mapped, and unmapped when freed.
+- A low threshold costs the request path, though: every allocation above it
+  is a fresh mapping, its pages faulted in on each call (about 4 us a page in
+  a VM), and orjson's scratch for a JSON body of 400 KB is two of 4-5 MB. A
+  400 KB echo took 1.5x the bare app's CPU, all of it in page faults. And
+  fixing the threshold fixed the trim threshold at glibc's 128 KiB (the two
+  climb together otherwise), so the heap's top went back to the OS whenever
+  128 KiB of it was free, and a 60 KB body's allocations were faulted in
+  afresh every time. So the low threshold holds only while a bundle loads,
+  builds and warms up (`loading`, the window in which its tensors are made);
+  the rest of the time the threshold is glibc's own ceiling (32 MiB), and the
+  trim threshold twice that, what glibc's climbing reaches there: requests'
+  allocations are reused from the heap as in a process that never loads a
+  model, and `trim` still hands back what the heap holds when a bundle leaves.
 - Every thread that allocates gets an arena of its own (up to 8 per core),
   and each keeps its freed memory: loads, builders and up to 64 handler
   threads each filled one. `configure` caps them (M_ARENA_MAX).
@@ -28,7 +42,10 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from dataclasses import dataclass
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -36,14 +53,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("thaw.memory")
 
+_M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
+# Outside loads: glibc's ceiling for its own climbing threshold on 64-bit, and
+# the trim threshold that climbing reaches with it (see above).
+SERVING_MMAP_THRESHOLD = 32 * 1024 * 1024
+TRIM_THRESHOLD = 2 * SERVING_MMAP_THRESHOLD
 
 
 @dataclass
 class _Control:
     # On until configured otherwise: an unload returns memory wherever the cache runs.
     trim: bool = True
+    # THAW_MMAP_THRESHOLD_BYTES while loads run (0: glibc's own, nothing switched).
+    load_threshold: int = 0
+    loads: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 _control = _Control()
@@ -93,10 +119,48 @@ def configure(settings: Settings) -> None:
     if glibc is None:
         return
     threshold, arenas = settings.mmap_threshold_bytes, settings.malloc_arena_max
-    if threshold and not glibc.mallopt(_M_MMAP_THRESHOLD, threshold):
-        log.warning("mallopt(M_MMAP_THRESHOLD, %d) was refused", threshold)
-    if arenas and not glibc.mallopt(_M_ARENA_MAX, arenas):
-        log.warning("mallopt(M_ARENA_MAX, %d) was refused", arenas)
+    if threshold:
+        with _control.lock:
+            _control.load_threshold = threshold
+            _mallopt(glibc, _M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+            _mallopt(glibc, _M_MMAP_THRESHOLD, _threshold_now())
+    if arenas:
+        _mallopt(glibc, _M_ARENA_MAX, arenas)
+
+
+@contextmanager
+def loading() -> Iterator[None]:
+    """The window in which a bundle's tensors are made (its load, build and warm-up):
+    allocations from THAW_MMAP_THRESHOLD_BYTES up are mappings of their own while
+    any such window is open. Windows may overlap, from any thread."""
+    _switch(+1)
+    try:
+        yield
+    finally:
+        _switch(-1)
+
+
+def _switch(step: int) -> None:
+    with _control.lock:
+        _control.loads += step
+        first_or_last = _control.loads == (1 if step > 0 else 0)
+        # A load threshold is set only by `configure`, which made `libc()` already.
+        if first_or_last and _control.load_threshold:
+            glibc = libc()
+            if glibc is not None:
+                _mallopt(glibc, _M_MMAP_THRESHOLD, _threshold_now())
+
+
+def _threshold_now() -> int:
+    return _control.load_threshold if _control.loads else SERVING_MMAP_THRESHOLD
+
+
+_NAMES = {_M_TRIM_THRESHOLD: "M_TRIM_THRESHOLD", _M_MMAP_THRESHOLD: "M_MMAP_THRESHOLD"}
+
+
+def _mallopt(glibc: Any, option: int, value: int) -> None:
+    if not glibc.mallopt(option, value):
+        log.warning("mallopt(%s, %d) was refused", _NAMES.get(option, "M_ARENA_MAX"), value)
 
 
 def trim() -> None:
