@@ -19,24 +19,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from runtime.errors import BadRequest, InvalidJSON, Overloaded, PayloadTooLarge, RequestTimeout
 from runtime.http.edge import header_of
-
-
-def _too_deep(body: bytes, value: Any, max_depth: int) -> bool:
-    """True when `value` nests arrays/objects more than `max_depth` levels deep.
-
-    Iterative, so a deep document cannot exhaust the stack. A body with no more
-    brackets than the limit cannot be too deep: `parse_json` counts them first
-    (at C speed), which keeps the walk off the warm path of ordinary (wide,
-    shallow) events.
-    """
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        children = node.values() if isinstance(node, dict) else node
-        if depth > max_depth:
-            return True
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return False
+from runtime.wire.nesting import nests_deeper
 
 
 class Intake:
@@ -168,18 +151,13 @@ class Intake:
 
 def parse_json(body: bytes, max_depth: int = 64) -> Any:
     """`body` as JSON (empty is `{}`), refusing documents nested deeper than `max_depth`."""
-    if not body.strip():
+    if not body or body.isspace():  # not `strip()`, which copies a large body to test it
         return {}
     try:
         value = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidJSON(f"body is not valid JSON: {exc}") from exc
-    # No more brackets than the limit: too few to be too deep (no walk, no call).
-    if (
-        body.count(b"[") + body.count(b"{") > max_depth
-        and isinstance(value, (dict, list))
-        and _too_deep(body, value, max_depth)
-    ):
+    if nests_deeper(body, value, max_depth):
         raise BadRequest(
             f"JSON nesting exceeds THAW_MAX_JSON_DEPTH={max_depth}", max_json_depth=max_depth
         )

@@ -83,6 +83,19 @@ async def test_brackets_inside_strings_are_not_nesting(app: httpx.AsyncClient) -
 
 
 @pytest.mark.anyio
+async def test_wide_batches_are_served_and_escapes_hide_no_depth(app: httpx.AsyncClient) -> None:
+    """Past 64 opening brackets the depth is read from the text
+    (runtime/wire/nesting.py): a wide batch is served whole, and a chain one
+    level too deep between strings of escaped quotes is still refused."""
+    batch = {"vectors": [[0.25] * 8 for _ in range(300)], "pairs": [[1, 2]] * 300}
+    response = await app.post("/invoke/echo", json=batch)
+    assert response.status_code == 200 and response.json() == batch
+    hidden = b'["\\"", ' + nested(64) + b', "\\"[]"]'
+    body = problem(await app.post("/invoke/echo", content=hidden), 400)
+    assert body["max_json_depth"] == 64
+
+
+@pytest.mark.anyio
 async def test_nesting_past_orjsons_own_limit_is_invalid_json(app: httpx.AsyncClient) -> None:
     body = problem(await app.post("/invoke/echo", content=nested(5000)), 400)
     assert str(body["type"]).endswith("/invalid-json")
