@@ -46,7 +46,7 @@ from bench.common import (  # noqa: E402
     thaw_serve_argv,
     verdict,
 )
-from bench.server_cpu import cpu_s  # noqa: E402
+from bench.server_cpu import cpu_s, minor_faults  # noqa: E402
 
 P50_TARGET = 1.25
 WINDOW_S = 1.0
@@ -75,10 +75,6 @@ class Window:
     p50_s: float
     cpu_s: float
     faults: float
-
-
-def minor_faults(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
 
 
 async def window(proc: Proc, body: bytes) -> Window:

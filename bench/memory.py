@@ -44,6 +44,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.common import Row, fmt_s, fmt_x, median, render, runtime_env, verdict  # noqa: E402
+from bench.server_cpu import minor_faults  # noqa: E402
 from runtime.bundles.manifest import read_manifest  # noqa: E402
 from tests.pretrained.host_memory import (  # noqa: E402
     MIB,
@@ -78,6 +79,8 @@ class Figures:
     unload_s: list[float] = field(default_factory=list)
     embed_s: list[float] = field(default_factory=list)
     generate_s: list[float] = field(default_factory=list)
+    # Minor page faults of each warm request (memory the allocator took again).
+    faults: dict[str, list[int]] = field(default_factory=dict)
     evict_baseline: int = 0
     evict_peak: int = 0
     evict_loads: int = 0
@@ -106,9 +109,11 @@ def warm(figures: dict[str, Figures], source: Path, requests: int, tmp: Path) ->
     """Warm requests to one server per configuration, up at once, sent in turn (one
     to each, who goes first alternating), so both see the same machine load."""
     with contextlib.ExitStack() as stack:
-        clients = {}
+        clients, pids = {}, {}
         for name, settings in CONFIGS.items():
             server = stack.enter_context(ServerProcess(_env(tmp / name, source, settings)))
+            assert server.proc is not None
+            pids[name] = server.proc.pid
             clients[name] = stack.enter_context(server.client(timeout=300))
             load(clients[name], "minilm")
             load(clients[name], "smollm2")
@@ -117,12 +122,16 @@ def warm(figures: dict[str, Figures], source: Path, requests: int, tmp: Path) ->
         for turn in range(requests):
             order = list(CONFIGS) if turn % 2 == 0 else list(reversed(CONFIGS))
             for name in order:
-                started = time.perf_counter()
-                invoke(clients[name], "embed", texts)
-                figures[name].embed_s.append(time.perf_counter() - started)
-                started = time.perf_counter()
-                invoke(clients[name], "generate", prompt)
-                figures[name].generate_s.append(time.perf_counter() - started)
+                for handler, event, took in (
+                    ("embed", texts, figures[name].embed_s),
+                    ("generate", prompt, figures[name].generate_s),
+                ):
+                    faults = minor_faults(pids[name])
+                    started = time.perf_counter()
+                    invoke(clients[name], handler, event)
+                    took.append(time.perf_counter() - started)
+                    faulted = minor_faults(pids[name]) - faults
+                    figures[name].faults.setdefault(handler, []).append(faulted)
 
 
 def evictions(
@@ -181,6 +190,14 @@ def rows(on: Figures, off: Figures, budget: int, n: int, rounds: int) -> list[Ro
         (f"unload round trip (median of {3 * n})", on.unload_s, off.unload_s),
     ):
         out.append(Row(what, fmt_s(median(a)), fmt_s(median(b)), fmt_x(median(a) / median(b))))
+    for handler, faults in on.faults.items():
+        out.append(
+            Row(
+                f"page faults per warm {handler} request (median)",
+                f"{median(faults):.0f}",
+                f"{median(off.faults[handler]):.0f}",
+            )
+        )
     return out
 
 

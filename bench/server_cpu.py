@@ -63,6 +63,11 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def minor_faults(pid: int) -> int:
+    """Minor page faults of `pid` so far: pages the allocator handed back and took again."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+
+
 @dataclass
 class Window:
     cpu_per_request_us: float

@@ -109,3 +109,17 @@ def test_depth_is_counted_through_whitespace_and_scalars_at_the_top() -> None:
     assert not nests_deeper(b" [ [ [ ] ] ] ", [[[]]], 3)
     text = orjson.dumps("[" * 100)
     assert not nests_deeper(text, orjson.loads(text), 1)
+
+
+@pytest.mark.parametrize("padding", [0, 10_000])
+def test_a_chain_at_the_limit_passes_and_one_deeper_fails_in_any_size_of_body(
+    padding: int,
+) -> None:
+    """Bodies past 4 KiB count their brackets by memchr, stopping past the limit;
+    smaller ones count them whole: both decide the same."""
+    for levels, too_deep in ((64, False), (65, True)):
+        value: Any = ["x" * padding]
+        for _ in range(levels - 1):
+            value = [value]
+        text = orjson.dumps(value)
+        assert nests_deeper(text, orjson.loads(text), 64) is too_deep
