@@ -9,13 +9,15 @@ C: brackets outside strings are the document's structure, and `bytes` methods
 
 1. No more opening brackets than the limit: not too deep. Past 4 KiB, `find`
    of one byte (memchr) counts them, stopping at the first past the limit.
-2. Otherwise the structure is kept (`translate`: brackets and quotes), each
+2. Otherwise the structure is kept (`translate`: brackets and quotes, after
+   escaped quotes and backslashes are paired off as JSON pairs them), each
    string's brackets are dropped, and the innermost pairs (`[]`, `{}`) are
    peeled until nothing is left. One peel of one kind of pair removes at most
    one level, so the number of peels that removed anything bounds the depth
    from above: at most the limit, the document is not too deep.
-3. Past the limit by that bound (a document at or near the limit, or one whose
-   `{}` and `[]` levels interleave), the parsed value is walked: exact.
+3. Past the limit by that bound (a document at or near the limit, or one
+   where a peel of `{}` removed only shallower objects and still counted),
+   the parsed value is walked: exact.
 
 The text must be the document the value was parsed from, valid JSON: the
 caller parsed it first.
