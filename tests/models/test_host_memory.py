@@ -114,6 +114,59 @@ def test_requests_reuse_the_heap_outside_loads() -> None:
     assert run(THAW_MMAP_THRESHOLD_BYTES="0")["request_faults"] <= 64  # glibc's own
 
 
+OVERLAPPING = """
+import ctypes, resource, sys, threading, orjson
+from runtime.models.weights import host
+from runtime.settings import Settings
+
+host.configure(Settings())
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+
+def faults_of_ten():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(10):
+        block = libc.malloc(5 << 20)
+        ctypes.memset(block, 1, 5 << 20)
+        libc.free(block)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+# Two loads on two threads: the first ends while the second still runs.
+first_open, first_may_end = threading.Event(), threading.Event()
+
+def first_load():
+    with host.loading():
+        first_open.set()
+        first_may_end.wait()
+
+thread = threading.Thread(target=first_load)
+thread.start()
+first_open.wait()
+second = host.loading()
+second.__enter__()
+first_may_end.set()
+thread.join()
+during = faults_of_ten()  # the second load still open: mapped every time
+second.__exit__(None, None, None)
+faults_of_ten()  # the heap grows once
+after = faults_of_ten()
+print(orjson.dumps({"during": during, "after": after}).decode())
+"""
+
+
+@needs_glibc
+def test_overlapping_loads_keep_the_low_threshold_until_the_last_ends() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", OVERLAPPING], capture_output=True, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    figures = orjson.loads(done.stdout)
+    assert figures["during"] >= 10 * 1000, figures  # 5 MiB mapped and faulted each time
+    assert figures["after"] <= 64, figures
+
+
 @needs_glibc
 def test_trim_returns_what_the_heap_kept() -> None:
     figures = run(THAW_MMAP_THRESHOLD_BYTES="0")
