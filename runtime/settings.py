@@ -124,11 +124,12 @@ class Settings:
     # The longest wait a caller may ask for, by `?wait=` or `Prefer: wait`.
     max_wait_s: float = 60.0
     log_level: str = "INFO"
-    # Host memory (runtime/models/weights/host.py, glibc only): allocations from
-    # this size up get a mapping of their own, unmapped on free (0: glibc's
-    # threshold, which climbs past weight tensors after the first unload); at
-    # most this many malloc arenas (0: glibc's 8 per core); and the allocator's
-    # free pages handed back to the OS once a bundle unloads or is evicted.
+    # Host memory (runtime/models/weights/host.py, glibc only): while a bundle
+    # loads, allocations from this size up get a mapping of their own, unmapped
+    # on free; between loads requests reuse the heap (0: glibc's threshold, which
+    # climbs past weight tensors after the first unload); at most this many
+    # malloc arenas (0: glibc's 8 per core); and the allocator's free pages
+    # handed back to the OS once a bundle unloads or is evicted.
     mmap_threshold_bytes: int = 1024 * 1024
     malloc_arena_max: int = 4
     malloc_trim: bool = True
