@@ -58,6 +58,7 @@ from bench.common import (  # noqa: E402
     free_port,
     median,
     percentile,
+    round_ratio,
     runtime_env,
     stopping,
     thaw_serve_argv,
@@ -307,10 +308,6 @@ async def _run(targets: list[Target], rounds: int, solo_s: float, busy_s: float)
     }
 
 
-def _ratio(a: list[Slot], b: list[Slot], field: str) -> float:
-    return median([getattr(x, field) / getattr(y, field) for x, y in zip(a, b, strict=True)])
-
-
 def table(result: dict[str, Any], infinity_note: str) -> str:
     solo, busy = result["solo"], result["busy"]
     b, u = "Thaw batched", "Thaw unbatched"
@@ -325,12 +322,12 @@ def table(result: dict[str, Any], infinity_note: str) -> str:
     def inf_ratio(slots: dict[str, list[Slot]], field: str, invert: bool = False) -> str:
         if not has_inf:
             return "—"
-        r = _ratio(slots[b], slots["Infinity"], field)
-        return fmt_x(1 / _ratio(slots["Infinity"], slots[b], field) if invert else r)
+        r = round_ratio(slots[b], slots["Infinity"], field)
+        return fmt_x(1 / round_ratio(slots["Infinity"], slots[b], field) if invert else r)
 
-    rps_u = 1 / _ratio(busy[u], busy[b], "rps")
-    rps_i = 1 / _ratio(busy["Infinity"], busy[b], "rps") if has_inf else math.nan
-    p50_u = _ratio(solo[b], solo[u], "p50_s")
+    rps_u = 1 / round_ratio(busy[u], busy[b], "rps")
+    rps_i = 1 / round_ratio(busy["Infinity"], busy[b], "rps") if has_inf else math.nan
+    p50_u = round_ratio(solo[b], solo[u], "p50_s")
     lines = [
         "| measurement | Thaw batched | Thaw unbatched | Infinity (torch) "
         "| batched / unbatched | batched / Infinity | target | pass/fail |",
@@ -342,11 +339,11 @@ def table(result: dict[str, Any], infinity_note: str) -> str:
         f"| {_verdict(rps_u >= THROUGHPUT_TARGET, rps_i >= INFINITY_TARGET, has_inf)} |",
         f"| embed, {CONCURRENCY} clients: p99 latency | {col(busy, b, 'p99_s', 's')} "
         f"| {col(busy, u, 'p99_s', 's')} | {col(busy, 'Infinity', 'p99_s', 's')} "
-        f"| {fmt_x(_ratio(busy[b], busy[u], 'p99_s'))} | {inf_ratio(busy, 'p99_s')} "
+        f"| {fmt_x(round_ratio(busy[b], busy[u], 'p99_s'))} | {inf_ratio(busy, 'p99_s')} "
         "| reported | info |",
         f"| embed, {CONCURRENCY} clients: p50 latency | {col(busy, b, 'p50_s', 's')} "
         f"| {col(busy, u, 'p50_s', 's')} | {col(busy, 'Infinity', 'p50_s', 's')} "
-        f"| {fmt_x(_ratio(busy[b], busy[u], 'p50_s'))} | {inf_ratio(busy, 'p50_s')} "
+        f"| {fmt_x(round_ratio(busy[b], busy[u], 'p50_s'))} | {inf_ratio(busy, 'p50_s')} "
         "| — | info |",
         f"| embed, 1 client: p50 latency | {col(solo, b, 'p50_s', 's')} "
         f"| {col(solo, u, 'p50_s', 's')} | {col(solo, 'Infinity', 'p50_s', 's')} "

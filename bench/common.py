@@ -76,6 +76,12 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else math.nan
 
 
+def round_ratio(a: Sequence[Any], b: Sequence[Any], field: str) -> float:
+    """Median over rounds of a/b in `field`, each round's two windows measured back
+    to back: background load drifts, but rarely within one round."""
+    return median([getattr(x, field) / getattr(y, field) for x, y in zip(a, b, strict=True)])
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100): always one of the observed values."""
     if not values:

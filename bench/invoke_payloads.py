@@ -41,6 +41,7 @@ from bench.common import (  # noqa: E402
     free_port,
     median,
     render,
+    round_ratio,
     runtime_env,
     stopping,
     thaw_serve_argv,
@@ -112,17 +113,13 @@ async def measure(procs: dict[str, Proc], rounds: int) -> dict[str, dict[str, li
     return got
 
 
-def _ratio(thaw: list[Window], base: list[Window], field: str) -> float:
-    return median([getattr(t, field) / getattr(b, field) for t, b in zip(thaw, base, strict=True)])
-
-
 def rows_for(got: dict[str, dict[str, list[Window]]]) -> list[Row]:
     rows: list[Row] = []
     for shape, by in got.items():
         size = f"{len(SHAPES[shape]) / 1e6:.2f} MB" if "MB" not in shape else ""
         label = f"{shape}{f' ({size})' if size else ''}"
         thaw, bare = by["thaw"], by["bare"]
-        p50 = _ratio(thaw, bare, "p50_s")
+        p50 = round_ratio(thaw, bare, "p50_s")
         rows.append(
             Row(
                 f"{label}: p50 vs the bare app",
@@ -138,7 +135,7 @@ def rows_for(got: dict[str, dict[str, list[Window]]]) -> list[Row]:
                 f"{label}: server CPU per request vs the bare app",
                 fmt_s(median([w.cpu_s for w in thaw])),
                 fmt_s(median([w.cpu_s for w in bare])),
-                fmt_x(_ratio(thaw, bare, "cpu_s")),
+                fmt_x(round_ratio(thaw, bare, "cpu_s")),
             )
         )
         faults = f"{median([w.faults for w in thaw]):.0f} / {median([w.faults for w in bare]):.0f}"
@@ -151,7 +148,7 @@ def rows_for(got: dict[str, dict[str, list[Window]]]) -> list[Row]:
                         f"{label}: {what} vs the other checkout",
                         fmt_s(median([getattr(w, field) for w in thaw])),
                         fmt_s(median([getattr(w, field) for w in other])),
-                        fmt_x(_ratio(thaw, other, field)),
+                        fmt_x(round_ratio(thaw, other, field)),
                     )
                 )
         rows.append(Row(f"{label}: page faults per request (Thaw / bare[ / other])", faults, "—"))

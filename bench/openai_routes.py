@@ -50,6 +50,7 @@ from bench.common import (  # noqa: E402
     median,
     percentile,
     render,
+    round_ratio,
     runtime_env,
     stopping,
     thaw_serve_argv,
@@ -161,13 +162,9 @@ async def _run(port: int, rounds: int, solo_s: float, busy_s: float) -> Result:
     return result
 
 
-def _ratio(a: list[Slot], b: list[Slot], field: str) -> float:
-    return median([getattr(x, field) / getattr(y, field) for x, y in zip(a, b, strict=True)])
-
-
 def table(result: Result) -> str:
     v1, inv = result.busy[V1.name], result.busy[INVOKE.name]
-    rps = _ratio(v1, inv, "rps")
+    rps = round_ratio(v1, inv, "rps")
 
     def med(slots: list[Slot], field: str) -> float:
         return median([getattr(s, field) for s in slots])
@@ -186,7 +183,7 @@ def table(result: Result) -> str:
             f"embed, {CONCURRENCY} clients: p99 latency",
             fmt_s(med(v1, "p99_s")),
             fmt_s(med(inv, "p99_s")),
-            fmt_x(_ratio(v1, inv, "p99_s")),
+            fmt_x(round_ratio(v1, inv, "p99_s")),
         ),
         Row(
             f"embed, {CONCURRENCY} clients: mean batch size",
@@ -197,7 +194,7 @@ def table(result: Result) -> str:
             "embed, 1 client: p50 latency",
             fmt_s(med(solo_v1, "p50_s")),
             fmt_s(med(solo_inv, "p50_s")),
-            fmt_x(_ratio(solo_v1, solo_inv, "p50_s")),
+            fmt_x(round_ratio(solo_v1, solo_inv, "p50_s")),
         ),
     ]
     note = (

@@ -50,6 +50,7 @@ from bench.common import (  # noqa: E402
     free_port,
     median,
     percentile,
+    round_ratio,
     runtime_env,
     stopping,
     thaw_serve_argv,
@@ -138,11 +139,6 @@ async def measure_jobs(port: int, duration_s: float, runpod: bool = False) -> Sl
     return Slot(percentile(cycles, 50), percentile(cycles, 99), len(cycles) / elapsed)
 
 
-def _ratio(a: list[Slot], b: list[Slot], field: str) -> float:
-    """Median over rounds of a/b, each round's two slots measured back to back."""
-    return median([getattr(x, field) / getattr(y, field) for x, y in zip(a, b, strict=True)])
-
-
 # name -> (server, path); each pair is (Thaw, its bare counterpart).
 PAIRS = (
     ("`echo` (async def, on the loop)", "thaw", "/invoke/echo", "bare", "/invoke/echo"),
@@ -198,9 +194,9 @@ def _clients(count: int) -> str:
 
 
 def _pair_rows(prefix: str, thaw: list[Slot], bare: list[Slot]) -> list[Row]:
-    p50_ratio = _ratio(thaw, bare, "p50_s")
-    p99_ratio = _ratio(thaw, bare, "p99_s")
-    rps_ratio = 1 / _ratio(bare, thaw, "rps")
+    p50_ratio = round_ratio(thaw, bare, "p50_s")
+    p99_ratio = round_ratio(thaw, bare, "p99_s")
+    rps_ratio = 1 / round_ratio(bare, thaw, "rps")
     return [
         Row(
             f"{prefix}: p50 latency",
@@ -236,7 +232,7 @@ def _runpod_rows(prefix: str, thaw: list[Slot], runpod: list[Slot]) -> list[Row]
             f"{prefix}: {what}",
             fmt(median([getattr(s, field) for s in thaw])),
             fmt(median([getattr(s, field) for s in runpod])),
-            fmt_x(_ratio(thaw, runpod, field)),
+            fmt_x(round_ratio(thaw, runpod, field)),
         )
         for what, field, fmt in (
             ("p50 latency", "p50_s", fmt_s),
@@ -269,7 +265,7 @@ async def _jobs_rows(ports: dict[str, list[int]], rounds: int, duration_s: float
             + ("" if runpod is None else " (baseline: RunPod /run -> /status, in memory)"),
             fmt_s(p50_s),
             base,
-            "—" if runpod is None else fmt_x(_ratio(thaw, runpod, "p50_s")),
+            "—" if runpod is None else fmt_x(round_ratio(thaw, runpod, "p50_s")),
             f"<= {fmt_s(JOB_P50_TARGET_S)}",
             verdict(p50_s <= JOB_P50_TARGET_S),
         ),
@@ -277,7 +273,7 @@ async def _jobs_rows(ports: dict[str, list[int]], rounds: int, duration_s: float
             "durable async job (SQLite), 1 client: submit -> result p99",
             fmt_s(median([s.p99_s for s in thaw])),
             base99,
-            "—" if runpod is None else fmt_x(_ratio(thaw, runpod, "p99_s")),
+            "—" if runpod is None else fmt_x(round_ratio(thaw, runpod, "p99_s")),
         ),
     ]
 
