@@ -125,8 +125,8 @@ class Settings:
     max_wait_s: float = 60.0
     log_level: str = "INFO"
     # Host memory (runtime/models/weights/host.py, glibc only): while a bundle
-    # loads, allocations from this size up get a mapping of their own, unmapped
-    # on free; between loads requests reuse the heap (0: glibc's threshold, which
+    # loads or unloads, allocations from this size up get a mapping of their own,
+    # unmapped on free; between those, requests reuse the heap (0: glibc's threshold, which
     # climbs past weight tensors after the first unload); at most this many
     # malloc arenas (0: glibc's 8 per core); and the allocator's free pages
     # handed back to the OS once a bundle unloads or is evicted.

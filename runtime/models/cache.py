@@ -39,6 +39,7 @@ from runtime.models.estimate import Estimator
 from runtime.models.eviction import DensityPolicy, EvictionPolicy
 from runtime.models.lifecycle import Lifecycle, State
 from runtime.models.loading import Loader, PhaseLimits, WarmUp
+from runtime.models.weights import host
 from runtime.registry import Registry
 from runtime.telemetry.health import Health
 from runtime.telemetry.metrics import Metrics
@@ -314,11 +315,12 @@ class ModelCache:
         """READY and idle -> UNLOADED, synchronously (the caller holds no await)."""
         entry.lifecycle.advance(State.UNLOADING)
         self.budget.close(entry.name)
-        self._forget(entry)
-        entry.lifecycle.advance(State.UNLOADED)
-        device = self.device
-        if device is not None:
-            weights_mod.release(device)
+        with host.bundle_window():  # its memory given back: see host.py
+            self._forget(entry)
+            entry.lifecycle.advance(State.UNLOADED)
+            device = self.device
+            if device is not None:
+                weights_mod.release(device)
         if reason == "evicted":
             self.metrics.cache_events.labels(entry.name, "eviction").inc()
         log.info("%s %s", reason, entry.name)
@@ -347,11 +349,12 @@ class ModelCache:
             entry.lifecycle.advance(State.UNLOADING)
             self.budget.close(name)
             await self.budget.idle(name)
-            self._forget(entry)
-            entry.lifecycle.advance(State.UNLOADED)
-            device = self.device
-            if device is not None:
-                await asyncio.to_thread(weights_mod.release, device)
+            with host.bundle_window():  # its memory given back: see host.py
+                self._forget(entry)
+                entry.lifecycle.advance(State.UNLOADED)
+                device = self.device
+                if device is not None:
+                    await asyncio.to_thread(weights_mod.release, device)
             log.info("unloaded %s", name)
         finally:
             done, entry.unloading = entry.unloading, None

@@ -278,11 +278,11 @@ class Loader:
         # Waits a reload would not repeat (the framework import) or that are not
         # the bundle's own (memory held by others); left out of its reload cost.
         waited_s = 0.0
-        # From the fetch to the end of the warm-up: the memory this bundle keeps is
-        # made in it (host.loading).
-        tensors_window = ExitStack()
+        # From the fetch to the end of the warm-up, or of the failure's release: the
+        # memory this bundle keeps is made in it (host.bundle_window).
+        window = ExitStack()
         try:
-            tensors_window.enter_context(host.loading())
+            window.enter_context(host.bundle_window())
             manifest = await self._in_thread(entry, "fetch", self.source.manifest, entry.name)
             entry.manifest = manifest
             entry.estimated_load_s = self.estimator.remaining_s(manifest, State.STORED, 0.0)
@@ -353,13 +353,12 @@ class Loader:
             lc.advance(State.INITIALIZED)
             entry.built.set()
             await self._warm(entry)
-            tensors_window.close()
+            window.close()
             lc.advance(State.WARMED)
             lc.advance(State.READY)
             self._loaded(entry, manifest, started, waited_s)
         except BaseException as exc:
             # Cancellation is not an Exception: clean up on anything.
-            tensors_window.close()
             weights = None
             available.clear()
             entry.model = None
@@ -384,6 +383,7 @@ class Loader:
                 log.warning("load of %s failed: %s", entry.name, error["message"])
             raise
         finally:
+            window.close()
             entry.task = None
             entry.abort = None
             # A READY bundle is evictable now, a failed one holds nothing: either

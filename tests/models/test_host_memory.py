@@ -48,10 +48,10 @@ def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 # A first model's tensor freed: glibc raises its mmap threshold past its size.
-with host.loading():
+with host.bundle_window():
     libc.free(touched(8 << 20))
 base = rss()
-with host.loading():
+with host.bundle_window():
     blocks = [touched(2 << 20) for _ in range(64)]  # the next model's tensors: 128 MiB
     # One tensor the next model keeps, above them: the heap's top cannot shrink past it.
     kept = touched(2 << 20)
@@ -137,14 +137,14 @@ def faults_of_ten():
 first_open, first_may_end = threading.Event(), threading.Event()
 
 def first_load():
-    with host.loading():
+    with host.bundle_window():
         first_open.set()
         first_may_end.wait()
 
 thread = threading.Thread(target=first_load)
 thread.start()
 first_open.wait()
-second = host.loading()
+second = host.bundle_window()
 second.__enter__()
 first_may_end.set()
 thread.join()

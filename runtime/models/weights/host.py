@@ -11,21 +11,25 @@ reasons, each with its control here:
   of each mapped block freed (up to 32 MiB), so after the first unload the
   next bundle's tensors land on the heap, where freed memory stays.
   `configure` fixes the threshold (M_MMAP_THRESHOLD, which also stops the
-  climbing), low while a bundle loads (THAW_MMAP_THRESHOLD_BYTES, 1 MiB):
+  climbing), low in a bundle's window (THAW_MMAP_THRESHOLD_BYTES, 1 MiB):
   its weight tensors are mapped, and unmapped when freed.
 - A low threshold costs the request path, though: every allocation above it
   is a fresh mapping, its pages faulted in on each call (about 4 us a page in
-  a VM), and orjson's scratch for a JSON body of 400 KB is two of 4-5 MB. A
-  400 KB echo took 1.5x the bare app's CPU, all of it in page faults. And
-  fixing the threshold fixed the trim threshold at glibc's 128 KiB (the two
-  climb together otherwise), so the heap's top went back to the OS whenever
-  128 KiB of it was free, and a 60 KB body's allocations were faulted in
-  afresh every time. So the low threshold holds only while a bundle loads,
-  builds and warms up (`loading`, the window in which its tensors are made);
-  the rest of the time the threshold is glibc's own ceiling (32 MiB), and the
-  trim threshold twice that, what glibc's climbing reaches there: requests'
-  allocations are reused from the heap as in a process that never loads a
-  model, and `trim` still hands back what the heap holds when a bundle leaves.
+  a VM), and orjson's scratch for a JSON body of 400 KB is two of 4-5 MB: a
+  warm echo of one faulted in 550 pages, half of its CPU. And fixing the
+  threshold fixed the trim threshold at glibc's 128 KiB (the two climb
+  together otherwise), so the heap's top went back to the OS whenever 128 KiB
+  of it was free, and a 60 KB body's allocations were faulted in afresh every
+  time. So the low thresholds hold only while a bundle's memory is made or
+  given back (`bundle_window`: its load, build and warm-up; its unload or
+  eviction); the rest of the time both are 32 MiB (glibc's ceiling for its
+  own climbing threshold), and requests reuse the heap. With the trim
+  threshold left at 64 MiB through unloads too, SmolLM2's idle RSS after an
+  unload sometimes stayed 30 MiB higher (tests/pretrained/test_host_memory.py,
+  once in four runs); in the window it is glibc's 128 KiB, as before.
+  `malloc_trim` never shrinks the top of a thread's own arena, so what a
+  handler thread's requests freed there stays for its next request (+9 MiB
+  after ten warm `embed` requests and an unload, against eca8462).
 - Every thread that allocates gets an arena of its own (up to 8 per core),
   and each keeps its freed memory: loads, builders and up to 64 handler
   threads each filled one. `configure` caps them (M_ARENA_MAX).
@@ -56,19 +60,20 @@ log = logging.getLogger("thaw.memory")
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
-# Outside loads: glibc's ceiling for its own climbing threshold on 64-bit, and
-# the trim threshold that climbing reaches with it (see above).
-SERVING_MMAP_THRESHOLD = 32 * 1024 * 1024
-TRIM_THRESHOLD = 2 * SERVING_MMAP_THRESHOLD
+# Outside a bundle's window both thresholds are glibc's ceiling for its own
+# climbing mmap threshold on 64-bit; inside it, the trim threshold is glibc's
+# default (see above).
+SERVING_THRESHOLD = 32 * 1024 * 1024
+WINDOW_TRIM_THRESHOLD = 128 * 1024
 
 
 @dataclass
 class _Control:
     # On until configured otherwise: an unload returns memory wherever the cache runs.
     trim: bool = True
-    # THAW_MMAP_THRESHOLD_BYTES while loads run (0: glibc's own, nothing switched).
+    # THAW_MMAP_THRESHOLD_BYTES in a bundle's window (0: glibc's own, nothing switched).
     load_threshold: int = 0
-    loads: int = 0
+    windows: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -122,17 +127,18 @@ def configure(settings: Settings) -> None:
     if threshold:
         with _control.lock:
             _control.load_threshold = threshold
-            _mallopt(glibc, _M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-            _mallopt(glibc, _M_MMAP_THRESHOLD, _threshold_now())
+            _apply(glibc)
     if arenas:
         _mallopt(glibc, _M_ARENA_MAX, arenas)
 
 
 @contextmanager
-def loading() -> Iterator[None]:
-    """The window in which a bundle's tensors are made (its load, build and warm-up):
-    allocations from THAW_MMAP_THRESHOLD_BYTES up are mappings of their own while
-    any such window is open. Windows may overlap, from any thread."""
+def bundle_window() -> Iterator[None]:
+    """The window in which a bundle's memory is made (its fetch, load, build and
+    warm-up) or given back (its unload or eviction, the trim included): while any
+    is open, allocations from THAW_MMAP_THRESHOLD_BYTES up are mappings of their
+    own and a free past 128 KiB at a heap's top returns it. Windows may overlap,
+    from any thread."""
     _switch(+1)
     try:
         yield
@@ -142,17 +148,22 @@ def loading() -> Iterator[None]:
 
 def _switch(step: int) -> None:
     with _control.lock:
-        _control.loads += step
-        first_or_last = _control.loads == (1 if step > 0 else 0)
+        _control.windows += step
+        first_or_last = _control.windows == (1 if step > 0 else 0)
         # A load threshold is set only by `configure`, which made `libc()` already.
         if first_or_last and _control.load_threshold:
             glibc = libc()
             if glibc is not None:
-                _mallopt(glibc, _M_MMAP_THRESHOLD, _threshold_now())
+                _apply(glibc)
 
 
-def _threshold_now() -> int:
-    return _control.load_threshold if _control.loads else SERVING_MMAP_THRESHOLD
+def _apply(glibc: Any) -> None:
+    if _control.windows:
+        _mallopt(glibc, _M_MMAP_THRESHOLD, _control.load_threshold)
+        _mallopt(glibc, _M_TRIM_THRESHOLD, WINDOW_TRIM_THRESHOLD)
+    else:
+        _mallopt(glibc, _M_MMAP_THRESHOLD, SERVING_THRESHOLD)
+        _mallopt(glibc, _M_TRIM_THRESHOLD, SERVING_THRESHOLD)
 
 
 _NAMES = {_M_TRIM_THRESHOLD: "M_TRIM_THRESHOLD", _M_MMAP_THRESHOLD: "M_MMAP_THRESHOLD"}
