@@ -61,7 +61,7 @@ for block in blocks:
 freed = rss()
 host.trim()
 trimmed = rss()
-# A request's scratch outside any load (orjson's for a 400 KB body is 4-5 MB),
+# A request's scratch outside any bundle's window (orjson's for a 400 KB body is 4-5 MB),
 # made and freed again and again: the pages of every call after the first.
 libc.free(touched(5 << 20))
 before = faults()
@@ -105,11 +105,11 @@ def test_a_fixed_mmap_threshold_returns_tensors_on_free() -> None:
 
 
 @needs_glibc
-def test_requests_reuse_the_heap_outside_loads() -> None:
-    """Outside a load, a request's multi-MiB scratch comes back from the heap: with
-    the load's 1 MiB threshold it was a fresh mapping each time, 1,280 page faults
-    for 5 MiB, every call (the fault measured: a 400 KB JSON echo at 1.5x the
-    bare app's CPU)."""
+def test_requests_reuse_the_heap_between_bundle_windows() -> None:
+    """Between a bundle's windows, a request's multi-MiB scratch comes back from the
+    heap: with the load's 1 MiB threshold it was a fresh mapping each time, 1,280
+    page faults for 5 MiB, every call (the fault measured: a 400 KB JSON echo
+    faulted 550 pages in, half of its CPU)."""
     assert run(THAW_MALLOC_TRIM="false")["request_faults"] <= 64
     assert run(THAW_MMAP_THRESHOLD_BYTES="0")["request_faults"] <= 64  # glibc's own
 
