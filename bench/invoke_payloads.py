@@ -5,7 +5,7 @@
 
 `bench/overhead.py` measures a 34-byte event; this measures the same warm
 `POST /invoke/echo` (the event back as the output) with the bodies inference
-takes: lists of floats from 60 KB to 1.5 MB, a batch of vectors, records with
+takes: lists of floats of 0.06, 0.40 and 1.5 MB, a batch of vectors, records with
 text. Each variant is a real server process on 127.0.0.1, all up at once, one
 client, measured in alternating 1 s windows (Thaw, bare, [the other
 checkout's Thaw], then the reverse order), each ratio taken within a round and
@@ -58,9 +58,9 @@ def _floats(count: int) -> bytes:
 
 
 SHAPES: dict[str, bytes] = {
-    "floats, 60 KB": _floats(3_500),
-    "floats, 400 KB": _floats(23_500),
-    "floats, 1.5 MB": _floats(88_000),
+    "3,500 floats": _floats(3_500),
+    "23,500 floats": _floats(23_500),
+    "88,000 floats": _floats(88_000),
     "100 vectors of 384": orjson.dumps({"vectors": [[i / 7] * 384 for i in range(100)]}),
     "10,000 records with text": orjson.dumps(
         [
@@ -116,8 +116,7 @@ async def measure(procs: dict[str, Proc], rounds: int) -> dict[str, dict[str, li
 def rows_for(got: dict[str, dict[str, list[Window]]]) -> list[Row]:
     rows: list[Row] = []
     for shape, by in got.items():
-        size = f"{len(SHAPES[shape]) / 1e6:.2f} MB" if "MB" not in shape else ""
-        label = f"{shape}{f' ({size})' if size else ''}"
+        label = f"{shape} ({len(SHAPES[shape]) / 1e6:.2f} MB)"
         thaw, bare = by["thaw"], by["bare"]
         p50 = round_ratio(thaw, bare, "p50_s")
         rows.append(

@@ -28,8 +28,8 @@ reasons, each with its control here:
   unload sometimes stayed 30 MiB higher (tests/pretrained/test_host_memory.py,
   once in four runs); in the window it is glibc's 128 KiB, as before.
   `malloc_trim` never shrinks the top of a thread's own arena, so what a
-  handler thread's requests freed there stays for its next request (+9 MiB
-  after ten warm `embed` requests and an unload, against eca8462).
+  handler thread's requests freed there stays for its next request (BENCHMARKS.md,
+  "Large payloads on the warm path").
 - Every thread that allocates gets an arena of its own (up to 8 per core),
   and each keeps its freed memory: loads, builders and up to 64 handler
   threads each filled one. `configure` caps them (M_ARENA_MAX).
