@@ -265,7 +265,8 @@ class Loader:
 
     async def _in_thread(self, entry: Entry, phase: str, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
-        return await self._watch(entry, phase, loop.run_in_executor(None, fn, *args))
+        thread = loop.run_in_executor(None, host.within_window, fn, *args)
+        return await self._watch(entry, phase, thread)
 
     # ---- the load ---------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from runtime.errors import Draining, HandlerTimeout, LoadFailed
 from runtime.instance import Instance
 from runtime.jobs.job import JobStatus
 from runtime.models.lifecycle import State
+from runtime.models.weights import host
 from runtime.registry import discover
 from runtime.settings import Settings
 from tests.support import ServerProcess, make_bundle, until
@@ -123,6 +124,37 @@ async def test_unloading_a_bundle_whose_builder_hangs_answers_at_once(
     assert entry.lifecycle.state is State.FAILED
     with pytest.raises(LoadFailed, match="unloaded while loading"):
         await request
+
+
+async def test_a_builder_left_running_by_an_unload_builds_in_a_bundle_window(
+    started: Any, release: Path
+) -> None:
+    """The load's own window closes with the load, but its builder's thread goes on:
+    it keeps a window of its own until it ends, so what it still allocates is
+    mapped and given back when freed, as the load's memory is (host.py)."""
+    until_idle = 1000
+    while host.windows_open() and until_idle:  # threads of earlier tests ending
+        await asyncio.sleep(0.01)
+        until_idle -= 1
+    assert host.windows_open() == 0
+    instance: Instance = await started(phase_stall_s=600.0)
+    request = asyncio.ensure_future(
+        instance.dispatcher.invoke("stuckmodel", {}, wait_s=600.0, request_id="sync")
+    )
+    entry = instance.cache.entry("stuck")
+    while entry.lifecycle.state is not State.LOADED:  # the builder has started
+        await asyncio.sleep(0.01)
+    await instance.cache.unload("stuck")
+    with pytest.raises(LoadFailed, match="unloaded while loading"):
+        await request
+    assert entry.lifecycle.state is State.FAILED and entry.task is None  # the load has ended
+    assert host.windows_open() == 1, "the builder's thread left allocating outside a window"
+    release.touch()
+    for _ in range(6000):  # the builder sees the release file and returns
+        if host.windows_open() == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert host.windows_open() == 0
 
 
 async def test_a_sync_handler_past_the_run_limit_fails_and_wedges(

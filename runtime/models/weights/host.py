@@ -47,15 +47,17 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from runtime.settings import Settings
 
 log = logging.getLogger("thaw.memory")
+
+T = TypeVar("T")
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -144,6 +146,22 @@ def bundle_window() -> Iterator[None]:
         yield
     finally:
         _switch(-1)
+
+
+def within_window(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` in a window of its own, for a thread that makes a bundle's memory.
+
+    The load's window closes when the load ends, but a thread it started cannot be
+    stopped: a phase that stalled or was abandoned (an unload mid-read) leaves its
+    thread reading weights or building. Holding a window itself, it goes on making
+    that memory as the load did, mapped and returned when freed, until it ends."""
+    with bundle_window():
+        return fn(*args)
+
+
+def windows_open() -> int:
+    """How many bundle windows are open now (loads, unloads, their threads)."""
+    return _control.windows
 
 
 def _switch(step: int) -> None:
