@@ -36,6 +36,7 @@ from runtime.context import Context
 from runtime.dispatch.threads import HandlerThreads
 from runtime.errors import Draining, HandlerError, ThawError
 from runtime.models import weights as weights_mod
+from runtime.models.weights import host
 from runtime.registry import HandlerSpec
 
 log = logging.getLogger("thaw.dispatch")
@@ -189,7 +190,10 @@ class HandlerCalls:
                 output = await spec.fn(*args)
             else:
                 done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-                self.submit_call(spec, partial(spec.fn, *args), partial(copy_outcome, done))
+                # In a bundle window of its own, as the load's other threads are: a
+                # warm-up that stalled the load goes on allocating in one (host.py).
+                call = partial(host.within_window, spec.fn, *args)
+                self.submit_call(spec, call, partial(copy_outcome, done))
                 output = await done
             if batched:
                 [output] = batch_outputs(spec, output, 1)

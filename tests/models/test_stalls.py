@@ -126,17 +126,22 @@ async def test_unloading_a_bundle_whose_builder_hangs_answers_at_once(
         await request
 
 
+async def windows_closed() -> bool:
+    """Whether every bundle window closes (threads of earlier tests may be ending)."""
+    for _ in range(6000):
+        if host.windows_open() == 0:
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
 async def test_a_builder_left_running_by_an_unload_builds_in_a_bundle_window(
     started: Any, release: Path
 ) -> None:
     """The load's own window closes with the load, but its builder's thread goes on:
     it keeps a window of its own until it ends, so what it still allocates is
     mapped and given back when freed, as the load's memory is (host.py)."""
-    until_idle = 1000
-    while host.windows_open() and until_idle:  # threads of earlier tests ending
-        await asyncio.sleep(0.01)
-        until_idle -= 1
-    assert host.windows_open() == 0
+    assert await windows_closed()
     instance: Instance = await started(phase_stall_s=600.0)
     request = asyncio.ensure_future(
         instance.dispatcher.invoke("stuckmodel", {}, wait_s=600.0, request_id="sync")
@@ -150,11 +155,20 @@ async def test_a_builder_left_running_by_an_unload_builds_in_a_bundle_window(
     assert entry.lifecycle.state is State.FAILED and entry.task is None  # the load has ended
     assert host.windows_open() == 1, "the builder's thread left allocating outside a window"
     release.touch()
-    for _ in range(6000):  # the builder sees the release file and returns
-        if host.windows_open() == 0:
-            break
-        await asyncio.sleep(0.01)
-    assert host.windows_open() == 0
+    assert await windows_closed()  # the builder saw the release file and returned
+
+
+async def test_a_warm_up_left_running_by_its_stall_runs_in_a_bundle_window(
+    started: Any, release: Path
+) -> None:
+    assert await windows_closed()
+    instance: Instance = await started(phase_stall_s=0.3)
+    with pytest.raises(LoadFailed, match="warmup made no progress"):
+        await instance.dispatcher.invoke("warmhang", {}, wait_s=60.0, request_id="sync")
+    assert instance.cache.entries["warmstuck"].task is None  # the load has ended
+    assert host.windows_open() == 1, "the warm-up's thread left allocating outside a window"
+    release.touch()
+    assert await windows_closed()
 
 
 async def test_a_sync_handler_past_the_run_limit_fails_and_wedges(
