@@ -357,7 +357,9 @@ def build_bundle(
     """Write a bundle from a directory (or one file) of safetensors/JSON/text files.
 
     Files are copied into `out` (default: `src` itself when it is a directory)
-    and the manifest written last, so a half-built bundle has no manifest.
+    and the manifest written last, so a half-built bundle has no manifest. A
+    build that fails (a full disk, a bad source file) removes the copies it
+    made, and `out` when it made that too: the space comes back.
     `on_progress(done, total)` is told the bytes hashed so far, of all there are.
     """
     if not _NAME.match(name):
@@ -367,43 +369,54 @@ def build_bundle(
     sources = sorted(p for p in src.rglob("*") if p.is_file()) if src.is_dir() else [src]
     root = src if src.is_dir() else src.parent
     out_dir = out if out is not None else root
+    made_dir = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
-    files: list[BundleFile] = []
-    sources = [
-        p for p in sources if p.relative_to(root).as_posix() != MANIFEST and p.name[0] != "."
-    ]
-    total = sum(p.lstat().st_size for p in sources)
-    done = 0
+    copies: list[Path] = []  # what this build wrote, removed if it fails
+    try:
+        files: list[BundleFile] = []
+        sources = [
+            p for p in sources if p.relative_to(root).as_posix() != MANIFEST and p.name[0] != "."
+        ]
+        total = sum(p.lstat().st_size for p in sources)
+        done = 0
 
-    def hashed(n: int) -> None:
-        nonlocal done
-        done += n
-        assert on_progress is not None
-        on_progress(done, total)
+        def hashed(n: int) -> None:
+            nonlocal done
+            done += n
+            assert on_progress is not None
+            on_progress(done, total)
 
-    for path in sources:
-        rel = path.relative_to(root).as_posix()
-        check_relative_path(rel, str(path))
-        if path.is_symlink():
-            raise BundleError(f"{rel}: is a symbolic link")
-        target = out_dir / rel
-        if target.resolve() != path.resolve():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, target)
-        digest = sha256_file(target, hashed if on_progress is not None else None)
-        files.append(BundleFile(rel, target.stat().st_size, digest))
-    if not files:
-        raise BundleError(f"{src}: no safetensors, JSON or text files to bundle")
-    if weights_bytes is None:
-        weights_bytes = sum(f.size for f in files if f.path.endswith(".safetensors"))
-    manifest = Manifest(
-        name=name,
-        version=version,
-        files=tuple(files),
-        config=dict(config or {}),
-        weights_bytes=weights_bytes,
-        per_request_bytes=per_request_bytes,
-        kv_bytes_per_token=kv_bytes_per_token,
-    )
-    write_manifest(out_dir, manifest)
-    return manifest
+        for path in sources:
+            rel = path.relative_to(root).as_posix()
+            check_relative_path(rel, str(path))
+            if path.is_symlink():
+                raise BundleError(f"{rel}: is a symbolic link")
+            target = out_dir / rel
+            if target.resolve() != path.resolve():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if not target.exists():  # a file already there is not this build's to remove
+                    copies.append(target)
+                shutil.copyfile(path, target)
+            digest = sha256_file(target, hashed if on_progress is not None else None)
+            files.append(BundleFile(rel, target.stat().st_size, digest))
+        if not files:
+            raise BundleError(f"{src}: no safetensors, JSON or text files to bundle")
+        if weights_bytes is None:
+            weights_bytes = sum(f.size for f in files if f.path.endswith(".safetensors"))
+        manifest = Manifest(
+            name=name,
+            version=version,
+            files=tuple(files),
+            config=dict(config or {}),
+            weights_bytes=weights_bytes,
+            per_request_bytes=per_request_bytes,
+            kv_bytes_per_token=kv_bytes_per_token,
+        )
+        write_manifest(out_dir, manifest)
+        return manifest
+    except BaseException:
+        for copy in copies:
+            copy.unlink(missing_ok=True)
+        if made_dir:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise

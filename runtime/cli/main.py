@@ -32,7 +32,14 @@ import orjson
 
 from runtime.errors import BundleError, ConfigError, ThawError
 from runtime.version import __version__
-from runtime.wire.render import CLI_PREFIX, EXIT_USAGE, cli_exit_code, cli_line, job_error
+from runtime.wire.render import (
+    CLI_PREFIX,
+    EXIT_FAILED,
+    EXIT_USAGE,
+    cli_exit_code,
+    cli_line,
+    job_error,
+)
 
 
 class UsageError(Exception):
@@ -360,6 +367,13 @@ def main(argv: list[str] | None = None) -> int:
             print(orjson.dumps({"error": job_error(exc)}).decode())
         print(cli_line(exc), file=sys.stderr)
         return cli_exit_code(exc)
+    except OSError as exc:
+        # The machine's answer (a full disk, a read-only or missing path): one line
+        # that names the file, not a traceback.
+        if getattr(args, "json", False) and getattr(args, "bundle_command", None):
+            print(orjson.dumps({"error": job_error(exc)}).decode())
+        print(f"{CLI_PREFIX}{exc}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
 

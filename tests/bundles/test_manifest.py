@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from runtime.bundles.manifest import MANIFEST, parse_manifest
+from runtime.bundles.manifest import MANIFEST, build_bundle, parse_manifest
 from runtime.errors import BundleError
+from tests.jobs.tmpfs import fill, mounted
 from tests.support import make_bundle
 
 
@@ -74,6 +75,53 @@ def test_build_refuses_pickle_source(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "pytorch_model.bin" in result.stderr and "pickle" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_build_onto_a_full_disk_says_so_in_one_line_and_keeps_nothing(
+    good_bundle: Path, tmp_path: Path
+) -> None:
+    """`thaw bundle build` writing into a filesystem too small for the bundle: exit 1
+    with the OS's reason and the file, no traceback; the copies it made and the
+    directory it made are gone, and the source is as it was."""
+    before = {p.name: p.read_bytes() for p in good_bundle.iterdir()}
+    with mounted(tmp_path / "disk", "64k") as disk:
+        filler = fill(disk)  # what else is on that disk: no room is left
+        out = disk / "built"
+        done = thaw("bundle", "build", str(good_bundle), "--name", "copy", "--out", str(out))
+        assert done.returncode == 1, done.stderr
+        assert "Traceback" not in done.stderr
+        [line] = done.stderr.strip().splitlines()
+        assert line.startswith("thaw: error: [Errno 28] No space left on device")
+        assert str(out) in line
+        assert list(disk.iterdir()) == [filler]
+        as_json = thaw(
+            "bundle", "build", str(good_bundle), "--name", "c", "--out", str(out), "--json"
+        )
+        assert as_json.returncode == 1
+        assert "No space left" in json.loads(as_json.stdout)["error"]["message"]
+    assert {p.name: p.read_bytes() for p in good_bundle.iterdir()} == before
+
+
+def test_a_build_that_fails_midway_removes_only_what_it_wrote(
+    good_bundle: Path, tmp_path: Path
+) -> None:
+    """A defect found after some files were copied (a symbolic link, sorted last):
+    the copies go, and a file the output directory already held stays."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for shard in good_bundle.glob("*.safetensors"):
+        (src / shard.name).write_bytes(shard.read_bytes())
+    (src / "zz-link.json").symlink_to(src / next(src.iterdir()).name)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(BundleError, match=r"zz-link\.json: is a symbolic link"):
+        build_bundle(src, "halfway", out=out)
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    fresh = tmp_path / "fresh"
+    with pytest.raises(BundleError, match="symbolic link"):
+        build_bundle(src, "halfway", out=fresh)
+    assert not fresh.exists()
 
 
 def _copy(good: Path, tmp_path: Path) -> Path:

@@ -10,11 +10,20 @@ a directory whose marker names the manifest and whose files all have their
 sizes is complete. The lock is an flock, so it is shared by every process on
 the node (Lambda sandboxes reusing /tmp, containers sharing a volume) and is
 released by the kernel if its holder dies.
+
+A fetch asks for room first (`ensure_room`): the files it is about to write,
+each rounded up to the filesystem's blocks, must fit in the space free to us.
+A bundle that cannot fit fails its load at once, naming the sizes, before a
+byte is downloaded, rather than filling the disk that the job store and the
+platform (Lambda's /tmp) share with it. A disk that fills anyway (another
+writer, mid-fetch) ends the fetch with the same error (`out_of_room`), and
+the fetch removes everything it wrote.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import shutil
@@ -22,9 +31,13 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from runtime.bundles.manifest import Manifest, write_manifest
+from runtime.bundles.manifest import BundleFile, Manifest, write_manifest
+from runtime.errors import LoadFailed
 
 MARKER = ".thaw-fetched"
+# The manifest and the marker, written after the files: a block each is plenty.
+_OWN_FILES_BLOCKS = 2
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 def version_dir(cache_dir: Path, manifest: Manifest) -> Path:
@@ -51,6 +64,44 @@ def mark_complete(directory: Path, manifest: Manifest) -> None:
     tmp = directory / f"{MARKER}.tmp"
     tmp.write_text(manifest.id + "\n")
     os.replace(tmp, directory / MARKER)
+
+
+def ensure_room(directory: Path, manifest: Manifest, files: list[BundleFile]) -> None:
+    """Raise LoadFailed unless `files` (and the marker) fit in the free space under
+    `directory`, each file rounded up to whole blocks."""
+    fs = os.statvfs(directory)
+    block = fs.f_frsize or fs.f_bsize or 4096
+    needed = (sum(-(-f.size // block) for f in files) + _OWN_FILES_BLOCKS) * block
+    free = fs.f_bavail * block
+    if needed > free:
+        raise _room_error(f"bundle {manifest.name!r} needs {_mib(needed)}", directory, free)
+
+
+def out_of_room(exc: BaseException, directory: Path, manifest: Manifest) -> LoadFailed | None:
+    """The LoadFailed for a write that found the disk full (ENOSPC, a quota), else None."""
+    if not isinstance(exc, OSError) or exc.errno not in _NO_ROOM:
+        return None
+    try:  # the version's directory may be gone already: ask the cache's root
+        fs = os.statvfs(directory.parent.parent)
+        free = fs.f_bavail * fs.f_frsize
+    except OSError:
+        free = 0
+    size = _mib(manifest.total_bytes)
+    lead = f"the disk filled while bundle {manifest.name!r} ({size}) was fetched"
+    return _room_error(lead, directory, free)
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1024 * 1024):.1f} MiB"
+
+
+def _room_error(lead: str, directory: Path, free: int) -> LoadFailed:
+    cache = directory.parent.parent  # <cache>/<name>/<version>
+    return LoadFailed(
+        f"{lead} in the node cache ({cache}, THAW_CACHE_DIR), which has {_mib(free)} free:"
+        " free space on that filesystem or point THAW_CACHE_DIR at a larger one",
+        free_bytes=free,
+    )
 
 
 def discard(directory: Path) -> None:

@@ -46,7 +46,13 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from runtime.bundles.manifest import MANIFEST, MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from runtime.bundles.manifest import (
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    BundleFile,
+    Manifest,
+    parse_manifest,
+)
 from runtime.bundles.sources import nodecache
 from runtime.bundles.sources.source import Progress
 from runtime.bundles.sources.transfer import FileTransfer
@@ -230,8 +236,11 @@ class S3Source:
         """Fetch what is missing, marker last; on failure remove it all. Needs the node lock."""
         try:
             self._fetch_missing(directory, manifest, report)
-        except BaseException:
+        except BaseException as exc:
             nodecache.discard(directory)
+            full = nodecache.out_of_room(exc, directory, manifest)
+            if full is not None:
+                raise full from exc
             raise
 
     def _fetch_missing(self, directory: Path, manifest: Manifest, report: Progress) -> None:
@@ -239,16 +248,20 @@ class S3Source:
         (directory / nodecache.MARKER).unlink(missing_ok=True)
         for stale in directory.glob(f"{FileTransfer.TMP_PREFIX}*"):
             stale.unlink()  # left by a killed fetch; we hold the lock, so no one owns them
+        missing: list[tuple[int, BundleFile]] = []
+        for index, f in enumerate(manifest.files):
+            final = directory / f.path
+            if FileTransfer.already_verified(final, f):  # half-populated dir
+                report(f.size)
+                continue
+            final.unlink(missing_ok=True)
+            missing.append((index, f))
+        nodecache.ensure_room(directory, manifest, [f for _, f in missing])
         transfers: list[FileTransfer] = []
         try:
-            for index, f in enumerate(manifest.files):
-                final = directory / f.path
-                if FileTransfer.already_verified(final, f):  # half-populated dir
-                    report(f.size)
-                    continue
-                final.unlink(missing_ok=True)
+            for index, f in missing:
                 key = self._key(manifest.name, f.path)
-                transfers.append(FileTransfer(f, final, directory, index, key))
+                transfers.append(FileTransfer(f, directory / f.path, directory, index, key))
             self._download(transfers, report)
         finally:
             for transfer in transfers:

@@ -28,6 +28,7 @@ from runtime.settings import Settings
 from tests import aws_fixtures
 from tests.aws_fixtures import CREDENTIALS, client, make_bucket
 from tests.bundles.sources.s3_proxy import misbehaving_proxy
+from tests.jobs.tmpfs import fill, mounted
 
 moto_endpoint = aws_fixtures.moto_endpoint  # fixtures: the session's moto server
 aws_env = aws_fixtures.aws_env
@@ -233,6 +234,61 @@ def test_a_missing_object_is_a_bundle_error(
     with pytest.raises(BundleError, match="missing"):
         source(bucket, tmp_path / "cache", s3).fetch(manifest, lambda n: None)
     assert files_in(tmp_path / "cache") == []
+
+
+def test_a_bundle_the_cache_cannot_hold_fails_before_a_byte_is_fetched(
+    moto_endpoint: str, uploaded: Any, tmp_path: Path
+) -> None:
+    """The node cache's filesystem has less room than the bundle: the fetch says so,
+    with the sizes, before any download (it would fill the disk the job store and
+    the platform share), and succeeds once the room is there."""
+    bucket, manifest, _ = uploaded
+    with mounted(tmp_path / "cache", "2m") as cache:
+        filler = fill(cache)
+        with filler.open("r+b") as out:  # leave about half of what the bundle needs
+            out.truncate(filler.stat().st_size - manifest.total_bytes // 2)
+        s3 = client(moto_endpoint, "s3")
+        counter = Counter(s3)
+        src = source(bucket, cache, s3)
+        with pytest.raises(LoadFailed, match=r"needs [\d.]+ MiB in the node cache") as caught:
+            src.fetch(manifest, lambda n: None)
+        assert "THAW_CACHE_DIR" in caught.value.message
+        assert caught.value.extra["free_bytes"] < manifest.total_bytes
+        assert counter.gets() == 0
+        assert files_in(cache) == [filler]
+        filler.unlink()
+        directory = src.fetch(manifest, lambda n: None)
+        assert verify_bundle(directory) == manifest
+        assert counter.gets() == ranges(manifest)
+
+
+def test_a_disk_that_fills_mid_fetch_fails_the_load_and_keeps_nothing(
+    moto_endpoint: str, uploaded: Any, tmp_path: Path
+) -> None:
+    """Room at the start, none once the first range is asked for (another writer
+    filled the disk): the load fails naming the full cache, not an internal
+    OSError, nothing of the fetch is left, and the next fetch succeeds."""
+    bucket, manifest, local = uploaded
+    with mounted(tmp_path / "cache", "2m") as cache:
+        s3 = client(moto_endpoint, "s3")
+        filled: list[Path] = []
+        lock = threading.Lock()
+
+        def fill_once(**_: Any) -> None:
+            with lock:
+                if not filled:
+                    filled.append(fill(cache))
+
+        s3.meta.events.register("before-send.s3.GetObject", fill_once)
+        src = source(bucket, cache, s3)
+        with pytest.raises(LoadFailed, match="the disk filled while bundle 'tiny'"):
+            src.fetch(manifest, lambda n: None)
+        assert files_in(cache) == filled  # the filler alone: no partial file, no marker
+        s3.meta.events.unregister("before-send.s3.GetObject", fill_once)
+        filled[0].unlink()
+        directory = src.fetch(manifest, lambda n: None)
+        for f in manifest.files:
+            assert (directory / f.path).read_bytes() == (local / f.path).read_bytes()
 
 
 def _proxied(url: str, stall_s: float) -> Any:
