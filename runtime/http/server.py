@@ -138,10 +138,19 @@ class _Server(uvicorn.Server):
         self._on_stop = on_stop
         self._loop: asyncio.AbstractEventLoop | None = None
         self.interrupted = False
+        self.startup_failed = False
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
-        await super().startup(sockets)
+        try:
+            await super().startup(sockets)
+        except SystemExit:
+            # uvicorn's way of failing to start (the port taken, the lifespan failed,
+            # logged already): its exit code, 3, is Thaw's invalid-input. This server
+            # stops instead, and `serve` exits 1, as any command that failed.
+            self.startup_failed = True
+            self.should_exit = True
+            return
         if not self.should_exit:
             self._on_listening()
 
@@ -275,7 +284,7 @@ def serve(host: str = "127.0.0.1", port: int = 8080, insecure: bool = False) -> 
     instance = getattr(app.state, "instance", None)
     # Wedged: exit non-zero, so the platform counts it a failure and replaces it.
     wedged = instance is not None and instance.wedged
-    code = 1 if failed or wedged else 130 if server.interrupted else 0
+    code = 1 if failed or wedged or server.startup_failed else 130 if server.interrupted else 0
     process.exit_past_stuck_threads(code)
     logging.getLogger("thaw.server").info("stopped")
     return code

@@ -7,9 +7,12 @@ Real `thaw serve` processes: what a process maps is the point.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from runtime.preload import START_UP_EXTENSIONS
 from tests.support import ServerProcess, free_port, make_bundle, until
@@ -78,3 +81,32 @@ def test_a_server_without_model_handlers_loads_no_framework(
     with server.client() as client:
         assert client.post("/invoke/echo", json={"x": 1}).json() == {"x": 1}
     assert "libtorch" not in server.maps()
+
+
+@pytest.mark.parametrize("refusal", ["settings", "port"])
+def test_a_server_that_stops_while_the_framework_loads_exits_with_its_code(
+    server_env: dict[str, str], refusal: str
+) -> None:
+    """A server that gives up at once (its settings refused, its port taken) ends
+    while libtorch's initialisers still run on the preload thread. Its exit ran
+    beside them and died of SIGSEGV or SIGABRT in 5 runs of 6; it must exit 1,
+    saying why. uvicorn's own code for a port it cannot bind, 3, is Thaw's
+    invalid-input: a failed start is 1, as any command that failed."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ["--host", "0.0.0.0"] if refusal == "settings" else []
+        for _ in range(3):  # the crash was a race: each try is another chance at it
+            done = subprocess.run(
+                [sys.executable, "-m", "runtime.cli.main", "serve", "--port", str(port), *args],
+                env=server_env,  # its handlers use bundles: the preload starts
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
+            if refusal == "settings":
+                assert "refusing to listen on 0.0.0.0 without API keys" in done.stderr
+            else:
+                assert "address already in use" in done.stderr

@@ -9,6 +9,7 @@ lazily, so importing `runtime` (and serving /healthz) never pays for it.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import importlib.util
 import sys
@@ -21,6 +22,8 @@ from runtime.models.weights import host
 
 _RTLD_NOW = 0x2
 _RTLD_GLOBAL = 0x100
+# How long a process's exit waits for the framework's libraries to finish loading.
+PRELOAD_EXIT_WAIT_S = 60.0
 
 
 def preload_framework() -> None:
@@ -64,6 +67,12 @@ def preload_in_background() -> threading.Thread | None:
         return None
     thread = threading.Thread(target=preload_framework, name="thaw-framework-preload", daemon=True)
     thread.start()
+    # A process that ends while the libraries load (a server refused its settings or
+    # its port) would run its exit, and the C library's, beside the initialisers
+    # dlopen is running: it died of SIGSEGV or SIGABRT instead of exiting with its
+    # code. The interpreter's exit waits for the load first (bounded: a hung load
+    # must not hold the exit forever).
+    atexit.register(thread.join, PRELOAD_EXIT_WAIT_S)
     return thread
 
 
