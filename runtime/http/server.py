@@ -221,10 +221,12 @@ def serve(host: str = "127.0.0.1", port: int = 8080, insecure: bool = False) -> 
             f"refusing to listen on {host} without API keys: set THAW_API_KEYS or "
             "THAW_API_KEYS_FILE, or pass --insecure to expose an unauthenticated endpoint"
         )
-    # Before listening: a handler tree with nothing that imports is one error line
-    # and exit 1 (thaw's), not a failed lifespan; a partly broken one is served.
+    # Before listening: a handler tree with nothing that imports, a bundle source or
+    # job store URL that does not parse, is one error line and exit 1 (thaw's), not a
+    # failed lifespan's traceback; a partly broken handler tree is served.
     registry = discover(settings.handlers)
-    app = create_app(settings, defer_background=True, registry=registry)
+    instance = Instance.create(settings, registry)
+    app = create_app(settings, instance, defer_background=True)
     config = uvicorn.Config(
         app,
         host=host,
@@ -281,9 +283,8 @@ def serve(host: str = "127.0.0.1", port: int = 8080, insecure: bool = False) -> 
 
     server = _Server(config, on_listening=on_listening, on_sigterm=on_sigterm, on_stop=on_stop)
     process.run(server.serve())
-    instance = getattr(app.state, "instance", None)
     # Wedged: exit non-zero, so the platform counts it a failure and replaces it.
-    wedged = instance is not None and instance.wedged
+    wedged = instance.wedged
     code = 1 if failed or wedged or server.startup_failed else 130 if server.interrupted else 0
     process.exit_past_stuck_threads(code)
     logging.getLogger("thaw.server").info("stopped")

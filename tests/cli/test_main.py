@@ -91,3 +91,26 @@ def test_bundle_commands_print_json(tmp_path: Path) -> None:
     error = json.loads(broken.stdout)["error"]
     assert error["type"] == "integrity" and manifest.files[0].path in error["message"]
     assert broken.stderr.startswith("thaw: error: integrity: ")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        ("THAW_BUNDLE_SOURCE", "s3://", "THAW_BUNDLE_SOURCE='s3://': no bucket name"),
+        ("THAW_BUNDLE_SOURCE", "s3://b/../x", "prefix has an empty or dot segment"),
+        ("THAW_JOB_STORE", "bogus://x", "THAW_JOB_STORE='bogus://x': expected sqlite:///path"),
+        ("THAW_MAX_JSON_DEPTH", "zero", "THAW_MAX_JSON_DEPTH='zero' is not a valid int"),
+    ],
+)
+def test_serve_refuses_settings_in_one_line_before_it_listens(
+    thaw_env: dict[str, str], variable: str, value: str, says: str
+) -> None:
+    """A setting that does not parse, wherever it is read (the settings, the bundle
+    source, the job store), is one `thaw: error: config:` line and exit 1: not
+    uvicorn's failed lifespan, a traceback inside a log line."""
+    env = {**thaw_env, "THAW_HANDLERS": "handlers.echo", variable: value}
+    done = thaw("serve", "--port", "0", env=env)
+    assert done.returncode == EXIT_FAILED, done.stderr
+    assert "Traceback" not in done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("thaw: error: config: ") and says in line, line
