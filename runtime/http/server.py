@@ -263,7 +263,9 @@ def serve(host: str = "127.0.0.1", port: int = 8080, insecure: bool = False) -> 
         instance = app.state.instance
         instance.exit_hook = request_exit
         instance.start_background(on_error=start_failed)
-        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        # The port bound, which `--port 0` leaves to the OS.
+        bound = port or server.servers[0].sockets[0].getsockname()[1]
+        url = f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}"
         logging.getLogger("thaw.server").info(serving_line(instance, url))
 
     def on_sigterm() -> bool:

@@ -7,10 +7,12 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from runtime.wire.render import EXIT_FAILED, EXIT_INVALID_INPUT, EXIT_USAGE
@@ -114,3 +116,34 @@ def test_serve_refuses_settings_in_one_line_before_it_listens(
     assert "Traceback" not in done.stderr
     [line] = done.stderr.strip().splitlines()
     assert line.startswith("thaw: error: config: ") and says in line, line
+
+
+def test_serve_on_port_0_logs_the_port_the_os_gave_it(thaw_env: dict[str, str]) -> None:
+    """`--port 0` lets the OS choose; the serving line names the port it chose (one a
+    script can call), not `:0`."""
+    env = {**thaw_env, "THAW_HANDLERS": "handlers.echo"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runtime.cli.main", "serve", "--port", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
+    try:
+        assert proc.stderr is not None
+        for raw in proc.stderr:
+            msg = json.loads(raw)["msg"]
+            if " serving http://" in msg:
+                break
+        else:
+            pytest.fail(f"no serving line; exit {proc.wait()}")
+        found = re.search(r" serving http://127\.0\.0\.1:(\d+):", msg)
+        assert found, msg
+        port = int(found.group(1))
+        assert port != 0
+        health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30)
+        assert health.status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(60)
