@@ -105,7 +105,8 @@ def run(
     for node in nodes:
         for handler in handlers or list(BUNDLES):
             if not (ROOT / "bundles" / BUNDLES[handler] / "bundle.json").is_file():
-                rows.append(Row(f"`{handler}`", "bundle not built", verdict="skipped"))
+                built = "bundle not built (scripts/build_model_bundles.py)"
+                rows.append(Row(f"`{handler}`", built, verdict="skipped"))
                 continue
             with tempfile.TemporaryDirectory(prefix="thaw-first-") as tmp:
                 state = Path(tmp) / "state"

@@ -18,6 +18,22 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Test processes run side by side (`-n 2` on 2 cores in CI), and the servers
+    they start with them: each gets its share of the cores for torch's loops, as
+    several instances on one host should (README, "Configuration"). Past that, each
+    process's OpenMP workers spin for the cores the others need
+    (runtime/models/weights/teams.py). Before any test module imports torch."""
+    cores = os.cpu_count() or 1
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:  # a worker: set already, by the controller it inherits from
+        processes = int(workerinput["workercount"])
+    else:
+        asked = getattr(config.option, "numprocesses", None)  # xdist's -n: a count, or 'auto'
+        processes = asked if isinstance(asked, int) and asked > 0 else cores if asked else 1
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // processes)))
+
+
 @pytest.fixture
 def thaw_env(tmp_path: Path) -> dict[str, str]:
     """A clean environment for a runtime process, with state under tmp_path."""

@@ -165,12 +165,13 @@ class HandlerCalls:
     ) -> None:
         """`submit` for a call made already (a batch: runtime/dispatch/batcher.py)."""
         loop = asyncio.get_running_loop()
-        if spec.uses:
+        models = bool(spec.uses)
+        if models:
             call = partial(_with_inference_mode, call)
         if gate is not None:
             call = partial(_gated, loop, gate, call)
         try:
-            done = self._pool.submit(partial(contextvars.copy_context().run, call))
+            done = self._pool.submit(partial(contextvars.copy_context().run, call), models=models)
         except RuntimeError:  # shut down: the instance stopped after admitting this call
             raise Draining("this instance is shutting down and runs no more handlers") from None
         done.add_done_callback(partial(_back_to_loop, loop, then))

@@ -15,6 +15,14 @@ the thread that became idle last (a stack, not a queue): the threads warm-up
 ran on serve the first requests, the threads that served recently stay warm,
 and the pool grows only when calls really overlap. Calls past `max_threads`
 wait in arrival order.
+
+Model calls (a handler that uses models, a prefill, a decode thread's steps)
+leave an OpenMP team on their thread, and two teams alive slow every parallel
+loop of both (runtime/models/weights/teams.py). So at most one idle thread
+keeps its team: a thread ends its team as it goes idle while other model calls
+run, and an idle thread that holds one ends it (told through its inbox) when a
+model call starts on another thread. Calls in a row on one thread keep the one
+team they share.
 """
 
 from __future__ import annotations
@@ -26,30 +34,41 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from runtime.models.weights import teams
+
 # How long a shutdown waits for an idle thread to end (it ends at once).
 JOIN_S = 1.0
-# A call and the future of its outcome.
-_Call = tuple[Callable[[], Any], "Future[Any]"]
+# A call, the future of its outcome, and whether it is model work.
+_Call = tuple[Callable[[], Any], "Future[Any]", bool]
+# In an idle thread's inbox: end your OpenMP team.
+_RELEASE = "release"
 
 
 class HandlerThreads:
     """At most `max_threads` daemon threads named `<name>_<n>`; see the module docstring."""
 
-    def __init__(self, max_threads: int, name: str) -> None:
+    def __init__(
+        self, max_threads: int, name: str, release_team: Callable[[], object] = teams.release
+    ) -> None:
+        """`release_team` ends the calling thread's OpenMP team (teams.release)."""
         if max_threads < 1:
             raise ValueError("max_threads must be at least 1")
         self.max_threads = max_threads
         self.name = name
+        self.release_team = release_team
+        # Model calls submitted and not yet returned (running or waiting).
+        self._model_calls = 0
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []  # the last one idle is at the end
         self._waiting: deque[_Call] = deque()
         self.started = 0
         self._closed = False
 
-    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
-        """Run `fn()` on a handler thread; RuntimeError once shut down (as the executor's)."""
+    def submit(self, fn: Callable[[], Any], *, models: bool = False) -> Future[Any]:
+        """Run `fn()` on a handler thread; RuntimeError once shut down (as the executor's).
+        `models`: the call runs model work (it makes or keeps an OpenMP team)."""
         future: Future[Any] = Future()
-        call: _Call = (fn, future)
+        call: _Call = (fn, future, models)
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot schedule new calls after shutdown")
@@ -62,22 +81,36 @@ class HandlerThreads:
                 worker.start()
             else:
                 self._waiting.append(call)
+            if models:
+                self._model_calls += 1
+                # This call's thread makes or keeps the team: no idle one keeps another.
+                for idle in self._idle:
+                    if idle.team:
+                        idle.team = False
+                        idle.inbox.put(_RELEASE)
         return future
 
     def saturated(self) -> bool:
         """Whether a call submitted now would wait for a thread (a hint: no lock taken)."""
         return not self._idle and self.started >= self.max_threads
 
-    def _after(self, worker: _Worker) -> tuple[bool, _Call | None]:
-        """A worker is done with its call: (keep running, the next call for it).
-        With no call waiting it is idle from now on, before its call completes."""
+    def _after(self, worker: _Worker, models: bool, ran: bool) -> tuple[bool, _Call | None, bool]:
+        """A worker is done with its call: (keep running, the next call for it, end its
+        team now). With no call waiting it is idle from now on, before its call
+        completes; it ends its team if other model calls run meanwhile."""
         with self._lock:
+            if models:
+                self._model_calls -= 1
+                worker.team = worker.team or ran
             if self._waiting:
-                return True, self._waiting.popleft()
+                return True, self._waiting.popleft(), False
             if self._closed:
-                return False, None
+                return False, None, False  # the thread's end ends its team
+            release = worker.team and self._model_calls > 0
+            if release:
+                worker.team = False
             self._idle.append(worker)
-            return True, None
+            return True, None, release
 
     def shutdown(self) -> None:
         """Take no more calls and cancel the waiting ones; idle threads end now,
@@ -91,7 +124,7 @@ class HandlerThreads:
             self._closed = True
             waiting, self._waiting = list(self._waiting), deque()
             idle, self._idle = self._idle, []
-        for _, future in waiting:
+        for _, future, _ in waiting:
             future.cancel()
         for worker in idle:
             worker.inbox.put(None)
@@ -106,13 +139,20 @@ class _Worker(threading.Thread):
         # waits for it a moment and, if it is stuck, says so and exits past it.
         super().__init__(name=name, daemon=True)
         self.pool = pool
-        self.inbox: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[_Call | str | None] = queue.SimpleQueue()
         self.running_user_code = False
+        # Whether it may hold an OpenMP team (a model call ran since its last release);
+        # the pool's lock guards it.
+        self.team = False
 
     def run(self) -> None:
         call = self.inbox.get()
         while call is not None:
-            fn, future = call
+            if isinstance(call, str):  # _RELEASE
+                self.pool.release_team()
+                call = self.inbox.get()
+                continue
+            fn, future, models = call
             call = None  # drop the reference: the outcome may be large
             result: Any = None
             error: BaseException | None = None
@@ -124,13 +164,15 @@ class _Worker(threading.Thread):
                 except BaseException as exc:  # SystemExit too: it ends the call, not the thread
                     error = exc
                 self.running_user_code = False
-            keep_running, call = self.pool._after(self)
+            keep_running, call, release = self.pool._after(self, models, ran)
             if ran:
                 if error is not None:
                     future.set_exception(error)
                 else:
                     future.set_result(result)
             del fn, future, result, error
+            if release:  # after the answer: it is not the caller's to wait for
+                self.pool.release_team()
             if not keep_running:
                 return
             if call is None:

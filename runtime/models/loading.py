@@ -49,7 +49,7 @@ from runtime.models.entry import Entry
 from runtime.models.estimate import Estimator
 from runtime.models.eviction import EvictionPolicy
 from runtime.models.lifecycle import LOAD_PHASES, State
-from runtime.models.weights import host
+from runtime.models.weights import host, teams
 from runtime.registry import HandlerSpec, Registry
 from runtime.telemetry.health import Health
 from runtime.telemetry.metrics import Metrics
@@ -265,7 +265,7 @@ class Loader:
 
     async def _in_thread(self, entry: Entry, phase: str, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
-        thread = loop.run_in_executor(None, host.within_window, fn, *args)
+        thread = loop.run_in_executor(None, teams.released_after, host.within_window, fn, *args)
         return await self._watch(entry, phase, thread)
 
     # ---- the load ---------------------------------------------------------------

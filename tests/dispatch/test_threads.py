@@ -22,6 +22,7 @@ from runtime.dispatch.answers import Completed
 from runtime.dispatch.threads import HandlerThreads
 from runtime.settings import Settings
 from tests.support import make_bundle, running_instance
+from tests.support import until as wait_for
 
 WAIT_S = 10.0  # a safety limit only
 
@@ -178,3 +179,76 @@ async def until(condition: Callable[[], bool]) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("never happened")
+
+
+# ---- OpenMP teams (runtime/models/weights/teams.py) -----------------------------
+
+
+class Releases:
+    """Where the pool's `release_team` calls land: the thread each ran on."""
+
+    def __init__(self) -> None:
+        self.on: list[str] = []
+        self.lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self.lock:
+            self.on.append(name())
+
+
+def test_model_calls_in_a_row_keep_their_threads_team() -> None:
+    releases = Releases()
+    pool = HandlerThreads(8, "t", release_team=releases)
+    ran = [pool.submit(name, models=True).result(WAIT_S) for _ in range(20)]
+    assert set(ran) == {"t_0"}
+    assert releases.on == []
+    pool.shutdown()
+
+
+def test_a_thread_going_idle_while_other_model_work_runs_ends_its_team() -> None:
+    """As a prefill's thread does while the decode thread steps: the thread still
+    working keeps its team, the one going idle gives its up (after its answer)."""
+    releases = Releases()
+    pool = HandlerThreads(8, "t", release_team=releases)
+    steps, prefill = threading.Event(), threading.Event()
+    stepping = pool.submit(lambda: (steps.wait(WAIT_S), name())[1], models=True)
+    prefilling = pool.submit(lambda: (prefill.wait(WAIT_S), name())[1], models=True)
+    prefill.set()
+    prefilled_on = prefilling.result(WAIT_S)
+    wait_for(lambda: releases.on == [prefilled_on], "the idle thread's release")
+    steps.set()
+    stepped_on = stepping.result(WAIT_S)
+    assert stepped_on != prefilled_on
+    # Nothing else runs: the last thread keeps its team, and serves the next call.
+    assert pool.submit(name, models=True).result(WAIT_S) == stepped_on
+    assert releases.on == [prefilled_on]
+    pool.shutdown()
+
+
+def test_an_idle_thread_holding_a_team_ends_it_when_model_work_starts_elsewhere() -> None:
+    releases = Releases()
+    pool = HandlerThreads(8, "t", release_team=releases)
+    model_gate, plain_gate = threading.Event(), threading.Event()
+    model = pool.submit(lambda: (model_gate.wait(WAIT_S), name())[1], models=True)
+    plain = pool.submit(lambda: (plain_gate.wait(WAIT_S), name())[1])
+    model_gate.set()
+    team_on = model.result(WAIT_S)  # idle now, its team kept: nothing else runs models
+    plain_gate.set()
+    plain_on = plain.result(WAIT_S)  # idle last: it takes the next call
+    assert releases.on == []
+    assert pool.submit(name, models=True).result(WAIT_S) == plain_on
+    wait_for(lambda: releases.on == [team_on], "the idle thread's release")
+    pool.shutdown()
+
+
+def test_calls_without_models_end_no_team() -> None:
+    releases = Releases()
+    pool = HandlerThreads(8, "t", release_team=releases)
+    gates = [threading.Event() for _ in range(3)]
+    running = [pool.submit(lambda g=g: g.wait(WAIT_S)) for g in gates]
+    for gate, future in zip(gates, running, strict=True):
+        gate.set()
+        future.result(WAIT_S)
+    assert pool.submit(name).result(WAIT_S)
+    assert releases.on == []
+    pool.shutdown()

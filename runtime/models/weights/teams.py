@@ -1,0 +1,100 @@
+"""The OpenMP thread teams of torch's CPU kernels: one kept, the others ended.
+
+torch's CPU kernels run their loops on OpenMP, GNU libgomp in the Linux
+wheels. Each thread that runs a parallel loop becomes the master of its own
+team. The team's workers (one fewer than the cores) wait between regions. A
+waiting worker spins first, so a region that finds its workers spinning
+starts at once, and one that finds them asleep wakes each with a futex
+(tens of microseconds). libgomp spins about 300,000 times while the threads it
+manages number no more than the cores, but only 100 times once they are more
+(`gomp_throttled_spin_count_var`). So as soon as a second thread holds a
+team, even an idle one, every region of every thread pays for the futex.
+Measured here (2-core Xeon with AMX, torch 2.13): a 64x576 add took 3.4 us
+with one team and 52 us beside a second, idle team; SmolLM2's 8-token answer
+took 157 ms on the thread that built the model and 280-316 ms on another
+thread while the builder's thread lived on (BENCHMARKS.md, "OpenMP teams").
+
+Thaw runs model work on several threads: a load's phases on the loop's
+executor, and handler calls, prefill and decode steps on the handler
+threads. `release()` ends the calling thread's team (OpenMP 5's
+`omp_pause_resource_all`, soft: its workers exit). The thread's next region
+makes a new team, about 0.1 ms on two cores. Who calls it, and when, is the
+caller's policy (runtime/dispatch/threads.py, runtime/models/loading.py).
+Where torch is not loaded, or runs on another OpenMP runtime (Intel's, whose
+workers sleep after a fixed time, not by count), `release()` does nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_OMP_PAUSE_SOFT = 1
+# The library's pause, once torch is loaded: None where there is no libgomp to ask.
+_pause: Callable[[int], int] | None = None
+_resolved = False
+_lock = threading.Lock()
+
+
+def _libgomp_path() -> str | None:
+    """The libgomp this process has mapped (the wheel's own copy may carry a hash)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rsplit(" ", 1)[-1].strip()
+                if os.path.basename(path).startswith("libgomp"):
+                    return path
+    except OSError:
+        return None
+    return None
+
+
+def _resolve() -> Callable[[int], int] | None:
+    global _pause, _resolved
+    if _resolved:
+        return _pause
+    if "torch" not in sys.modules:
+        return None  # asked again later: torch maps its libgomp as it loads
+    with _lock:
+        if not _resolved:
+            path = _libgomp_path()
+            if path is not None:
+                import ctypes
+
+                try:
+                    # NOLOAD: the copy torch loaded, never a second one.
+                    lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+                    fn = lib.omp_pause_resource_all
+                    fn.argtypes = [ctypes.c_int]
+                    fn.restype = ctypes.c_int
+                    _pause = fn
+                except (OSError, AttributeError):
+                    _pause = None
+            _resolved = True
+    return _pause
+
+
+def supported() -> bool:
+    """Whether `release()` can end a team here (torch loaded, on libgomp)."""
+    return _resolve() is not None
+
+
+def release() -> bool:
+    """End the calling thread's OpenMP team, if it has one; True if libgomp took the
+    call. A no-op inside a parallel region, and where `supported()` is False."""
+    pause = _resolve()
+    return pause is not None and pause(_OMP_PAUSE_SOFT) == 0
+
+
+def released_after(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)`, then the thread's team ended: for a thread that does model work
+    once and then other things, or waits (a load phase on the loop's executor)."""
+    try:
+        return fn(*args)
+    finally:
+        release()
