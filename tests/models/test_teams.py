@@ -102,3 +102,83 @@ def test_model_threads_keep_one_openmp_team_between_them() -> None:
     control = probe("keep")
     assert control["after_overlap"] == control["baseline"] + 2 * team
     assert control["after_a_load_phase"] == control["baseline"] + 3 * team
+
+
+# ---- a team no larger than the CPU quota ---------------------------------------------
+
+
+def cgroup(root: Path, *, v2: str | None = None, v1: tuple[str, str] | None = None) -> Path:
+    """A cgroup tree as the kernel shows it to a container: v2's cpu.max, or v1's files."""
+    root.mkdir(parents=True, exist_ok=True)
+    if v2 is not None:
+        (root / "cpu.max").write_text(v2 + "\n")
+    if v1 is not None:
+        (root / "cpu").mkdir()
+        (root / "cpu" / "cpu.cfs_quota_us").write_text(v1[0] + "\n")
+        (root / "cpu" / "cpu.cfs_period_us").write_text(v1[1] + "\n")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("v2", "v1", "cpus"),
+    [
+        ("max 100000", None, None),
+        ("200000 100000", None, 2),
+        ("150000 100000", None, 2),  # a part of a core is a whole thread
+        ("50000 100000", None, 1),
+        (None, ("-1", "100000"), None),
+        (None, ("300000", "100000"), 3),
+        (None, None, None),
+        ("garbage", None, None),
+    ],
+)
+def test_the_cpu_quota_is_read_from_either_cgroup_version(
+    tmp_path: Path, v2: str | None, v1: tuple[str, str] | None, cpus: int | None
+) -> None:
+    from runtime.models.weights.teams import quota_cpus
+
+    assert quota_cpus(cgroup(tmp_path / "cg", v2=v2, v1=v1)) == cpus
+
+
+QUOTA_PROBE = r"""
+import json, os, sys
+from pathlib import Path
+
+from runtime.models.weights import teams
+
+root = Path(sys.argv[1])
+set_to = teams.configure_threads(root)
+import torch
+
+print(json.dumps({"set": set_to, "env": os.environ.get("OMP_NUM_THREADS"),
+                  "torch": torch.get_num_threads()}))
+"""
+
+
+def run_quota_probe(root: Path, **env: str) -> dict[str, Any]:
+    clean = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    done = subprocess.run(
+        [sys.executable, "-c", QUOTA_PROBE, str(root)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+        env={**clean, **env},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_a_quota_below_the_cores_sizes_torchs_team_before_it_loads(tmp_path: Path) -> None:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: no quota can be below it")
+    limited = run_quota_probe(cgroup(tmp_path / "limited", v2="100000 100000"))
+    assert limited == {"set": 1, "env": "1", "torch": 1}
+    # No quota: libgomp's own choice, one thread per CPU the process may use.
+    free = run_quota_probe(cgroup(tmp_path / "free", v2="max 100000"))
+    assert free["set"] is None and free["env"] is None
+    assert free["torch"] == len(os.sched_getaffinity(0))
+    # A variable the operator set wins over the quota.
+    chosen = run_quota_probe(tmp_path / "limited", OMP_NUM_THREADS="2")
+    assert chosen == {"set": None, "env": "2", "torch": 2}

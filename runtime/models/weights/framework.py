@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.errors import LoadFailed
-from runtime.models.weights import host
+from runtime.models.weights import host, teams
 
 _RTLD_NOW = 0x2
 _RTLD_GLOBAL = 0x100
@@ -36,6 +36,7 @@ def preload_framework() -> None:
     a foreign call lets the loop run meanwhile; the import then finds them
     loaded. Best effort: any failure just leaves the work to `import torch`.
     """
+    teams.configure_threads()  # before libgomp loads with libtorch_cpu
     glibc = host.libc()
     if glibc is None or "torch" in sys.modules:
         return
@@ -65,6 +66,9 @@ def preload_in_background() -> threading.Thread | None:
             return None
     except (ImportError, ValueError):  # a finder that refuses it: not installed, as far as we go
         return None
+    # Here, not on the thread: setting a variable while another thread reads the
+    # environment is not safe in C.
+    teams.configure_threads()
     thread = threading.Thread(target=preload_framework, name="thaw-framework-preload", daemon=True)
     thread.start()
     # A process that ends while the libraries load (a server refused its settings or

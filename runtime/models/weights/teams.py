@@ -22,19 +22,29 @@ makes a new team, about 0.1 ms on two cores. Who calls it, and when, is the
 caller's policy (runtime/dispatch/threads.py, runtime/models/loading.py).
 Where torch is not loaded, or runs on another OpenMP runtime (Intel's, whose
 workers sleep after a fixed time, not by count), `release()` does nothing.
+
+A spinning team takes the cores it has, so it must not be larger than the
+cores the process gets. libgomp sizes it by the CPUs the process may run on,
+and a container limited by a CPU quota instead (cgroup `cpu.max`: Kubernetes
+limits, ECS, Cloud Run) sees every core of its host: 63 spinning workers under
+a quota of two. `configure_threads()` sets OMP_NUM_THREADS to the quota
+before torch loads libgomp, unless the variable is set already.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 _OMP_PAUSE_SOFT = 1
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 # The library's pause, once torch is loaded: None where there is no libgomp to ask.
 _pause: Callable[[int], int] | None = None
 _resolved = False
@@ -98,3 +108,44 @@ def released_after(fn: Callable[..., T], *args: Any) -> T:
         return fn(*args)
     finally:
         release()
+
+
+def quota_cpus(root: Path = CGROUP_ROOT) -> int | None:
+    """The CPUs the container's CPU quota allows, rounded up; None without a quota.
+    cgroup v2 (`cpu.max`: "QUOTA PERIOD", or "max PERIOD") or v1 (`cpu.cfs_quota_us`,
+    -1 for none, over `cpu.cfs_period_us`)."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        try:
+            v1 = root / "cpu"
+            quota = (v1 / "cpu.cfs_quota_us").read_text().strip()
+            period = (v1 / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return None
+    try:
+        allowed, every = int(quota), int(period)
+    except ValueError:  # "max": no quota
+        return None
+    if allowed <= 0 or every <= 0:
+        return None
+    return max(1, math.ceil(allowed / every))
+
+
+def configure_threads(root: Path = CGROUP_ROOT) -> int | None:
+    """Before torch loads: OMP_NUM_THREADS set to the CPU quota where that is fewer
+    than the CPUs the process may run on and the variable is unset; the count set,
+    else None (nothing to do, or too late: torch is loaded)."""
+    if "OMP_NUM_THREADS" in os.environ or "torch" in sys.modules:
+        return None
+    quota = quota_cpus(root)
+    if quota is None:
+        return None
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    if quota >= cpus:
+        return None
+    os.environ["OMP_NUM_THREADS"] = str(quota)
+    return quota
