@@ -76,6 +76,12 @@ class Holder:
         return out[0]
 
 
+def compared(measurement: str, ended: list[float], kept: list[float]) -> Row:
+    """A row: Thaw now (the other team ended) against before (it kept)."""
+    now, before = median(ended), median(kept)
+    return Row(measurement, fmt_s(now), fmt_s(before), fmt_x(now / before))
+
+
 def adds_s(x: Any) -> float:
     """Seconds per add on the calling thread (after a few to make its team)."""
     for _ in range(50):
@@ -112,13 +118,11 @@ def main() -> int:
         a.call(teams.release)
         ended.append(on_thread(lambda: adds_s(x)))
     rows = [
-        Row(
-            "64x576 add on thread B, thread A's idle team ended "
-            f"(baseline: A's team kept; B's team alone {fmt_s(median(alone))}; "
-            f"median of {args.rounds})",
-            fmt_s(median(ended)),
-            fmt_s(median(beside)),
-            fmt_x(median(ended) / median(beside)),
+        compared(
+            "64x576 add on thread B, thread A's idle team ended (baseline: A's team "
+            f"kept; B's team alone {fmt_s(median(alone))}; median of {args.rounds})",
+            ended,
+            beside,
         )
     ]
     rows += generate_rows(a, teams.release, args.rounds)
@@ -155,12 +159,11 @@ def generate_rows(a: Holder, release: Callable[[], object], rounds: int) -> list
         a.call(release)
         ended.append(on_thread(answer_s))
     return [
-        Row(
+        compared(
             "SmolLM2 8-token answer on thread B, the builder's thread A's team ended "
             f"(baseline: A's team kept; median of {rounds})",
-            fmt_s(median(ended)),
-            fmt_s(median(kept)),
-            fmt_x(median(ended) / median(kept)),
+            ended,
+            kept,
         )
     ]
 
