@@ -27,6 +27,7 @@ team they share.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections import deque
@@ -35,6 +36,8 @@ from concurrent.futures import Future
 from typing import Any
 
 from runtime.models.weights import teams
+
+log = logging.getLogger("thaw.dispatch")
 
 # How long a shutdown waits for an idle thread to end (it ends at once).
 JOIN_S = 1.0
@@ -89,6 +92,13 @@ class HandlerThreads:
                         idle.team = False
                         idle.inbox.put(_RELEASE)
         return future
+
+    def _release_team(self) -> None:
+        # Ending a team only saves time: a failure must never end the thread.
+        try:
+            self.release_team()
+        except Exception:
+            log.debug("could not end a handler thread's OpenMP team", exc_info=True)
 
     def saturated(self) -> bool:
         """Whether a call submitted now would wait for a thread (a hint: no lock taken)."""
@@ -149,7 +159,7 @@ class _Worker(threading.Thread):
         call = self.inbox.get()
         while call is not None:
             if isinstance(call, str):  # _RELEASE
-                self.pool.release_team()
+                self.pool._release_team()
                 call = self.inbox.get()
                 continue
             fn, future, models = call
@@ -172,7 +182,7 @@ class _Worker(threading.Thread):
                     future.set_result(result)
             del fn, future, result, error
             if release:  # after the answer: it is not the caller's to wait for
-                self.pool.release_team()
+                self.pool._release_team()
             if not keep_running:
                 return
             if call is None:

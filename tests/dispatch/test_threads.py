@@ -252,3 +252,25 @@ def test_calls_without_models_end_no_team() -> None:
     assert pool.submit(name).result(WAIT_S)
     assert releases.on == []
     pool.shutdown()
+
+
+def test_a_team_that_will_not_end_costs_the_thread_nothing() -> None:
+    def refuses() -> None:
+        raise OSError("no libgomp here after all")
+
+    pool = HandlerThreads(8, "t", release_team=refuses)
+    other, mine = threading.Event(), threading.Event()
+    running = pool.submit(lambda: (other.wait(WAIT_S), name())[1], models=True)
+    first = pool.submit(lambda: (mine.wait(WAIT_S), name())[1], models=True)
+    mine.set()
+    released_on = first.result(WAIT_S)  # idle while the other runs: it tries to end its team
+    other.set()
+    running.result(WAIT_S)
+    # Both threads still serve: the failed release ended neither.
+    gates = [threading.Event() for _ in range(2)]
+    both = [pool.submit(lambda g=g: (g.wait(WAIT_S), name())[1], models=True) for g in gates]
+    for gate in gates:
+        gate.set()
+    assert released_on in {f.result(WAIT_S) for f in both}
+    assert pool.started == 2
+    pool.shutdown()

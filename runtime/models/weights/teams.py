@@ -54,11 +54,12 @@ _lock = threading.Lock()
 def _libgomp_path() -> str | None:
     """The libgomp this process has mapped (the wheel's own copy may carry a hash)."""
     try:
-        with open("/proc/self/maps") as maps:
+        # Bytes: a mapped file's name need not be valid UTF-8.
+        with open("/proc/self/maps", "rb") as maps:
             for line in maps:
-                path = line.rsplit(" ", 1)[-1].strip()
-                if os.path.basename(path).startswith("libgomp"):
-                    return path
+                path = line.rstrip(b"\n").rsplit(b" ", 1)[-1]
+                if os.path.basename(path).startswith(b"libgomp"):
+                    return os.fsdecode(path)
     except OSError:
         return None
     return None
