@@ -124,8 +124,8 @@ def cgroup(root: Path, *, v2: str | None = None, v1: tuple[str, str] | None = No
     [
         ("max 100000", None, None),
         ("200000 100000", None, 2),
-        ("150000 100000", None, 2),  # a part of a core is a whole thread
-        ("50000 100000", None, 1),
+        ("150000 100000", None, 1),  # whole CPUs: a spinning thread must not be throttled
+        ("50000 100000", None, 1),  # at least one
         (None, ("-1", "100000"), None),
         (None, ("300000", "100000"), 3),
         (None, None, None),
@@ -138,6 +138,17 @@ def test_the_cpu_quota_is_read_from_either_cgroup_version(
     from runtime.models.weights.teams import quota_cpus
 
     assert quota_cpus(cgroup(tmp_path / "cg", v2=v2, v1=v1)) == cpus
+
+
+@pytest.mark.parametrize(
+    ("memory_mb", "cpus"),
+    [("128", 1), ("1769", 1), ("3008", 1), ("3538", 2), ("10240", 5), ("", None), ("x", None)],
+)
+def test_a_lambda_functions_memory_buys_its_cpus(memory_mb: str, cpus: int | None) -> None:
+    from runtime.models.weights.teams import lambda_cpus
+
+    environ = {"AWS_LAMBDA_FUNCTION_MEMORY_SIZE": memory_mb} if memory_mb else {}
+    assert lambda_cpus(environ) == cpus
 
 
 QUOTA_PROBE = r"""
@@ -156,7 +167,11 @@ print(json.dumps({"set": set_to, "env": os.environ.get("OMP_NUM_THREADS"),
 
 
 def run_quota_probe(root: Path, **env: str) -> dict[str, Any]:
-    clean = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_NUM_THREADS", "AWS_LAMBDA_FUNCTION_MEMORY_SIZE")
+    }
     done = subprocess.run(
         [sys.executable, "-c", QUOTA_PROBE, str(root)],
         capture_output=True,
@@ -179,6 +194,9 @@ def test_a_quota_below_the_cores_sizes_torchs_team_before_it_loads(tmp_path: Pat
     free = run_quota_probe(cgroup(tmp_path / "free", v2="max 100000"))
     assert free["set"] is None and free["env"] is None
     assert free["torch"] == len(os.sched_getaffinity(0))
+    # On Lambda, the function's memory is its quota (1,769 MB: one vCPU).
+    on_lambda = run_quota_probe(tmp_path / "free", AWS_LAMBDA_FUNCTION_MEMORY_SIZE="1769")
+    assert on_lambda == {"set": 1, "env": "1", "torch": 1}
     # A variable the operator set wins over the quota.
     chosen = run_quota_probe(tmp_path / "limited", OMP_NUM_THREADS="2")
     assert chosen == {"set": None, "env": "2", "torch": 2}

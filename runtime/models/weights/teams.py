@@ -27,17 +27,20 @@ A spinning team takes the cores it has, so it must not be larger than the
 cores the process gets. libgomp sizes it by the CPUs the process may run on,
 and a container limited by a CPU quota instead (cgroup `cpu.max`: Kubernetes
 limits, ECS, Cloud Run) sees every core of its host: 63 spinning workers under
-a quota of two. `configure_threads()` sets OMP_NUM_THREADS to the quota
-before torch loads libgomp, unless the variable is set already.
+a quota of two; AWS Lambda gives a function CPU time in proportion to its
+memory (one vCPU's worth at 1,769 MB), whatever the vCPUs it shows.
+`configure_threads()` sets OMP_NUM_THREADS to the whole CPUs either allows
+before torch loads libgomp, unless the variable is set already. Whole: a
+spinning thread for part of a core uses up the quota early in each period and
+is then stopped for the rest of it.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,6 +48,8 @@ T = TypeVar("T")
 
 _OMP_PAUSE_SOFT = 1
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# AWS Lambda: "at 1,769 MB, a function has the equivalent of one vCPU".
+LAMBDA_MB_PER_CPU = 1769
 # The library's pause, once torch is loaded: None where there is no libgomp to ask.
 _pause: Callable[[int], int] | None = None
 _resolved = False
@@ -112,7 +117,7 @@ def released_after(fn: Callable[..., T], *args: Any) -> T:
 
 
 def quota_cpus(root: Path = CGROUP_ROOT) -> int | None:
-    """The CPUs the container's CPU quota allows, rounded up; None without a quota.
+    """The whole CPUs the container's CPU quota allows (at least one); None without one.
     cgroup v2 (`cpu.max`: "QUOTA PERIOD", or "max PERIOD") or v1 (`cpu.cfs_quota_us`,
     -1 for none, over `cpu.cfs_period_us`)."""
     try:
@@ -130,18 +135,29 @@ def quota_cpus(root: Path = CGROUP_ROOT) -> int | None:
         return None
     if allowed <= 0 or every <= 0:
         return None
-    return max(1, math.ceil(allowed / every))
+    return max(1, allowed // every)
+
+
+def lambda_cpus(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The whole vCPUs an AWS Lambda function's memory buys (at least one); None
+    off Lambda."""
+    memory_mb = environ.get("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "")
+    if not memory_mb.isdigit():
+        return None
+    return max(1, int(memory_mb) // LAMBDA_MB_PER_CPU)
 
 
 def configure_threads(root: Path = CGROUP_ROOT) -> int | None:
-    """Before torch loads: OMP_NUM_THREADS set to the CPU quota where that is fewer
-    than the CPUs the process may run on and the variable is unset; the count set,
-    else None (nothing to do, or too late: torch is loaded)."""
+    """Before torch loads: OMP_NUM_THREADS set to the CPUs a quota allows (the
+    cgroup's, Lambda's) where that is fewer than the CPUs the process may run on
+    and the variable is unset; the count set, else None (nothing to do, or too
+    late: torch is loaded)."""
     if "OMP_NUM_THREADS" in os.environ or "torch" in sys.modules:
         return None
-    quota = quota_cpus(root)
-    if quota is None:
+    quotas = [q for q in (quota_cpus(root), lambda_cpus()) if q is not None]
+    if not quotas:
         return None
+    quota = min(quotas)
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
