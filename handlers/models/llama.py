@@ -144,8 +144,41 @@ def packed_bf16(device: str) -> bool:
     )
 
 
+class _Staging:
+    """One buffer that a build's packed matrices are staged in, in turn.
+
+    A packed matrix is made in two steps: its parts copied into one bfloat16 (out, in)
+    matrix, which oneDNN's reorder then copies into a blocked layout of its own
+    (`_reorder_linear_weight` always allocates its result). The staged matrix is
+    garbage as soon as the reorder returns, so one buffer serves every layer.
+    Made fresh for each of SmolLM2's 90 layer matrices (1-3.5 MB), each was a
+    mapping of its own (the runtime's 1 MiB mmap threshold while a bundle loads,
+    runtime/models/weights/host.py), faulted in page by page and unmapped again:
+    38,000 page faults and about 30 ms of a 330 ms build (BENCHMARKS.md, issue 29).
+    """
+
+    def __init__(self) -> None:
+        self._buffer: torch.Tensor | None = None
+
+    def take(
+        self, shape: tuple[int, int], dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        """A (rows, cols) view of the buffer, grown first when too small: valid until
+        the next `take`."""
+        n = shape[0] * shape[1]
+        buffer = self._buffer
+        if buffer is None or buffer.numel() < n or buffer.dtype != dtype or buffer.device != device:
+            self._buffer = buffer = None  # the old buffer goes before the new one is made
+            self._buffer = buffer = torch.empty(n, dtype=dtype, device=device)
+        return buffer[:n].view(shape)
+
+
 def _stacked(
-    parts: tuple[torch.Tensor, ...], dtype: torch.dtype, *, transpose: bool
+    parts: tuple[torch.Tensor, ...],
+    dtype: torch.dtype,
+    *,
+    transpose: bool,
+    staging: _Staging | None = None,
 ) -> torch.Tensor:
     """Hugging Face's (out, in) matrices stacked along out, in `dtype`: as one (out, in)
     matrix, or `transpose`d, one (in, out). Each part is copied once, converted on
@@ -156,9 +189,11 @@ def _stacked(
     it page faults on fresh memory), for the same bits."""
     rows = sum(part.shape[0] for part in parts)
     cols = parts[0].shape[1]
-    out = torch.empty(
-        (cols, rows) if transpose else (rows, cols), dtype=dtype, device=parts[0].device
-    )
+    shape = (cols, rows) if transpose else (rows, cols)
+    if staging is not None:
+        out = staging.take(shape, dtype, parts[0].device)
+    else:
+        out = torch.empty(shape, dtype=dtype, device=parts[0].device)
     start = 0
     for part in parts:
         end = start + part.shape[0]
@@ -225,11 +260,14 @@ class Llama:
         del embed, head
         self.norm = w("model.norm.weight")
         self.layers: list[_Layer] = []
+        # The layers' matrices are alike in size, the head is not: staged apart, it
+        # leaves no buffer of its size held through the layers.
+        staging = _Staging()
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
 
             def t(*names: str, p: str = p) -> torch.Tensor:
-                return self._matrix(*(raw(p + n + ".weight") for n in names))
+                return self._matrix(*(raw(p + n + ".weight") for n in names), staging=staging)
 
             self.layers.append(
                 _Layer(
@@ -250,10 +288,11 @@ class Llama:
         self.cos = angles.cos().to(device=device, dtype=dtype)
         self.sin = angles.sin().to(device=device, dtype=dtype)
 
-    def _matrix(self, *parts: torch.Tensor) -> torch.Tensor:
-        """Hugging Face's (out, in) matrices, stacked along out, as `_mm` takes them."""
+    def _matrix(self, *parts: torch.Tensor, staging: _Staging | None = None) -> torch.Tensor:
+        """Hugging Face's (out, in) matrices, stacked along out, as `_mm` takes them
+        (packed ones staged in `staging`, when given)."""
         if self.packed:
-            fused = _stacked(parts, torch.bfloat16, transpose=False)
+            fused = _stacked(parts, torch.bfloat16, transpose=False, staging=staging)
             packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(fused)
             return packed
         return _stacked(parts, self.matmul_dtype, transpose=True)

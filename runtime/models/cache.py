@@ -315,7 +315,7 @@ class ModelCache:
         """READY and idle -> UNLOADED, synchronously (the caller holds no await)."""
         entry.lifecycle.advance(State.UNLOADING)
         self.budget.close(entry.name)
-        with host.bundle_window():  # its memory given back: see host.py
+        with host.bundle_window(returning=True):  # its memory given back: see host.py
             self._forget(entry)
             entry.lifecycle.advance(State.UNLOADED)
             device = self.device
@@ -349,7 +349,7 @@ class ModelCache:
             entry.lifecycle.advance(State.UNLOADING)
             self.budget.close(name)
             await self.budget.idle(name)
-            with host.bundle_window():  # its memory given back: see host.py
+            with host.bundle_window(returning=True):  # its memory given back: see host.py
                 self._forget(entry)
                 entry.lifecycle.advance(State.UNLOADED)
                 device = self.device

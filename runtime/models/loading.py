@@ -153,9 +153,7 @@ class Loader:
             await self.ensure_loading(entry)
             task = entry.task
             waiter = asyncio.ensure_future(entry.built.wait())
-            watched: set[asyncio.Future[Any]] = {waiter}
-            if task is not None:
-                watched.add(task)
+            watched: set[asyncio.Future[Any]] = {waiter} if task is None else {waiter, task}
             await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
             if entry.model is None:
@@ -359,7 +357,9 @@ class Loader:
             lc.advance(State.READY)
             self._loaded(entry, manifest, started, waited_s)
         except BaseException as exc:
-            # Cancellation is not an Exception: clean up on anything.
+            # Cancellation is not an Exception: clean up on anything, in a window
+            # that gives what the load made back (host.py).
+            window.enter_context(host.bundle_window(returning=True))
             weights = None
             available.clear()
             entry.model = None

@@ -72,3 +72,29 @@ def test_a_sequence_s_logits_do_not_depend_on_the_batch(smollm2: ChatLM) -> None
         alone = [model.decode([42], [cache])[0] for cache in prefilled()]
     for row, lone in zip(batched, alone, strict=True):
         assert torch.equal(row, lone)
+
+
+def test_matrices_staged_in_one_buffer_pack_as_fresh_ones_do() -> None:
+    """A build stages each layer's fused matrix in one reused buffer (llama._Staging)
+    before oneDNN packs it: what was packed earlier must not change as the buffer is
+    reused, and must match a matrix staged in memory of its own."""
+    from handlers.models.llama import _stacked, _Staging
+
+    g = torch.Generator().manual_seed(7)
+    shapes = [((960, 576),), ((1536, 576), (1536, 576)), ((576, 1536),), ((64, 576),)]
+    layers = [tuple(torch.randn(*s, generator=g) for s in parts) for parts in shapes]
+    staging = _Staging()
+    staged = []
+    for parts in layers:
+        fused = _stacked(parts, torch.bfloat16, transpose=False, staging=staging)
+        staged.append(torch.ops.mkldnn._reorder_linear_weight(fused))
+    x = torch.randn(5, 576, generator=g).to(torch.bfloat16)
+    for parts, packed in zip(layers, staged, strict=True):
+        fresh = torch.ops.mkldnn._reorder_linear_weight(
+            _stacked(parts, torch.bfloat16, transpose=False)
+        )
+        inputs = x if parts[0].shape[1] == 576 else torch.randn(5, 1536).to(torch.bfloat16)
+        apply = torch.ops.mkldnn._linear_pointwise
+        assert torch.equal(
+            apply(inputs, packed, None, "none", [], ""), apply(inputs, fresh, None, "none", [], "")
+        )

@@ -20,13 +20,17 @@ reasons, each with its control here:
   threshold fixed the trim threshold at glibc's 128 KiB (the two climb
   together otherwise), so the heap's top went back to the OS whenever 128 KiB
   of it was free, and a 60 KB body's allocations were faulted in afresh every
-  time. So the low thresholds hold only while a bundle's memory is made or
-  given back (`bundle_window`: its load, build and warm-up; its unload or
-  eviction); the rest of the time both are 32 MiB (glibc's ceiling for its
-  own climbing threshold), and requests reuse the heap. With the trim
-  threshold left at 64 MiB through unloads too, SmolLM2's idle RSS after an
-  unload sometimes stayed 30 MiB higher (tests/pretrained/test_host_memory.py,
-  once in four runs); in the window it is glibc's 128 KiB, as before.
+  time. So the low mmap threshold holds only while a bundle's memory is made
+  or given back (`bundle_window`: its load, build and warm-up; its unload or
+  eviction), and the low trim threshold only while it is given back; the rest
+  of the time both are 32 MiB (glibc's ceiling for its own climbing
+  threshold), and requests reuse the heap. With the trim threshold left at
+  64 MiB through unloads too, SmolLM2's idle RSS after an unload sometimes
+  stayed 30 MiB higher (tests/pretrained/test_host_memory.py, once in four
+  runs): a window that gives memory back has glibc's 128 KiB. One that makes
+  it does not: a builder's heap top went back to the OS, and was faulted in
+  again, on every free of 128 KiB there (1,650 brk calls in SmolLM2's build
+  against glibc's own 830, and 25-30 ms of its 330; BENCHMARKS.md, issue 29).
   `malloc_trim` never shrinks the top of a thread's own arena, so what a
   handler thread's requests freed there stays for its next request (BENCHMARKS.md,
   "Large payloads on the warm path").
@@ -76,6 +80,8 @@ class _Control:
     # THAW_MMAP_THRESHOLD_BYTES in a bundle's window (0: glibc's own, nothing switched).
     load_threshold: int = 0
     windows: int = 0
+    # Of those, the windows in which a bundle's memory is given back.
+    returning: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -135,17 +141,18 @@ def configure(settings: Settings) -> None:
 
 
 @contextmanager
-def bundle_window() -> Iterator[None]:
+def bundle_window(*, returning: bool = False) -> Iterator[None]:
     """The window in which a bundle's memory is made (its fetch, load, build and
-    warm-up) or given back (its unload or eviction, the trim included): while any
-    is open, allocations from THAW_MMAP_THRESHOLD_BYTES up are mappings of their
-    own and a free past 128 KiB at a heap's top returns it. Windows may overlap,
-    from any thread."""
-    _switch(+1)
+    warm-up) or, `returning`, given back (its unload or eviction, a failed load's
+    release, the trim included): while any is open, allocations from
+    THAW_MMAP_THRESHOLD_BYTES up are mappings of their own; while one that
+    returns is open, a free past 128 KiB at a heap's top returns it too. Windows
+    may overlap, from any thread."""
+    _switch(+1, returning)
     try:
         yield
     finally:
-        _switch(-1)
+        _switch(-1, returning)
 
 
 def within_window(fn: Callable[..., T], *args: Any) -> T:
@@ -164,24 +171,29 @@ def windows_open() -> int:
     return _control.windows
 
 
-def _switch(step: int) -> None:
+def _switch(step: int, returning: bool) -> None:
     with _control.lock:
+        before = _thresholds()
         _control.windows += step
-        first_or_last = _control.windows == (1 if step > 0 else 0)
+        _control.returning += step if returning else 0
         # A load threshold is set only by `configure`, which made `libc()` already.
-        if first_or_last and _control.load_threshold:
+        if _thresholds() != before and _control.load_threshold:
             glibc = libc()
             if glibc is not None:
                 _apply(glibc)
 
 
+def _thresholds() -> tuple[int, int]:
+    """The mmap and trim thresholds the open windows call for."""
+    mmap = _control.load_threshold if _control.windows else SERVING_THRESHOLD
+    trim = WINDOW_TRIM_THRESHOLD if _control.returning else SERVING_THRESHOLD
+    return mmap, trim
+
+
 def _apply(glibc: Any) -> None:
-    if _control.windows:
-        _mallopt(glibc, _M_MMAP_THRESHOLD, _control.load_threshold)
-        _mallopt(glibc, _M_TRIM_THRESHOLD, WINDOW_TRIM_THRESHOLD)
-    else:
-        _mallopt(glibc, _M_MMAP_THRESHOLD, SERVING_THRESHOLD)
-        _mallopt(glibc, _M_TRIM_THRESHOLD, SERVING_THRESHOLD)
+    mmap, trim = _thresholds()
+    _mallopt(glibc, _M_MMAP_THRESHOLD, mmap)
+    _mallopt(glibc, _M_TRIM_THRESHOLD, trim)
 
 
 _NAMES = {_M_TRIM_THRESHOLD: "M_TRIM_THRESHOLD", _M_MMAP_THRESHOLD: "M_MMAP_THRESHOLD"}
