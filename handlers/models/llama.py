@@ -154,7 +154,9 @@ class _Staging:
     Made fresh for each of SmolLM2's 90 layer matrices (1-3.5 MB), each was a
     mapping of its own (the runtime's 1 MiB mmap threshold while a bundle loads,
     runtime/models/weights/host.py), faulted in page by page and unmapped again:
-    38,000 page faults and about 30 ms of a 330 ms build (BENCHMARKS.md, issue 29).
+    36,000 of the build's 132,000 page faults. With this and host.py's load windows
+    keeping the heap's top, the build took 330 ms instead of 360 (BENCHMARKS.md,
+    issue 29's tenth session).
     """
 
     def __init__(self) -> None:
