@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.support import ServerProcess, free_port
 
 
@@ -34,3 +36,21 @@ def test_a_public_bind_without_keys_is_refused_in_one_line(thaw_env: dict[str, s
     )
     assert done.returncode != 0
     assert done.stderr.startswith("thaw: error:")
+
+
+def test_the_lambda_loop_does_not_import_httpx_s_command_line_client() -> None:
+    """httpx imports its CLI (click, rich, pygments: 30 ms here) when they are
+    installed, as they are in the dev environment; a Lambda init has no use for it."""
+    import importlib.util
+
+    if importlib.util.find_spec("rich") is None or importlib.util.find_spec("pygments") is None:
+        pytest.skip("rich and pygments are not installed: httpx would not import its CLI")
+    script = (
+        "import sys, runtime.aws.lambda_loop, httpx\n"
+        "print(sorted(m for m in ('click', 'rich', 'pygments') if m in sys.modules))\n"
+        "print(httpx.Client)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.splitlines()[0] == "[]", done.stdout
