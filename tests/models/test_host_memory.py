@@ -114,8 +114,10 @@ def test_requests_reuse_the_heap_between_bundle_windows() -> None:
     assert run(THAW_MMAP_THRESHOLD_BYTES="0")["request_faults"] <= 64  # glibc's own
 
 
-OVERLAPPING = """
-import ctypes, resource, sys, threading, orjson
+# Both scripts below: Thaw's allocator settings, and the page faults of ten
+# blocks of `size` made, touched and freed in turn.
+PRELUDE = """
+import ctypes, resource, threading, orjson
 from runtime.models.weights import host
 from runtime.settings import Settings
 
@@ -125,14 +127,26 @@ libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
 
-def faults_of_ten():
+def faults_of_ten(size):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(10):
-        block = libc.malloc(5 << 20)
-        ctypes.memset(block, 1, 5 << 20)
+        block = libc.malloc(size)
+        ctypes.memset(block, 1, size)
         libc.free(block)
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+"""
 
+
+def figures_of(script: str) -> dict[str, int]:
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    figures: dict[str, int] = orjson.loads(done.stdout)
+    return figures
+
+
+OVERLAPPING = (
+    PRELUDE
+    + """
 # Two loads on two threads: the first ends while the second still runs.
 first_open, first_may_end = threading.Event(), threading.Event()
 
@@ -148,57 +162,40 @@ second = host.bundle_window()
 second.__enter__()
 first_may_end.set()
 thread.join()
-during = faults_of_ten()  # the second load still open: mapped every time
+during = faults_of_ten(5 << 20)  # the second load still open: mapped every time
 second.__exit__(None, None, None)
-faults_of_ten()  # the heap grows once
-after = faults_of_ten()
+faults_of_ten(5 << 20)  # the heap grows once
+after = faults_of_ten(5 << 20)
 print(orjson.dumps({"during": during, "after": after}).decode())
 """
+)
 
 
 @needs_glibc
 def test_overlapping_loads_keep_the_low_threshold_until_the_last_ends() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", OVERLAPPING], capture_output=True, timeout=60, cwd=ROOT
-    )
-    assert done.returncode == 0, done.stderr.decode(errors="replace")
-    figures = orjson.loads(done.stdout)
+    figures = figures_of(OVERLAPPING)
     assert figures["during"] >= 10 * 1000, figures  # 5 MiB mapped and faulted each time
     assert figures["after"] <= 64, figures
 
 
-KINDS = """
-import ctypes, resource, orjson
-from runtime.models.weights import host
-from runtime.settings import Settings
-
-host.configure(Settings())
-libc = ctypes.CDLL(None)
-libc.malloc.restype = ctypes.c_void_p
-libc.malloc.argtypes = [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-
-def faults_of_ten():
-    # A builder's scratch below the mmap threshold, made and freed at the heap's top.
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(10):
-        block = libc.malloc(512 << 10)
-        ctypes.memset(block, 1, 512 << 10)
-        libc.free(block)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-
+# A builder's scratch below the mmap threshold, made and freed at the heap's top.
+KINDS = (
+    PRELUDE
+    + """
+SCRATCH = 512 << 10
 figures = {}
 with host.bundle_window():
-    faults_of_ten()  # the heap grows once
-    figures["making"] = faults_of_ten()
+    faults_of_ten(SCRATCH)  # the heap grows once
+    figures["making"] = faults_of_ten(SCRATCH)
     with host.bundle_window(returning=True):  # an unload while a load runs
-        figures["returning beside making"] = faults_of_ten()
-    faults_of_ten()
-    figures["making again"] = faults_of_ten()
+        figures["returning beside making"] = faults_of_ten(SCRATCH)
+    faults_of_ten(SCRATCH)
+    figures["making again"] = faults_of_ten(SCRATCH)
 with host.bundle_window(returning=True):
-    figures["returning"] = faults_of_ten()
+    figures["returning"] = faults_of_ten(SCRATCH)
 print(orjson.dumps(figures).decode())
 """
+)
 
 
 @needs_glibc
@@ -208,9 +205,7 @@ def test_a_window_that_makes_memory_keeps_the_heap_top_and_one_that_returns_it_t
     scratch handed the top back and the next malloc faulted it in again (SmolLM2's
     build: 1,650 brk calls against 830). An unload's window, or any while one is
     open, still returns the top at 128 KiB."""
-    done = subprocess.run([sys.executable, "-c", KINDS], capture_output=True, timeout=60, cwd=ROOT)
-    assert done.returncode == 0, done.stderr.decode(errors="replace")
-    figures = orjson.loads(done.stdout)
+    figures = figures_of(KINDS)
     assert figures["making"] <= 64, figures
     assert figures["making again"] <= 64, figures
     assert figures["returning beside making"] >= 10 * 64, figures  # 96 pages handed back each
