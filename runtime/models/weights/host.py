@@ -30,7 +30,9 @@ reasons, each with its control here:
   runs): a window that gives memory back has glibc's 128 KiB. One that makes
   it does not: a builder's heap top went back to the OS, and was faulted in
   again, on every free of 128 KiB there (1,650 brk calls in SmolLM2's build
-  against glibc's own 830, and 25-30 ms of its 330; BENCHMARKS.md, issue 29).
+  against glibc's own 830; with its builder's staging buffer too,
+  handlers/models/llama.py, the build went from 360 to 330 ms: BENCHMARKS.md,
+  issue 29).
   `malloc_trim` never shrinks the top of a thread's own arena, so what a
   handler thread's requests freed there stays for its next request (BENCHMARKS.md,
   "Large payloads on the warm path").
