@@ -10,11 +10,19 @@ forward pass (torch's OpenMP team, a malloc arena, oneDNN scratch space):
 `classify`'s first call on a fresh thread took 43 ms here against 28 ms on
 the thread its warm-up ran on, which is the cost warm-up exists to pay.
 
-So a thread is marked idle *before* it completes its call, and a call goes to
+So a thread is marked idle *before* it completes its call, and a call wakes
 the thread that became idle last (a stack, not a queue): the threads warm-up
 ran on serve the first requests, the threads that served recently stay warm,
-and the pool grows only when calls really overlap. Calls past `max_threads`
-wait in arrival order.
+and the pool grows only when calls really overlap. Calls wait in one queue, in
+arrival order, and at most one thread is on its way to it at a time: a thread
+that takes a call wakes the next while calls remain, and one that finishes a
+call takes the next waiting before it sleeps. A burst of calls so wakes
+threads one after another, each starting at once, and goes to threads already
+awake where there are any. When each call was handed to a thread of its own as
+it came, a server's threads slept and woke 4.6 times per no-op call at 8
+clients (voluntary context switches; the bare app's `ThreadPoolExecutor` 2.2),
+and the server answered 0.82x the bare app's requests/s. Now 1.4-1.7 times, and
+0.92-0.95x (bench/handler_threads.py; BENCHMARKS.md, issue 29's tenth session).
 
 Model calls (a handler that uses models, a prefill, a decode thread's steps)
 leave an OpenMP team on their thread, and two teams alive slow every parallel
@@ -43,8 +51,9 @@ log = logging.getLogger("thaw.dispatch")
 JOIN_S = 1.0
 # A call, the future of its outcome, and whether it is model work.
 _Call = tuple[Callable[[], Any], "Future[Any]", bool]
-# In an idle thread's inbox: end your OpenMP team.
+# In an idle thread's inbox: end your OpenMP team; take a call from the queue.
 _RELEASE = "release"
+_WAKE = "wake"
 
 
 class HandlerThreads:
@@ -63,7 +72,8 @@ class HandlerThreads:
         self._model_calls = 0
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []  # the last one idle is at the end
-        self._waiting: deque[_Call] = deque()
+        self._queued: deque[_Call] = deque()  # submitted, not yet taken by a thread
+        self._waking = 0  # threads woken for the queue, not yet at it
         self.started = 0
         self._closed = False
 
@@ -75,15 +85,8 @@ class HandlerThreads:
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot schedule new calls after shutdown")
-            if self._idle:
-                self._idle.pop().inbox.put(call)
-            elif self.started < self.max_threads:
-                self.started += 1
-                worker = _Worker(self, f"{self.name}_{self.started - 1}")
-                worker.inbox.put(call)
-                worker.start()
-            else:
-                self._waiting.append(call)
+            self._queued.append(call)
+            self._wake_one()
             if models:
                 self._model_calls += 1
                 # This call's thread makes or keeps the team: no idle one keeps another.
@@ -92,6 +95,25 @@ class HandlerThreads:
                         idle.team = False
                         idle.inbox.put(_RELEASE)
         return future
+
+    def _wake_one(self) -> None:
+        """Under the lock: wake a thread for the queue's head (the one idle last, or a
+        new one within the bound), unless one is on its way already: each thread
+        that takes a call wakes the next while calls remain, so a burst of calls
+        wakes threads one at a time, and a thread that finishes meanwhile takes
+        the next call itself."""
+        if self._waking or not self._queued:
+            return
+        if self._idle:
+            worker = self._idle.pop()
+        elif self.started < self.max_threads:
+            self.started += 1
+            worker = _Worker(self, f"{self.name}_{self.started - 1}")
+            worker.start()
+        else:
+            return  # the first thread to finish its call takes it
+        self._waking += 1
+        worker.inbox.put(_WAKE)
 
     def _release_team(self) -> None:
         # Ending a team only saves time: a failure must never end the thread.
@@ -112,15 +134,28 @@ class HandlerThreads:
             if models:
                 self._model_calls -= 1
                 worker.team = worker.team or ran
-            if self._waiting:
-                return True, self._waiting.popleft(), False
-            if self._closed:
-                return False, None, False  # the thread's end ends its team
-            release = worker.team and self._model_calls > 0
-            if release:
-                worker.team = False
-            self._idle.append(worker)
-            return True, None, release
+            return self._next_for(worker)
+
+    def _woken(self, worker: _Worker) -> tuple[bool, _Call | None, bool]:
+        """A thread woken for a call: `_after`'s answer. The call may have gone to a
+        thread that finished first; then this one is idle again."""
+        with self._lock:
+            self._waking -= 1
+            return self._next_for(worker)
+
+    def _next_for(self, worker: _Worker) -> tuple[bool, _Call | None, bool]:
+        # Under the lock.
+        if self._queued:
+            call = self._queued.popleft()
+            self._wake_one()  # for the rest of the queue
+            return True, call, False
+        if self._closed:
+            return False, None, False  # the thread's end ends its team
+        release = worker.team and self._model_calls > 0
+        if release:
+            worker.team = False
+        self._idle.append(worker)
+        return True, None, release
 
     def shutdown(self) -> None:
         """Take no more calls and cancel the waiting ones; idle threads end now,
@@ -132,7 +167,7 @@ class HandlerThreads:
         joins only non-daemon threads before it exits."""
         with self._lock:
             self._closed = True
-            waiting, self._waiting = list(self._waiting), deque()
+            waiting, self._queued = list(self._queued), deque()
             idle, self._idle = self._idle, []
         for _, future, _ in waiting:
             future.cancel()
@@ -156,11 +191,20 @@ class _Worker(threading.Thread):
         self.team = False
 
     def run(self) -> None:
-        call = self.inbox.get()
+        call: _Call | str | None = self.inbox.get()
         while call is not None:
-            if isinstance(call, str):  # _RELEASE
-                self.pool._release_team()
-                call = self.inbox.get()
+            if isinstance(call, str):
+                release = call == _RELEASE
+                if not release:  # _WAKE
+                    keep_running, call, release = self.pool._woken(self)
+                    if not keep_running:
+                        return
+                else:
+                    call = None
+                if release:
+                    self.pool._release_team()
+                if call is None:
+                    call = self.inbox.get()
                 continue
             fn, future, models = call
             call = None  # drop the reference: the outcome may be large

@@ -13,6 +13,7 @@ import asyncio
 import threading
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,26 @@ WAIT_S = 10.0  # a safety limit only
 
 def name() -> str:
     return threading.current_thread().name
+
+
+def overlapping(
+    pool: HandlerThreads, count: int, *, models: bool = False
+) -> tuple[list[threading.Event], list[Future[str]]]:
+    """`count` calls each on a thread of its own, all started: each waits for its
+    gate, then answers its thread's name. (A call still queued when another's gate
+    opens would go to the thread that finished first.)"""
+    gates = [threading.Event() for _ in range(count)]
+    started = threading.Semaphore(0)
+
+    def call(gate: threading.Event) -> str:
+        started.release()
+        gate.wait(WAIT_S)
+        return name()
+
+    futures = [pool.submit(partial(call, g), models=models) for g in gates]
+    for _ in range(count):
+        assert started.acquire(timeout=WAIT_S), "the calls did not all start"
+    return gates, futures
 
 
 def test_a_call_set_off_by_a_completion_runs_on_the_thread_that_completed() -> None:
@@ -59,8 +80,7 @@ def test_a_call_set_off_by_a_completion_runs_on_the_thread_that_completed() -> N
 
 def test_the_thread_idle_last_takes_the_next_call_and_overlap_grows_the_pool() -> None:
     pool = HandlerThreads(8, "t")
-    gates = [threading.Event() for _ in range(3)]
-    running = [pool.submit(lambda g=g: (g.wait(WAIT_S), name())[1]) for g in gates]
+    gates, running = overlapping(pool, 3)
     assert pool.started == 3  # three overlapping calls, three threads
     gates[1].set()
     second = running[1].result(WAIT_S)
@@ -109,8 +129,7 @@ def test_an_exception_even_system_exit_ends_the_call_not_the_thread() -> None:
 
 def test_shutdown_cancels_waiting_calls_refuses_new_ones_and_ends_the_threads() -> None:
     pool = HandlerThreads(1, "t")
-    gate = threading.Event()
-    busy = pool.submit(lambda: (gate.wait(WAIT_S), name())[1])
+    [gate], [busy] = overlapping(pool, 1)
     waiting = pool.submit(name)
     pool.shutdown()
     with pytest.raises(RuntimeError):
@@ -210,9 +229,7 @@ def test_a_thread_going_idle_while_other_model_work_runs_ends_its_team() -> None
     working keeps its team, the one going idle gives its up (after its answer)."""
     releases = Releases()
     pool = HandlerThreads(8, "t", release_team=releases)
-    steps, prefill = threading.Event(), threading.Event()
-    stepping = pool.submit(lambda: (steps.wait(WAIT_S), name())[1], models=True)
-    prefilling = pool.submit(lambda: (prefill.wait(WAIT_S), name())[1], models=True)
+    (steps, prefill), (stepping, prefilling) = overlapping(pool, 2, models=True)
     prefill.set()
     prefilled_on = prefilling.result(WAIT_S)
     wait_for(lambda: releases.on == [prefilled_on], "the idle thread's release")
@@ -228,9 +245,8 @@ def test_a_thread_going_idle_while_other_model_work_runs_ends_its_team() -> None
 def test_an_idle_thread_holding_a_team_ends_it_when_model_work_starts_elsewhere() -> None:
     releases = Releases()
     pool = HandlerThreads(8, "t", release_team=releases)
-    model_gate, plain_gate = threading.Event(), threading.Event()
-    model = pool.submit(lambda: (model_gate.wait(WAIT_S), name())[1], models=True)
-    plain = pool.submit(lambda: (plain_gate.wait(WAIT_S), name())[1])
+    [model_gate], [model] = overlapping(pool, 1, models=True)
+    [plain_gate], [plain] = overlapping(pool, 1)
     model_gate.set()
     team_on = model.result(WAIT_S)  # idle now, its team kept: nothing else runs models
     plain_gate.set()
@@ -259,16 +275,13 @@ def test_a_team_that_will_not_end_costs_the_thread_nothing() -> None:
         raise OSError("no libgomp here after all")
 
     pool = HandlerThreads(8, "t", release_team=refuses)
-    other, mine = threading.Event(), threading.Event()
-    running = pool.submit(lambda: (other.wait(WAIT_S), name())[1], models=True)
-    first = pool.submit(lambda: (mine.wait(WAIT_S), name())[1], models=True)
+    (other, mine), (running, first) = overlapping(pool, 2, models=True)
     mine.set()
     released_on = first.result(WAIT_S)  # idle while the other runs: it tries to end its team
     other.set()
     running.result(WAIT_S)
     # Both threads still serve: the failed release ended neither.
-    gates = [threading.Event() for _ in range(2)]
-    both = [pool.submit(lambda g=g: (g.wait(WAIT_S), name())[1], models=True) for g in gates]
+    gates, both = overlapping(pool, 2, models=True)
     for gate in gates:
         gate.set()
     assert released_on in {f.result(WAIT_S) for f in both}
