@@ -194,15 +194,15 @@ class _Worker(threading.Thread):
         call: _Call | str | None = self.inbox.get()
         while call is not None:
             if isinstance(call, str):
-                release = call == _RELEASE
-                if not release:  # _WAKE
+                if call == _RELEASE:
+                    self.pool._release_team()
+                    call = None
+                else:  # _WAKE: a call from the queue, or idle again
                     keep_running, call, release = self.pool._woken(self)
                     if not keep_running:
                         return
-                else:
-                    call = None
-                if release:
-                    self.pool._release_team()
+                    if release:
+                        self.pool._release_team()
                 if call is None:
                     call = self.inbox.get()
                 continue
