@@ -38,7 +38,7 @@ from runtime.models.cache import ModelCache
 from runtime.models.estimate import Estimator
 from runtime.models.eviction import DensityPolicy
 from runtime.models.lifecycle import State
-from runtime.models.loading import PhaseLimits
+from runtime.models.phases import PhaseLimits
 from runtime.registry import Registry, discover
 from runtime.settings import Settings
 from runtime.telemetry.health import Health

@@ -38,7 +38,8 @@ from runtime.models.entry import Entry
 from runtime.models.estimate import Estimator
 from runtime.models.eviction import DensityPolicy, EvictionPolicy
 from runtime.models.lifecycle import Lifecycle, State
-from runtime.models.loading import Loader, PhaseLimits, WarmUp
+from runtime.models.loading import Loader, WarmUp
+from runtime.models.phases import PhaseLimits
 from runtime.models.weights import host
 from runtime.registry import Registry
 from runtime.telemetry.health import Health

@@ -13,14 +13,11 @@ evicts if needed) before they are read. A failed or cancelled load releases
 everything, goes to FAILED and may be tried again after an exponential
 back-off.
 
-No progress, no end: each phase (fetch, load, init, each warm-up example)
-fails with `load-failed`, naming the phase, once it has made no progress for
-`PhaseLimits.stall_s` (fetch progress is bytes arriving). Waiting requests
-and jobs get that error at once. A builder or warm-up left running in its
-thread cannot be stopped and keeps what it holds, so the instance is then
-wedged (runtime/telemetry/health.py): it drains and exits for the platform to replace
-it. An unload during a load abandons the load the same way, so `DELETE
-/models/{name}` answers at once whatever a builder does.
+No progress, no end: each phase fails with `load-failed`, naming the phase,
+once it has made no progress for `PhaseLimits.stall_s` (runtime/models/phases.py).
+Waiting requests and jobs get that error at once. An unload during a load
+abandons the load the same way, so `DELETE /models/{name}` answers at once
+whatever a builder does.
 
 The loader owns the entries' load state and changes it on the event loop
 thread only; the cache hands it what it needs in its constructor.
@@ -33,10 +30,9 @@ import logging
 import traceback
 from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from runtime.bundles.sources.source import BundleSource
 from runtime.bundles.stamps import Stamp
@@ -49,14 +45,14 @@ from runtime.models.entry import Entry
 from runtime.models.estimate import Estimator
 from runtime.models.eviction import EvictionPolicy
 from runtime.models.lifecycle import LOAD_PHASES, State
-from runtime.models.weights import host, teams
+from runtime.models.phases import PhaseLimits, PhaseWatch
+from runtime.models.weights import host
 from runtime.registry import HandlerSpec, Registry
 from runtime.telemetry.health import Health
 from runtime.telemetry.metrics import Metrics
 from runtime.wire.render import job_error
 
 log = logging.getLogger("thaw.cache")
-T = TypeVar("T")
 
 
 class WarmUp(Protocol):
@@ -73,17 +69,9 @@ class WarmUp(Protocol):
     ) -> Awaitable[Any]: ...
 
 
-# Phases whose stall leaves user code running in a thread that cannot be stopped.
 # The back-off after failed loads doubles per failure up to 64x THAW_RETRY_BACKOFF_S
 # (64 s by default), so a bundle that failed often is still retried within minutes.
 MAX_BACKOFF_DOUBLINGS = 6
-_USER_CODE_PHASES = frozenset({"init", "warmup"})
-
-
-@dataclass(frozen=True)
-class PhaseLimits:
-    # A load phase that makes no progress for this long fails (THAW_PHASE_STALL_S).
-    stall_s: float = 300.0
 
 
 class Loader:
@@ -116,9 +104,9 @@ class Loader:
         self.entry_of = entry_of
         self.requested_device = requested_device
         self.retry_backoff_s = retry_backoff_s
-        self.limits = limits
         self.health = health
         self.clock = clock
+        self.phases = PhaseWatch(limits, health, clock)
         self.device: str | None = None
         self._device_task: asyncio.Future[str] | None = None
         # Bundles whose load `abandon` ended (an unload): not a failure to back off from.
@@ -211,61 +199,6 @@ class Loader:
                 self.budget.set_limit(self._resolve_budget(device))
         return device
 
-    # ---- watching a phase ---------------------------------------------------------
-
-    async def _watch(
-        self, entry: Entry, phase: str, work: Awaitable[T], *, stall: bool = True
-    ) -> T:
-        """`work`'s result, unless the load is abandoned or (with `stall`) `work`
-        makes no progress for `stall_s` first; then LoadFailed naming `phase`."""
-        future = asyncio.ensure_future(work)
-        abort = entry.abort
-        assert abort is not None
-        clock = self.clock
-        entry.progress_at = clock.monotonic()
-        stall_s = self.limits.stall_s
-        # Settled by whichever of the work and the abandonment ends first.
-        first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def settle(_: object) -> None:
-            if not first.done():
-                first.set_result(None)
-
-        future.add_done_callback(settle)
-        abort.add_done_callback(settle)
-        try:
-            while True:
-                due = entry.progress_at + stall_s
-                if stall and due <= clock.monotonic():
-                    future.cancel()  # a thread goes on; a coroutine (warm-up, memory wait) stops
-                    if phase in _USER_CODE_PHASES:
-                        self.health.wedge(
-                            f"{phase} of bundle {entry.name!r} made no progress for {stall_s:g} s"
-                        )
-                    raise LoadFailed(
-                        f"bundle {entry.name!r}: {phase} made no progress for {stall_s:g} s "
-                        f"(THAW_PHASE_STALL_S)",
-                        phase=phase,
-                    )
-                if stall:
-                    # Woken at the stall deadline as it stood: progress since moves it.
-                    await clock.wait_until(first, due)
-                else:
-                    await first
-                if future.done():
-                    return future.result()
-                if abort.done():
-                    future.cancel()
-                    abort.result()  # raises the abandonment's LoadFailed
-        finally:
-            # The abandonment future outlives this phase: leave no callback on it.
-            abort.remove_done_callback(settle)
-
-    async def _in_thread(self, entry: Entry, phase: str, fn: Callable[..., T], *args: Any) -> T:
-        loop = asyncio.get_running_loop()
-        thread = loop.run_in_executor(None, teams.released_after, host.within_window, fn, *args)
-        return await self._watch(entry, phase, thread)
-
     # ---- the load ---------------------------------------------------------------
 
     async def _load(self, entry: Entry) -> None:
@@ -282,7 +215,7 @@ class Loader:
         window = ExitStack()
         try:
             window.enter_context(host.bundle_window())
-            manifest = await self._in_thread(entry, "fetch", self.source.manifest, entry.name)
+            manifest = await self.phases.in_thread(entry, "fetch", self.source.manifest, entry.name)
             entry.manifest = manifest
             entry.estimated_load_s = self.estimator.remaining_s(manifest, State.STORED, 0.0)
             # Importing torch overlaps with fetching and verifying files.
@@ -304,14 +237,14 @@ class Loader:
                 # shard rewritten or replaced before the load opens it is refused.
                 return directory, weights_mod.verified_stamps(directory, manifest)
 
-            bundle_dir, verified = await self._in_thread(entry, "fetch", fetch)
+            bundle_dir, verified = await self.phases.in_thread(entry, "fetch", fetch)
             lc.advance(State.FETCHED)
             entry.progress_bytes = 0  # from here, the weights' bytes read into memory
             waited_from = self.clock.monotonic()
             # The framework import is the process's, not this bundle's: not its stall.
-            device = await self._watch(entry, "load", device_task, stall=False)
+            device = await self.phases.watch(entry, "load", device_task, stall=False)
             # Waiting for others' memory is not this load stalling: no stall bound.
-            await self._watch(
+            await self.phases.watch(
                 entry,
                 "load",
                 self.budget.reserve(entry.name, manifest.weights_bytes, manifest.per_request_bytes),
@@ -319,7 +252,7 @@ class Loader:
             )
             waited_s = self.clock.monotonic() - waited_from
             load = partial(weights_mod.load_weights, on_progress=progress)
-            weights = await self._in_thread(
+            weights = await self.phases.in_thread(
                 entry, "load", load, bundle_dir, manifest, device, verified
             )
             lc.advance(State.LOADED)
@@ -336,7 +269,7 @@ class Loader:
                 }
             )
             try:
-                entry.model = await self._in_thread(entry, "init", builder.call, available)
+                entry.model = await self.phases.in_thread(entry, "init", builder.call, available)
             except ThawError:
                 raise
             except Exception as exc:
@@ -439,7 +372,7 @@ class Loader:
                     clock=self.clock,
                 )
                 try:
-                    await self._watch(
+                    await self.phases.watch(
                         entry, "warmup", self.warm_up(spec, dict(example), models, ctx)
                     )
                 except LoadFailed:
