@@ -210,6 +210,9 @@ class SimSource:
         self.clock.now += COST[manifest.name]
         return Path("/nonexistent")
 
+    def release(self, manifest: Any) -> None:
+        """Nothing is held: no files."""
+
     def describe(self) -> str:
         return "simulated"
 

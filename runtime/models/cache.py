@@ -330,6 +330,8 @@ class ModelCache:
         entry.model = None
         entry.built.clear()
         self.budget.unreserve(entry.name)
+        if entry.manifest is not None:
+            self.source.release(entry.manifest)  # its files may go from the node cache now
 
     async def unload(self, name: str) -> None:
         """Drain `name` (in-flight requests finish), then free its memory.

@@ -298,8 +298,10 @@ class Loader:
             entry.model = None
             entry.built.clear()
             self.budget.unreserve(entry.name)
-            if entry.manifest is not None and self.device is not None:
-                await asyncio.to_thread(weights_mod.release, self.device)
+            if entry.manifest is not None:
+                self.source.release(entry.manifest)
+                if self.device is not None:
+                    await asyncio.to_thread(weights_mod.release, self.device)
             error = job_error(exc)
             if isinstance(exc, ThawError) and "phase" in exc.extra:
                 error["phase"] = exc.extra["phase"]

@@ -174,6 +174,9 @@ class FakeSource:
             self.clock.now += self.cost_s.get(manifest.name, 0.0)
         return self.root
 
+    def release(self, manifest: Any) -> None:
+        """Nothing is held: no files."""
+
     def describe(self) -> str:
         return "fake"
 

@@ -47,3 +47,6 @@ class LocalSource:
         directory = self._dir(manifest.name)
         verify_files(directory, manifest, on_progress=on_progress, stamps=self.stamps)
         return directory
+
+    def release(self, manifest: Manifest) -> None:
+        """Nothing to let go: the files are the user's, and never removed."""

@@ -2,6 +2,8 @@
 
     <cache>/<name>/<manifest sha256>/      the files, bundle.json, and last of all
                                            .thaw-fetched (the manifest id)
+    <cache>/<name>/<manifest sha256>/.thaw-use
+                                           shared-locked by every process using it
     <cache>/<name>.<manifest sha256>.lock  held while one process fills the directory
 
 The directory is named by the manifest's hash, so a new version never collides
@@ -18,6 +20,16 @@ byte is downloaded, rather than filling the disk that the job store and the
 platform (Lambda's /tmp) share with it. A disk that fills anyway (another
 writer, mid-fetch) ends the fetch with the same error (`out_of_room`), and
 the fetch removes everything it wrote.
+
+Versions no process uses are removed (`prune`), so the cache holds what is in
+use plus one version of each bundle, not every version a long-lived node has
+seen (a bundle updated in S3 five times would otherwise fill Lambda's /tmp,
+and every load after that would fail for room). A process holds a shared lock
+on a version (`hold`) from its fetch until the model leaves its memory; a
+version is removed only under an exclusive lock nobody else holds, renamed
+away first so no one finds it complete, then deleted. Once a version is
+fetched, the bundle's other versions go; when a fetch finds too little room,
+unused versions of any bundle go, least recently held first, before it gives up.
 """
 
 from __future__ import annotations
@@ -35,6 +47,9 @@ from runtime.bundles.manifest import BundleFile, Manifest, write_manifest
 from runtime.errors import LoadFailed
 
 MARKER = ".thaw-fetched"
+USE_LOCK = ".thaw-use"
+# A version directory renamed away for removal: <cache>/<name>/.thaw-gone-<version>-<pid>.
+_GONE = ".thaw-gone-"
 # The manifest and the marker, written after the files: a block each is plenty.
 _OWN_FILES_BLOCKS = 2
 _NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -68,12 +83,19 @@ def mark_complete(directory: Path, manifest: Manifest) -> None:
 
 def ensure_room(directory: Path, manifest: Manifest, files: list[BundleFile]) -> None:
     """Raise LoadFailed unless `files` (and the marker) fit in the free space under
-    `directory`, each file rounded up to whole blocks."""
+    `directory`, each file rounded up to whole blocks, once unused versions of any
+    bundle were removed to make room (least recently held first)."""
     fs = os.statvfs(directory)
     block = fs.f_frsize or fs.f_bsize or 4096
     needed = (sum(-(-f.size // block) for f in files) + _OWN_FILES_BLOCKS) * block
     free = fs.f_bavail * block
     if needed > free:
+        cache_dir = directory.parent.parent
+        for version in sorted(_all_versions(cache_dir), key=_last_held):
+            if version != directory and _remove_unused(version):
+                free = os.statvfs(directory).f_bavail * block
+                if needed <= free:
+                    return
         raise _room_error(f"bundle {manifest.name!r} needs {_mib(needed)}", directory, free)
 
 
@@ -137,4 +159,98 @@ def filling(cache_dir: Path, manifest: Manifest) -> Iterator[None]:
         yield
     finally:
         path.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def hold(directory: Path) -> int:
+    """Make `directory` (a version's) if need be and hold it in use: a shared lock no
+    `prune` removes it under. Returns the lock's descriptor; closing it lets go.
+
+    After locking, the path must still name the locked file: a version removed
+    while we waited for the lock leaves us a stale inode, so we make it again.
+    """
+    path = directory / USE_LOCK
+    while True:
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            continue  # removed between the mkdir and the open
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                os.utime(fd)  # when it was last held: the order `ensure_room` removes in
+                return fd
+        except FileNotFoundError:
+            pass
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+
+
+def prune(cache_dir: Path, manifest: Manifest) -> list[Path]:
+    """Remove the versions of `manifest`'s bundle other than its own that no process
+    holds (and what an interrupted removal left); returns those removed."""
+    keep = version_dir(cache_dir, manifest)
+    removed = [v for v in _versions(keep.parent) if v != keep and _remove_unused(v)]
+    for gone in keep.parent.glob(f"{_GONE}*"):
+        shutil.rmtree(gone, ignore_errors=True)
+    return removed
+
+
+def _versions(bundle_dir: Path) -> list[Path]:
+    """The version directories of one bundle (`<cache>/<name>`)."""
+    with contextlib.suppress(OSError):
+        return [
+            Path(e.path)
+            for e in os.scandir(bundle_dir)
+            if _is_version(e.name) and e.is_dir(follow_symlinks=False)
+        ]
+    return []
+
+
+def _all_versions(cache_dir: Path) -> list[Path]:
+    with contextlib.suppress(OSError):
+        return [
+            version
+            for e in os.scandir(cache_dir)
+            if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)
+            for version in _versions(Path(e.path))
+        ]
+    return []
+
+
+def _is_version(name: str) -> bool:
+    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
+
+
+def _last_held(version: Path) -> float:
+    try:
+        return (version / USE_LOCK).stat().st_mtime
+    except OSError:
+        return 0.0  # never held: a fetch killed before it locked, the first to go
+
+
+def _remove_unused(version: Path) -> bool:
+    """Remove a version directory unless a process holds it; True when removed."""
+    try:
+        fd = os.open(version / USE_LOCK, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return False  # gone already, or not ours
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.stat(version / USE_LOCK).st_ino != os.fstat(fd).st_ino:
+                return False  # removed and made again while we waited: someone's now
+        except (BlockingIOError, FileNotFoundError):
+            return False
+        gone = version.with_name(f"{_GONE}{version.name}-{os.getpid()}")
+        try:
+            os.rename(version, gone)
+        except OSError:
+            return False
+        shutil.rmtree(gone, ignore_errors=True)
+        return True
+    finally:
         os.close(fd)

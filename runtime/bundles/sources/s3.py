@@ -37,6 +37,7 @@ source is configured.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -158,6 +159,10 @@ class S3Source:
         self.backoff_s = backoff_s
         # The seam: tests pass a client (their own endpoint, an event hook).
         self.client = client or make_client(stall_s=stall_s, concurrency=self.concurrency)
+        # Versions this process uses, manifest id -> the descriptor of its hold
+        # (nodecache.hold): from its fetch until `release`.
+        self._held: dict[str, int] = {}
+        self._held_lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> S3Source:
@@ -223,14 +228,40 @@ class S3Source:
             with lock:  # callers may keep a plain counter; worker threads call this
                 on_progress(n_bytes)
 
-        if not nodecache.is_complete(directory, manifest):
-            with nodecache.filling(self.cache_dir, manifest):
-                if not nodecache.is_complete(directory, manifest):  # not done while we waited
-                    self._populate(directory, manifest, report)
-                    return directory
-        for f in manifest.files:
-            report(f.size)
+        self._hold(manifest, directory)
+        try:
+            fetched = False
+            if not nodecache.is_complete(directory, manifest):
+                with nodecache.filling(self.cache_dir, manifest):
+                    if not nodecache.is_complete(directory, manifest):  # not done while we waited
+                        self._populate(directory, manifest, report)
+                        fetched = True
+            if not fetched:
+                for f in manifest.files:
+                    report(f.size)
+        except BaseException:
+            self.release(manifest)
+            raise
+        # The bundle's other versions, unless a process (this one too) still holds them.
+        nodecache.prune(self.cache_dir, manifest)
         return directory
+
+    def release(self, manifest: Manifest) -> None:
+        with self._held_lock:
+            fd = self._held.pop(manifest.id, None)
+        if fd is not None:
+            os.close(fd)
+
+    def _hold(self, manifest: Manifest, directory: Path) -> None:
+        with self._held_lock:
+            if manifest.id in self._held:
+                return
+        fd = nodecache.hold(directory)
+        with self._held_lock:
+            if manifest.id in self._held:  # held meanwhile by another thread of ours
+                os.close(fd)
+            else:
+                self._held[manifest.id] = fd
 
     def _populate(self, directory: Path, manifest: Manifest, report: Progress) -> None:
         """Fetch what is missing, marker last; on failure remove it all. Needs the node lock."""

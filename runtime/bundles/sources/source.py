@@ -21,7 +21,13 @@ class BundleSource(Protocol):
         ...
 
     def fetch(self, manifest: Manifest, on_progress: Progress) -> Path:
-        """Make every file local and verified; returns the bundle directory."""
+        """Make every file local and verified; returns the bundle directory, whose
+        files stay until `release(manifest)`."""
+        ...
+
+    def release(self, manifest: Manifest) -> None:
+        """This process is done with the version's files (its model left memory, or
+        its load failed): another may remove them. Idempotent."""
         ...
 
     def describe(self) -> str: ...

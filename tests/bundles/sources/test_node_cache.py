@@ -1,0 +1,244 @@
+"""The node cache keeps what is in use, not every version a node has seen.
+
+A bundle updated in S3 while a node lives leaves its old version behind on
+each reload; on Lambda's /tmp a few updates filled the disk and every load
+after that failed for room. Versions a process holds (from its fetch until its
+model leaves memory) stay; others go once a newer version of the bundle is
+fetched, or when a fetch needs their room. Holds are flocks, so another process
+holding a version (a real one, below) keeps it as this one's own hold does.
+
+Against the session's moto server, real safetensors bundles, a real tmpfs for
+the room cases, and a real process for the other holder.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from runtime.bundles.manifest import MANIFEST, Manifest, build_bundle, verify_bundle
+from runtime.bundles.sources import nodecache
+from runtime.bundles.sources.s3 import S3Source
+from runtime.dispatch.answers import Completed
+from runtime.errors import LoadFailed
+from runtime.instance import Instance
+from runtime.registry import discover
+from runtime.settings import Settings
+from tests import aws_fixtures
+from tests.aws_fixtures import client, make_bucket
+from tests.jobs.tmpfs import fill, mounted
+
+moto_endpoint = aws_fixtures.moto_endpoint  # fixtures: the session's moto server
+aws_env = aws_fixtures.aws_env
+
+PREFIX = "bundles"
+
+
+def upload(bucket: str, endpoint: str, work: Path, name: str, seed: int) -> Manifest:
+    """A real two-shard bundle `name` (its bytes set by `seed`) at s3://bucket/bundles/name/."""
+    src = work / f"src-{name}-{seed}"
+    src.mkdir(parents=True)
+    generator = torch.Generator().manual_seed(seed)
+    for index in range(2):
+        tensors = {f"layer{index}.weight": torch.randn(96, 256, generator=generator)}
+        save_file(tensors, str(src / f"model-{index}.safetensors"))
+    out = work / f"out-{name}-{seed}"
+    manifest = build_bundle(src, name, version=str(seed), out=out)
+    s3 = client(endpoint, "s3")
+    for path in [MANIFEST, *(f.path for f in manifest.files)]:
+        s3.put_object(Bucket=bucket, Key=f"{PREFIX}/{name}/{path}", Body=(out / path).read_bytes())
+    return manifest
+
+
+def source(bucket: str, endpoint: str, cache: Path) -> S3Source:
+    return S3Source(bucket, f"{PREFIX}/", cache, client=client(endpoint, "s3"), concurrency=2)
+
+
+def versions(cache: Path, name: str) -> list[str]:
+    bundle = cache / name
+    return sorted(p.name for p in bundle.iterdir()) if bundle.exists() else []
+
+
+def test_a_new_version_replaces_the_old_one_on_disk(moto_endpoint: str, tmp_path: Path) -> None:
+    bucket = make_bucket(moto_endpoint)
+    cache = tmp_path / "cache"
+    src = source(bucket, moto_endpoint, cache)
+    old = upload(bucket, moto_endpoint, tmp_path, "tiny", seed=1)
+    old_dir = src.fetch(src.manifest("tiny"), lambda n: None)
+    src.release(old)  # its model left memory
+
+    new = upload(bucket, moto_endpoint, tmp_path, "tiny", seed=2)
+    assert src.manifest("tiny") == new != old
+    new_dir = src.fetch(new, lambda n: None)
+
+    assert versions(cache, "tiny") == [new_dir.name]
+    assert not old_dir.exists()
+    assert verify_bundle(new_dir) == new
+
+
+def test_a_version_this_process_holds_stays_until_released(
+    moto_endpoint: str, tmp_path: Path
+) -> None:
+    bucket = make_bucket(moto_endpoint)
+    cache = tmp_path / "cache"
+    src = source(bucket, moto_endpoint, cache)
+    old = upload(bucket, moto_endpoint, tmp_path, "tiny", seed=1)
+    old_dir = src.fetch(old, lambda n: None)  # held: not released
+    new = upload(bucket, moto_endpoint, tmp_path, "tiny", seed=2)
+    new_dir = src.fetch(new, lambda n: None)
+    assert versions(cache, "tiny") == sorted([old_dir.name, new_dir.name])
+    assert verify_bundle(old_dir) == old  # whole, not half-removed
+
+    src.release(old)
+    src.release(old)  # idempotent
+    src.fetch(new, lambda n: None)  # complete already: nothing downloaded, the old one goes
+    assert versions(cache, "tiny") == [new_dir.name]
+
+
+def test_a_version_another_process_holds_stays_until_it_exits(
+    moto_endpoint: str, tmp_path: Path
+) -> None:
+    bucket = make_bucket(moto_endpoint)
+    cache = tmp_path / "cache"
+    src = source(bucket, moto_endpoint, cache)
+    old = upload(bucket, moto_endpoint, tmp_path, "tiny", seed=1)
+    old_dir = src.fetch(old, lambda n: None)
+    src.release(old)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path\n"
+            "from runtime.bundles.sources import nodecache\n"
+            "nodecache.hold(Path(sys.argv[1])); print('held', flush=True); sys.stdin.read()",
+            str(old_dir),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        new = upload(bucket, moto_endpoint, tmp_path, "tiny", seed=2)
+        new_dir = src.fetch(new, lambda n: None)
+        assert verify_bundle(old_dir) == old
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        assert holder.wait(timeout=60) == 0
+    src.fetch(new, lambda n: None)
+    assert versions(cache, "tiny") == [new_dir.name]
+
+
+def test_what_interrupted_fetches_and_removals_left_is_cleared(
+    moto_endpoint: str, tmp_path: Path
+) -> None:
+    """A version directory a killed fetch left (no marker, no holder) and one a killed
+    removal had renamed away go with the next fetch of the bundle."""
+    bucket = make_bucket(moto_endpoint)
+    cache = tmp_path / "cache"
+    src = source(bucket, moto_endpoint, cache)
+    manifest = upload(bucket, moto_endpoint, tmp_path, "tiny", seed=1)
+    half = cache / "tiny" / ("0" * 64)
+    half.mkdir(parents=True)
+    (half / "model-0.safetensors").write_bytes(b"partial")
+    gone = cache / "tiny" / f".thaw-gone-{'1' * 64}-4242"
+    gone.mkdir()
+    (gone / "model-1.safetensors").write_bytes(b"left behind")
+    directory = src.fetch(manifest, lambda n: None)
+    assert versions(cache, "tiny") == [directory.name]
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["unused", "held"])
+def test_a_fetch_short_of_room_removes_unused_versions_of_other_bundles(
+    moto_endpoint: str, tmp_path: Path, held: bool
+) -> None:
+    """Too little room for `tiny`: an unused version of `other` goes (and `tiny` is
+    fetched), a held one stays (and the fetch fails, saying what it needs)."""
+    bucket = make_bucket(moto_endpoint)
+    with mounted(tmp_path / "cache", "2m") as cache:
+        src = source(bucket, moto_endpoint, cache)
+        other = upload(bucket, moto_endpoint, tmp_path, "other", seed=3)
+        other_dir = src.fetch(other, lambda n: None)
+        if not held:
+            src.release(other)
+        tiny = upload(bucket, moto_endpoint, tmp_path, "tiny", seed=1)
+        filler = fill(cache)
+        with filler.open("r+b") as out:  # leave about half of what `tiny` needs
+            out.truncate(filler.stat().st_size - tiny.total_bytes // 2)
+        if held:
+            with pytest.raises(LoadFailed, match=r"needs [\d.]+ MiB in the node cache"):
+                src.fetch(tiny, lambda n: None)
+            assert verify_bundle(other_dir) == other
+            assert versions(cache, "tiny") == []
+        else:
+            tiny_dir = src.fetch(tiny, lambda n: None)
+            assert verify_bundle(tiny_dir) == tiny
+            assert not other_dir.exists()
+
+
+def test_the_least_recently_held_version_goes_first(moto_endpoint: str, tmp_path: Path) -> None:
+    bucket = make_bucket(moto_endpoint)
+    with mounted(tmp_path / "cache", "2m") as cache:
+        src = source(bucket, moto_endpoint, cache)
+        dirs: dict[str, Path] = {}
+        for seed, name in enumerate(("first", "second"), start=3):
+            manifest = upload(bucket, moto_endpoint, tmp_path, name, seed=seed)
+            dirs[name] = src.fetch(manifest, lambda n: None)
+            src.release(manifest)
+        nodecache.os.utime(dirs["second"] / nodecache.USE_LOCK, (1, 1))  # held long ago
+        tiny = upload(bucket, moto_endpoint, tmp_path, "tiny", seed=1)
+        filler = fill(cache)
+        with filler.open("r+b") as out:  # room for `tiny` once one of them goes
+            out.truncate(filler.stat().st_size - tiny.total_bytes // 2)
+        src.fetch(tiny, lambda n: None)
+        assert dirs["first"].exists() and not dirs["second"].exists()
+
+
+# ---- through an instance: a READY model holds its version --------------------------------
+
+
+async def invoke(instance: Instance) -> Any:
+    outcome = await instance.dispatcher.invoke("wsum_a", {}, wait_s=60.0, request_id="t")
+    assert isinstance(outcome, Completed)
+    return outcome.output
+
+
+@pytest.mark.anyio
+async def test_a_loaded_model_holds_its_version_until_unloaded(
+    aws_env: str, tmp_path: Path
+) -> None:
+    bucket = make_bucket(aws_env)
+    cache = tmp_path / "cache"
+    first = upload(bucket, aws_env, tmp_path, "wsum_a", seed=1)
+    settings = Settings(
+        bundle_source=f"s3://{bucket}/{PREFIX}",
+        cache_dir=str(cache),
+        state_dir=str(tmp_path / "state"),
+        job_store=f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
+        handlers=("tests.handlers.weights_sum",),
+    )
+    instance = Instance.create(settings, discover(settings.handlers))
+    await instance.start()
+    try:
+        await invoke(instance)
+        [first_version] = versions(cache, "wsum_a")
+        # Another process on the node fetches a newer version: the READY one stays.
+        second = upload(bucket, aws_env, tmp_path, "wsum_a", seed=2)
+        other = source(bucket, aws_env, cache)
+        other.fetch(second, lambda n: None)
+        other.release(second)
+        assert first_version in versions(cache, "wsum_a")
+        assert verify_bundle(cache / "wsum_a" / first_version) == first
+
+        await instance.cache.unload("wsum_a")
+        await invoke(instance)  # loads the current (second) version, the first goes
+        assert versions(cache, "wsum_a") == [second.id.partition(":")[2]]
+    finally:
+        await instance.stop()
