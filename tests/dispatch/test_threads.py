@@ -287,3 +287,65 @@ def test_a_team_that_will_not_end_costs_the_thread_nothing() -> None:
     assert released_on in {f.result(WAIT_S) for f in both}
     assert pool.started == 2
     pool.shutdown()
+
+
+class BlockingRelease(Releases):
+    """Releases that, once armed, hold the releasing thread until `go` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def __call__(self) -> None:
+        super().__call__()
+        if self.armed:
+            self.entered.set()
+            assert self.go.wait(WAIT_S)
+
+
+def test_a_thread_woken_for_a_call_another_thread_took_goes_idle_again() -> None:
+    """The thread woken for a queued call (idle last, but held up: here, ending its
+    team) finds the call taken by a thread that finished first. It goes idle again,
+    and the pool's count of threads on their way to the queue goes back to zero:
+    later calls still wake threads, and none is started beyond those needed."""
+    releases = BlockingRelease()
+    pool = HandlerThreads(8, "t", release_team=releases)
+    [team_gate], [team_call] = overlapping(pool, 1, models=True)
+    [idle_gate], [idle_call] = overlapping(pool, 1)
+    [busy_gate], [busy_call] = overlapping(pool, 1)
+    team_gate.set()
+    woken = team_call.result(WAIT_S)  # idle, keeping its team: no other model work runs
+    idle_gate.set()
+    idle_last = idle_call.result(WAIT_S)
+    assert releases.on == []
+
+    releases.armed = True
+    model_started, model_gate = threading.Event(), threading.Event()
+
+    def model_work() -> str:
+        model_started.set()
+        model_gate.wait(WAIT_S)
+        return name()
+
+    # The model call wakes the thread idle last, and tells `woken` to end its team,
+    # which holds it; the plain call queued behind wakes `woken` next.
+    model = pool.submit(model_work, models=True)
+    queued = pool.submit(name)
+    assert releases.entered.wait(WAIT_S) and model_started.wait(WAIT_S)
+    busy_gate.set()
+    finisher = busy_call.result(WAIT_S)
+    assert queued.result(WAIT_S) == finisher  # taken by the thread that finished first
+    releases.go.set()
+    model_gate.set()
+    assert model.result(WAIT_S) == idle_last
+    assert releases.on == [woken]
+
+    # No wake-up was lost: calls overlapping on every thread all start, on the same three.
+    gates, futures = overlapping(pool, 3)
+    for gate in gates:
+        gate.set()
+    assert {f.result(WAIT_S) for f in futures} == {woken, idle_last, finisher}
+    assert pool.started == 3
+    pool.shutdown()
