@@ -135,26 +135,10 @@ def discard(directory: Path) -> None:
 
 @contextlib.contextmanager
 def filling(cache_dir: Path, manifest: Manifest) -> Iterator[None]:
-    """Exclusive right to fill this version's directory, across processes.
-
-    The lock file is removed on release. After locking, the path must still
-    name the locked file: a holder that released (and unlinked) it while we
-    waited leaves us a stale inode, so we lock again.
-    """
+    """Exclusive right to fill this version's directory, across processes. The lock
+    file is removed on release (`_locked` sees to a waiter left with its inode)."""
     path = cache_dir / f"{manifest.name}.{version_dir(cache_dir, manifest).name}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            if os.stat(path).st_ino == os.fstat(fd).st_ino:
-                break
-        except FileNotFoundError:
-            pass
-        except BaseException:
-            os.close(fd)
-            raise
-        os.close(fd)
+    fd = _locked(path, fcntl.LOCK_EX, os.O_RDWR)
     try:
         yield
     finally:
@@ -164,22 +148,27 @@ def filling(cache_dir: Path, manifest: Manifest) -> Iterator[None]:
 
 def hold(directory: Path) -> int:
     """Make `directory` (a version's) if need be and hold it in use: a shared lock no
-    `prune` removes it under. Returns the lock's descriptor; closing it lets go.
+    `prune` removes it under. Returns the lock's descriptor; closing it lets go."""
+    fd = _locked(directory / USE_LOCK, fcntl.LOCK_SH, os.O_RDONLY)
+    with contextlib.suppress(OSError):  # when it was last held: `ensure_room`'s order
+        os.utime(fd)
+    return fd
 
-    After locking, the path must still name the locked file: a version removed
-    while we waited for the lock leaves us a stale inode, so we make it again.
-    """
-    path = directory / USE_LOCK
+
+def _locked(path: Path, operation: int, mode: int) -> int:
+    """A descriptor of `path` (made, with its directory, if need be) under flock
+    `operation`. After locking, the path must still name the locked file: one
+    unlinked, or its directory removed, while we waited leaves us a stale inode,
+    so we lock again."""
     while True:
-        directory.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(path, mode | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except FileNotFoundError:
-            continue  # removed between the mkdir and the open
+            continue  # its directory removed between the mkdir and the open
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
+            fcntl.flock(fd, operation)
             if os.stat(path).st_ino == os.fstat(fd).st_ino:
-                os.utime(fd)  # when it was last held: the order `ensure_room` removes in
                 return fd
         except FileNotFoundError:
             pass

@@ -60,17 +60,23 @@ def source(bucket: str, endpoint: str, cache: Path) -> S3Source:
     return S3Source(bucket, f"{PREFIX}/", cache, client=client(endpoint, "s3"), concurrency=2)
 
 
+def first_version(endpoint: str, tmp_path: Path) -> tuple[str, Path, S3Source, Manifest, Path]:
+    """A bucket with `tiny`'s first version, fetched (and held) into a cache: (bucket,
+    cache, the source, the manifest, its directory)."""
+    bucket = make_bucket(endpoint)
+    cache = tmp_path / "cache"
+    src = source(bucket, endpoint, cache)
+    manifest = upload(bucket, endpoint, tmp_path, "tiny", seed=1)
+    return bucket, cache, src, manifest, src.fetch(manifest, lambda n: None)
+
+
 def versions(cache: Path, name: str) -> list[str]:
     bundle = cache / name
     return sorted(p.name for p in bundle.iterdir()) if bundle.exists() else []
 
 
 def test_a_new_version_replaces_the_old_one_on_disk(moto_endpoint: str, tmp_path: Path) -> None:
-    bucket = make_bucket(moto_endpoint)
-    cache = tmp_path / "cache"
-    src = source(bucket, moto_endpoint, cache)
-    old = upload(bucket, moto_endpoint, tmp_path, "tiny", seed=1)
-    old_dir = src.fetch(src.manifest("tiny"), lambda n: None)
+    bucket, cache, src, old, old_dir = first_version(moto_endpoint, tmp_path)
     src.release(old)  # its model left memory
 
     new = upload(bucket, moto_endpoint, tmp_path, "tiny", seed=2)
@@ -85,11 +91,7 @@ def test_a_new_version_replaces_the_old_one_on_disk(moto_endpoint: str, tmp_path
 def test_a_version_this_process_holds_stays_until_released(
     moto_endpoint: str, tmp_path: Path
 ) -> None:
-    bucket = make_bucket(moto_endpoint)
-    cache = tmp_path / "cache"
-    src = source(bucket, moto_endpoint, cache)
-    old = upload(bucket, moto_endpoint, tmp_path, "tiny", seed=1)
-    old_dir = src.fetch(old, lambda n: None)  # held: not released
+    bucket, cache, src, old, old_dir = first_version(moto_endpoint, tmp_path)  # held
     new = upload(bucket, moto_endpoint, tmp_path, "tiny", seed=2)
     new_dir = src.fetch(new, lambda n: None)
     assert versions(cache, "tiny") == sorted([old_dir.name, new_dir.name])
@@ -104,11 +106,7 @@ def test_a_version_this_process_holds_stays_until_released(
 def test_a_version_another_process_holds_stays_until_it_exits(
     moto_endpoint: str, tmp_path: Path
 ) -> None:
-    bucket = make_bucket(moto_endpoint)
-    cache = tmp_path / "cache"
-    src = source(bucket, moto_endpoint, cache)
-    old = upload(bucket, moto_endpoint, tmp_path, "tiny", seed=1)
-    old_dir = src.fetch(old, lambda n: None)
+    bucket, cache, src, old, old_dir = first_version(moto_endpoint, tmp_path)
     src.release(old)
     holder = subprocess.Popen(
         [
