@@ -91,11 +91,16 @@ def ensure_room(directory: Path, manifest: Manifest, files: list[BundleFile]) ->
     free = fs.f_bavail * block
     if needed > free:
         cache_dir = directory.parent.parent
+        for bundle_dir in _bundle_dirs(cache_dir):  # what killed removals left, first
+            _clear_gone(bundle_dir)
+        free = os.statvfs(directory).f_bavail * block
         for version in sorted(_all_versions(cache_dir), key=_last_held):
+            if needed <= free:
+                return
             if version != directory and _remove_unused(version):
                 free = os.statvfs(directory).f_bavail * block
-                if needed <= free:
-                    return
+        if needed <= free:
+            return
         raise _room_error(f"bundle {manifest.name!r} needs {_mib(needed)}", directory, free)
 
 
@@ -183,9 +188,14 @@ def prune(cache_dir: Path, manifest: Manifest) -> list[Path]:
     holds (and what an interrupted removal left); returns those removed."""
     keep = version_dir(cache_dir, manifest)
     removed = [v for v in _versions(keep.parent) if v != keep and _remove_unused(v)]
-    for gone in keep.parent.glob(f"{_GONE}*"):
-        shutil.rmtree(gone, ignore_errors=True)
+    _clear_gone(keep.parent)
     return removed
+
+
+def _clear_gone(bundle_dir: Path) -> None:
+    """Remove what removals killed midway left (renamed away: nobody uses it)."""
+    for gone in bundle_dir.glob(f"{_GONE}*"):
+        shutil.rmtree(gone, ignore_errors=True)
 
 
 def _versions(bundle_dir: Path) -> list[Path]:
@@ -199,15 +209,18 @@ def _versions(bundle_dir: Path) -> list[Path]:
     return []
 
 
-def _all_versions(cache_dir: Path) -> list[Path]:
+def _bundle_dirs(cache_dir: Path) -> list[Path]:
     with contextlib.suppress(OSError):
         return [
-            version
+            Path(e.path)
             for e in os.scandir(cache_dir)
             if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)
-            for version in _versions(Path(e.path))
         ]
     return []
+
+
+def _all_versions(cache_dir: Path) -> list[Path]:
+    return [version for bundle_dir in _bundle_dirs(cache_dir) for version in _versions(bundle_dir)]
 
 
 def _is_version(name: str) -> bool:

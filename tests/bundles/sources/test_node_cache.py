@@ -153,24 +153,27 @@ def test_what_interrupted_fetches_and_removals_left_is_cleared(
     assert versions(cache, "tiny") == [directory.name]
 
 
-@pytest.mark.parametrize("held", [False, True], ids=["unused", "held"])
+@pytest.mark.parametrize("other_is", ["unused", "held", "left by a killed removal"])
 def test_a_fetch_short_of_room_removes_unused_versions_of_other_bundles(
-    moto_endpoint: str, tmp_path: Path, held: bool
+    moto_endpoint: str, tmp_path: Path, other_is: str
 ) -> None:
-    """Too little room for `tiny`: an unused version of `other` goes (and `tiny` is
-    fetched), a held one stays (and the fetch fails, saying what it needs)."""
+    """Too little room for `tiny`: an unused version of `other` goes, and so does one
+    a removal killed midway had renamed away (and `tiny` is fetched); a held one
+    stays (and the fetch fails, saying what it needs)."""
     bucket = make_bucket(moto_endpoint)
     with mounted(tmp_path / "cache", "2m") as cache:
         src = source(bucket, moto_endpoint, cache)
         other = upload(bucket, moto_endpoint, tmp_path, "other", seed=3)
         other_dir = src.fetch(other, lambda n: None)
-        if not held:
+        if other_is != "held":
             src.release(other)
+        if other_is == "left by a killed removal":
+            other_dir = other_dir.rename(other_dir.with_name(f".thaw-gone-{other_dir.name}-1"))
         tiny = upload(bucket, moto_endpoint, tmp_path, "tiny", seed=1)
         filler = fill(cache)
         with filler.open("r+b") as out:  # leave about half of what `tiny` needs
             out.truncate(filler.stat().st_size - tiny.total_bytes // 2)
-        if held:
+        if other_is == "held":
             with pytest.raises(LoadFailed, match=r"needs [\d.]+ MiB in the node cache"):
                 src.fetch(tiny, lambda n: None)
             assert verify_bundle(other_dir) == other
