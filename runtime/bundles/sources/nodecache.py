@@ -4,7 +4,9 @@
                                            .thaw-fetched (the manifest id)
     <cache>/<name>/<manifest sha256>/.thaw-use
                                            shared-locked by every process using it
-    <cache>/<name>.<manifest sha256>.lock  held while one process fills the directory
+    <cache>/<name>.<manifest sha256>.lock  held while one process fills the directory;
+                                           it holds the room that fill reserved
+    <cache>/.thaw-room                     held while a fetch checks and reserves room
 
 The directory is named by the manifest's hash, so a new version never collides
 with the old one. The marker is written last, after every file was verified:
@@ -14,12 +16,14 @@ the node (Lambda sandboxes reusing /tmp, containers sharing a volume) and is
 released by the kernel if its holder dies.
 
 A fetch asks for room first (`ensure_room`): the files it is about to write,
-each rounded up to the filesystem's blocks, must fit in the space free to us.
-A bundle that cannot fit fails its load at once, naming the sizes, before a
-byte is downloaded, rather than filling the disk that the job store and the
-platform (Lambda's /tmp) share with it. A disk that fills anyway (another
-writer, mid-fetch) ends the fetch with the same error (`out_of_room`), and
-the fetch removes everything it wrote.
+each rounded up to the filesystem's blocks, must fit in the space free to us,
+less what the other fills under way on the node have reserved and not yet
+written (each reservation is in its fill's lock file; one fetch checks and
+reserves at a time). A bundle that cannot fit fails its load at once, naming
+the sizes, before a byte is downloaded, rather than filling the disk that the
+job store and the platform (Lambda's /tmp) share with it. A disk that fills
+anyway (a writer that is not a fetch) ends the fetch with the same error
+(`out_of_room`), and the fetch removes everything it wrote.
 
 Versions no process uses are removed (`prune`), so the cache holds what is in
 use plus one version of each bundle, not every version a long-lived node has
@@ -48,6 +52,8 @@ from runtime.errors import LoadFailed
 
 MARKER = ".thaw-fetched"
 USE_LOCK = ".thaw-use"
+# Held while a fetch checks and reserves room: <cache>/.thaw-room.
+_ROOM_LOCK = ".thaw-room"
 # A version directory renamed away for removal: <cache>/<name>/.thaw-gone-<version>-<pid>.
 _GONE = ".thaw-gone-"
 # The manifest and the marker, written after the files: a block each is plenty.
@@ -82,26 +88,86 @@ def mark_complete(directory: Path, manifest: Manifest) -> None:
 
 
 def ensure_room(directory: Path, manifest: Manifest, files: list[BundleFile]) -> None:
-    """Raise LoadFailed unless `files` (and the marker) fit in the free space under
-    `directory`, each file rounded up to whole blocks, once unused versions of any
-    bundle were removed to make room (least recently held first)."""
+    """Reserve room for `files` (and the marker), each rounded up to whole blocks, in
+    the free space under `directory`, or raise LoadFailed. Needs the version's
+    filling lock (the reservation is written into it, and goes with it).
+
+    Other fills under way on the node count with what they have yet to write, so
+    two fetches started together cannot both pass and then fill the disk between
+    them. Short of room, unused versions of any bundle go first (least recently
+    held first), and what killed removals left.
+    """
+    cache_dir = directory.parent.parent
     fs = os.statvfs(directory)
     block = fs.f_frsize or fs.f_bsize or 4096
     needed = (sum(-(-f.size // block) for f in files) + _OWN_FILES_BLOCKS) * block
-    free = fs.f_bavail * block
-    if needed > free:
-        cache_dir = directory.parent.parent
-        for bundle_dir in _bundle_dirs(cache_dir):  # what killed removals left, first
-            _clear_gone(bundle_dir)
-        free = os.statvfs(directory).f_bavail * block
-        for version in sorted(_all_versions(cache_dir), key=_last_held):
-            if needed <= free:
-                return
-            if version != directory and _remove_unused(version):
-                free = os.statvfs(directory).f_bavail * block
-        if needed <= free:
-            return
-        raise _room_error(f"bundle {manifest.name!r} needs {_mib(needed)}", directory, free)
+    own = _fill_lock(cache_dir, manifest)
+    room = _locked(cache_dir / _ROOM_LOCK, fcntl.LOCK_EX, os.O_RDWR)  # one check at a time
+    try:
+
+        def free() -> tuple[int, int]:
+            pending = _pending(cache_dir, own)
+            return os.statvfs(directory).f_bavail * block - pending, pending
+
+        available, pending = free()
+        if needed > available:
+            for bundle_dir in _bundle_dirs(cache_dir):  # what killed removals left, first
+                _clear_gone(bundle_dir)
+            available, pending = free()
+            for version in sorted(_all_versions(cache_dir), key=_last_held):
+                if needed <= available:
+                    break
+                if version != directory and _remove_unused(version):
+                    available, pending = free()
+        if needed > available:
+            lead = f"bundle {manifest.name!r} needs {_mib(needed)}"
+            raise _room_error(lead, directory, max(0, available), pending)
+        own.write_text(f"{needed} {_usage(directory)}\n")
+    finally:
+        (cache_dir / _ROOM_LOCK).unlink(missing_ok=True)  # as `filling` does its own
+        os.close(room)
+
+
+def _fill_lock(cache_dir: Path, manifest: Manifest) -> Path:
+    return cache_dir / f"{manifest.name}.{version_dir(cache_dir, manifest).name}.lock"
+
+
+def _pending(cache_dir: Path, own: Path) -> int:
+    """Bytes the fills under way (other than `own`) have reserved and not yet written."""
+    pending = 0
+    for lock in cache_dir.glob("*.lock"):
+        if lock == own:
+            continue
+        try:
+            fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue  # released (and removed) meanwhile
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                continue  # nobody fills under it: no reservation
+            except BlockingIOError:
+                pass
+            reserved, _, base = os.pread(fd, 64, 0).decode(errors="replace").partition(" ")
+            if not (reserved.strip().isdigit() and base.strip().isdigit()):
+                continue  # its fill has not reserved yet (it will, under the room lock)
+            name, _, version = lock.name.removesuffix(".lock").rpartition(".")
+            written = _usage(cache_dir / name / version) - int(base)
+            pending += max(0, int(reserved) - written)
+        finally:
+            os.close(fd)
+    return pending
+
+
+def _usage(directory: Path) -> int:
+    """Bytes the files under `directory` take on disk."""
+    total = 0
+    for path in directory.rglob("*"):
+        with contextlib.suppress(OSError):
+            st = path.lstat()
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_blocks * 512
+    return total
 
 
 def out_of_room(exc: BaseException, directory: Path, manifest: Manifest) -> LoadFailed | None:
@@ -122,10 +188,12 @@ def _mib(size: int) -> str:
     return f"{size / (1024 * 1024):.1f} MiB"
 
 
-def _room_error(lead: str, directory: Path, free: int) -> LoadFailed:
+def _room_error(lead: str, directory: Path, free: int, pending: int = 0) -> LoadFailed:
     cache = directory.parent.parent  # <cache>/<name>/<version>
+    others = f" beside {_mib(pending)} other fetches are writing" if pending else ""
     return LoadFailed(
-        f"{lead} in the node cache ({cache}, THAW_CACHE_DIR), which has {_mib(free)} free:"
+        f"{lead} in the node cache ({cache}, THAW_CACHE_DIR), which has {_mib(free)} free"
+        f"{others}:"
         " free space on that filesystem or point THAW_CACHE_DIR at a larger one",
         free_bytes=free,
     )
@@ -142,7 +210,7 @@ def discard(directory: Path) -> None:
 def filling(cache_dir: Path, manifest: Manifest) -> Iterator[None]:
     """Exclusive right to fill this version's directory, across processes. The lock
     file is removed on release (`_locked` sees to a waiter left with its inode)."""
-    path = cache_dir / f"{manifest.name}.{version_dir(cache_dir, manifest).name}.lock"
+    path = _fill_lock(cache_dir, manifest)
     fd = _locked(path, fcntl.LOCK_EX, os.O_RDWR)
     try:
         yield

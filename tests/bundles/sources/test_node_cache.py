@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from runtime.registry import discover
 from runtime.settings import Settings
 from tests import aws_fixtures
 from tests.aws_fixtures import client, make_bucket
+from tests.bundles.sources.test_s3 import Counter
 from tests.jobs.tmpfs import fill, mounted
 
 moto_endpoint = aws_fixtures.moto_endpoint  # fixtures: the session's moto server
@@ -182,6 +184,48 @@ def test_a_fetch_short_of_room_removes_unused_versions_of_other_bundles(
             tiny_dir = src.fetch(tiny, lambda n: None)
             assert verify_bundle(tiny_dir) == tiny
             assert not other_dir.exists()
+
+
+def test_fetches_under_way_keep_the_room_they_reserved(moto_endpoint: str, tmp_path: Path) -> None:
+    """Room for one of two bundles: while the first is downloading, the second's fetch
+    counts what the first has yet to write and fails at once, before a byte of its
+    own, instead of both passing the check and filling the disk between them."""
+    bucket = make_bucket(moto_endpoint)
+    with mounted(tmp_path / "cache", "2m") as cache:
+        first = upload(bucket, moto_endpoint, tmp_path, "first", seed=3)
+        second = upload(bucket, moto_endpoint, tmp_path, "second", seed=4)
+        filler = fill(cache)
+        with filler.open("r+b") as out:  # room for one and a half
+            out.truncate(filler.stat().st_size - first.total_bytes * 3 // 2)
+        downloading, go = threading.Event(), threading.Event()
+
+        def hold_up(**_: Any) -> None:
+            downloading.set()
+            assert go.wait(60)
+
+        slow = source(bucket, moto_endpoint, cache)
+        slow.client.meta.events.register("before-send.s3.GetObject", hold_up)
+        fetched: list[Path] = []
+
+        def fetch_first() -> None:
+            fetched.append(slow.fetch(first, lambda n: None))
+
+        fetching = threading.Thread(target=fetch_first)
+        fetching.start()
+        try:
+            assert downloading.wait(60)
+            other = source(bucket, moto_endpoint, cache)
+            counter = Counter(other.client)
+            with pytest.raises(LoadFailed, match="other fetches are writing") as caught:
+                other.fetch(second, lambda n: None)
+            assert counter.gets() == 0
+            assert "needs" in caught.value.message
+        finally:
+            go.set()
+            fetching.join(60)
+        assert verify_bundle(fetched[0]) == first
+        slow.release(first)
+        assert verify_bundle(other.fetch(second, lambda n: None)) == second  # `first` went
 
 
 def test_the_least_recently_held_version_goes_first(moto_endpoint: str, tmp_path: Path) -> None:
