@@ -190,7 +190,7 @@ def _mib(size: int) -> str:
 
 def _room_error(lead: str, directory: Path, free: int, pending: int = 0) -> LoadFailed:
     cache = directory.parent.parent  # <cache>/<name>/<version>
-    others = f" beside {_mib(pending)} other fetches are writing" if pending else ""
+    others = f" (other fetches under way are still to write {_mib(pending)})" if pending else ""
     return LoadFailed(
         f"{lead} in the node cache ({cache}, THAW_CACHE_DIR), which has {_mib(free)} free"
         f"{others}:"

@@ -216,7 +216,7 @@ def test_fetches_under_way_keep_the_room_they_reserved(moto_endpoint: str, tmp_p
             assert downloading.wait(60)
             other = source(bucket, moto_endpoint, cache)
             counter = Counter(other.client)
-            with pytest.raises(LoadFailed, match="other fetches are writing") as caught:
+            with pytest.raises(LoadFailed, match="other fetches under way are still") as caught:
                 other.fetch(second, lambda n: None)
             assert counter.gets() == 0
             assert "needs" in caught.value.message
