@@ -251,13 +251,14 @@ def _locked(path: Path, operation: int, mode: int) -> int:
         os.close(fd)
 
 
-def prune(cache_dir: Path, manifest: Manifest) -> list[Path]:
+def prune(cache_dir: Path, manifest: Manifest) -> None:
     """Remove the versions of `manifest`'s bundle other than its own that no process
-    holds (and what an interrupted removal left); returns those removed."""
+    holds, and what an interrupted removal left."""
     keep = version_dir(cache_dir, manifest)
-    removed = [v for v in _versions(keep.parent) if v != keep and _remove_unused(v)]
+    for version in _versions(keep.parent):
+        if version != keep:
+            _remove_unused(version)
     _clear_gone(keep.parent)
-    return removed
 
 
 def _clear_gone(bundle_dir: Path) -> None:

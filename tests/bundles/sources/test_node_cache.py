@@ -13,6 +13,7 @@ the room cases, and a real process for the other holder.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -237,7 +238,7 @@ def test_the_least_recently_held_version_goes_first(moto_endpoint: str, tmp_path
             manifest = upload(bucket, moto_endpoint, tmp_path, name, seed=seed)
             dirs[name] = src.fetch(manifest, lambda n: None)
             src.release(manifest)
-        nodecache.os.utime(dirs["second"] / nodecache.USE_LOCK, (1, 1))  # held long ago
+        os.utime(dirs["second"] / nodecache.USE_LOCK, (1, 1))  # held long ago
         tiny = upload(bucket, moto_endpoint, tmp_path, "tiny", seed=1)
         filler = fill(cache)
         with filler.open("r+b") as out:  # room for `tiny` once one of them goes
