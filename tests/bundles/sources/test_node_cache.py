@@ -5,7 +5,8 @@ each reload; on Lambda's /tmp a few updates filled the disk and every load
 after that failed for room. Versions a process holds (from its fetch until its
 model leaves memory) stay; others go once a newer version of the bundle is
 fetched, or when a fetch needs their room. Holds are flocks, so another process
-holding a version (a real one, below) keeps it as this one's own hold does.
+holding a version (a real one, below) keeps it as this one's own hold does. A
+fill under way keeps the room it reserved from a fetch started beside it.
 
 Against the session's moto server, real safetensors bundles, a real tmpfs for
 the room cases, and a real process for the other holder.
