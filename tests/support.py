@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,41 @@ def until(condition: Callable[[], Any], what: str, timeout_s: float = SAFETY_S) 
             return value
         assert time.monotonic() < deadline, f"never happened: {what}"
         time.sleep(0.02)
+
+
+class ReadOnlyFs:
+    """A tmpfs mounted at `path` and sealed read-only: its superblock's flag, so read-only
+    for every mount of it, as a Lambda function's image is. `writable()` lifts the seal
+    for a block (to change what a running model must no longer see). Needs the right
+    to mount (root, in CI); `available()` says whether this process has it."""
+
+    def __init__(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        _mount("-t", "tmpfs", "-o", "size=512m,mode=0755", "tmpfs", str(path))
+
+    @staticmethod
+    def available() -> bool:
+        return sys.platform == "linux" and os.geteuid() == 0
+
+    def seal(self) -> None:
+        _mount("-o", "remount,ro", str(self.path))
+
+    @contextlib.contextmanager
+    def writable(self) -> Iterator[Path]:
+        _mount("-o", "remount,rw", str(self.path))
+        try:
+            yield self.path
+        finally:
+            self.seal()
+
+    def close(self) -> None:
+        if subprocess.run(["umount", str(self.path)], capture_output=True).returncode:
+            subprocess.run(["umount", "-l", str(self.path)], check=True)
+
+
+def _mount(*args: str) -> None:
+    subprocess.run(["mount", *args], check=True, capture_output=True, text=True)
 
 
 def free_port() -> int:

@@ -133,6 +133,15 @@ SCHEMAS: dict[str, Any] = {
             "bytes": {"type": ["integer", "null"]},
             "phase_ms": {"type": "object", "additionalProperties": {"type": "number"}},
             "loads": {"type": "integer"},
+            "weights_read": {
+                "type": ["string", "null"],
+                "enum": ["copied", "mapped", "device", None],
+                "description": (
+                    "how the last load read the weights: copied out of the files, mapped "
+                    "from a read-only filesystem for the build (what the model keeps is "
+                    "copied out after it), or read by the device's own path"
+                ),
+            },
             "hits": {"type": "integer"},
             "in_flight": {"type": "integer"},
             "pinned": {"type": "boolean"},

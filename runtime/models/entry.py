@@ -54,6 +54,8 @@ class Entry:
     # clock.monotonic() of the load's last sign of progress (the no-progress deadline).
     progress_at: float = 0.0
     estimated_load_s: float | None = None
+    # How the last load read the weights (weights.Loaded.how): copied, mapped, device.
+    weights_read: str | None = None
 
     @property
     def weights_bytes(self) -> int:
@@ -85,6 +87,7 @@ class Entry:
             "bytes": manifest.total_bytes if manifest else None,
             "phase_ms": {k: round(v, 3) for k, v in lc.phase_ms.items()},
             "loads": self.loads,
+            "weights_read": self.weights_read,
             "hits": self.hits,
             "pinned": self.pinned,
             "last_used_at": self.last_used_wall,

@@ -204,7 +204,7 @@ class Loader:
     async def _load(self, entry: Entry) -> None:
         lc = entry.lifecycle
         lc.restart_clock()
-        weights: dict[str, Any] | None = None
+        loaded: weights_mod.Loaded | None = None
         available: dict[str, Any] = {}
         started = self.clock.monotonic()
         # Waits a reload would not repeat (the framework import) or that are not
@@ -251,8 +251,8 @@ class Loader:
                 stall=False,
             )
             waited_s = self.clock.monotonic() - waited_from
-            load = partial(weights_mod.load_weights, on_progress=progress)
-            weights = await self.phases.in_thread(
+            load = partial(weights_mod.open_weights, on_progress=progress)
+            loaded = await self.phases.in_thread(
                 entry, "load", load, bundle_dir, manifest, device, verified
             )
             lc.advance(State.LOADED)
@@ -261,15 +261,24 @@ class Loader:
             files = {f.path: bundle_dir / f.path for f in manifest.files}
             available.update(
                 {
-                    "weights": weights,
+                    "weights": loaded.take(),
                     "config": manifest.config,
                     "device": device,
                     "files": files,
                     "manifest": manifest,
                 }
             )
+
+            def build(loaded: weights_mod.Loaded) -> Any:
+                model = builder.call(available)
+                # The model keeps what it keeps; the load's own references go first,
+                # so that settling copies out of mapped files only what the model views.
+                available.clear()
+                loaded.settle()
+                return model
+
             try:
-                entry.model = await self.phases.in_thread(entry, "init", builder.call, available)
+                entry.model = await self.phases.in_thread(entry, "init", build, loaded)
             except ThawError:
                 raise
             except Exception as exc:
@@ -280,8 +289,14 @@ class Loader:
                 raise HandlerError(
                     f"builder for {entry.name!r} raised {type(exc).__name__}: {exc}"
                 ) from exc
-            weights = None
-            available.clear()
+            entry.weights_read = loaded.how
+            if loaded.how == "mapped":
+                log.info(
+                    "%s: weights mapped from a read-only filesystem, %.1f MiB copied out",
+                    manifest.short_id,
+                    loaded.copied_out / 2**20,
+                )
+            loaded = None
             lc.advance(State.INITIALIZED)
             entry.built.set()
             await self._warm(entry)
@@ -293,7 +308,9 @@ class Loader:
             # Cancellation is not an Exception: clean up on anything, in a window
             # that gives what the load made back (host.py).
             window.enter_context(host.bundle_window(returning=True))
-            weights = None
+            if loaded is not None:
+                loaded.close()
+                loaded = None
             available.clear()
             entry.model = None
             entry.built.clear()

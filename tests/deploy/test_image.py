@@ -124,6 +124,10 @@ def test_http_mode_serves_the_contract_as_an_unprivileged_read_only_container(
         record("first_fahrenheit_invocation_s", round(time.monotonic() - started, 3))
         assert converted.status_code == 200, converted.text
         assert converted.json() == {"fahrenheit": [212.0, -40.0]}  # from the baked-in bundle
+        # The image's root is a read-only overlay: its weights were mapped for the build,
+        # not copied (runtime/models/weights/mapped.py).
+        models = client.get("/models", headers=auth).json()["models"]
+        assert [m["weights_read"] for m in models if m["name"] == "tempconv"] == ["mapped"]
         assert client.get("/openapi.json", headers=auth).json()["info"]["version"] == VERSION
     status = container.exec("cat", "/proc/1/status")
     uids = re.search(r"^Uid:\s+(\d+)\s+(\d+)", status, re.MULTILINE)

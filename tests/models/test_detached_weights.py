@@ -46,6 +46,7 @@ from runtime.models.weights import format as weights_format
 from runtime.registry import discover
 from runtime.settings import Settings
 from tests.handlers.weights_sum import describe
+from tests.models.conftest import BundleFs
 from tests.support import ServerProcess, make_bundle
 
 PROBLEM = "application/problem+json"
@@ -176,11 +177,12 @@ def answer_fields(answer: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("mutation", list(MUTATIONS))
 async def test_a_ready_model_ignores_its_files_until_reloaded_in_process(
-    tmp_path: Path, mutation: str, kind: str
+    bundle_fs: BundleFs, tmp_path: Path, mutation: str, kind: str
 ) -> None:
     shards, floats, config = KINDS[kind]
-    root = tmp_path / "bundles"
+    root = bundle_fs.root
     manifest = make_bundle(root, "wsum_a", shards=shards, floats_per_shard=floats, config=config)
+    bundle_fs.seal()
     bundle_dir = root / "wsum_a"
     expected = expected_answer(bundle_dir, manifest)
     victim = shard_paths(bundle_dir, manifest)[-1]
@@ -192,9 +194,11 @@ async def test_a_ready_model_ignores_its_files_until_reloaded_in_process(
     try:
         first = await call(instance, "wsum_a")
         assert answer_fields(first) == expected
+        assert instance.cache.entries["wsum_a"].weights_read == bundle_fs.read
         assert_not_mapped(Path("/proc/self/maps").read_text(), bundle_dir)
 
-        MUTATIONS[mutation](victim)
+        with bundle_fs.writable():
+            MUTATIONS[mutation](victim)
         for _ in range(2):
             assert await call(instance, "wsum_a") == first
 
@@ -204,13 +208,15 @@ async def test_a_ready_model_ignores_its_files_until_reloaded_in_process(
             await call(instance, "wsum_a")
         assert instance.cache.entries["wsum_a"].lifecycle.state is State.FAILED
 
-        victim.write_bytes(original)
+        with bundle_fs.writable():
+            victim.write_bytes(original)
         with pytest.raises(LoadFailed):  # within the back-off: not tried again
             await call(instance, "wsum_a")
         clock.advance(BACKOFF_S * 2)
         again = await call(instance, "wsum_a")
         assert answer_fields(again) == expected
         assert instance.cache.entries["wsum_a"].loads == 2
+        assert instance.cache.entries["wsum_a"].weights_read == bundle_fs.read
     finally:
         await instance.stop()
 
@@ -624,15 +630,16 @@ def assert_alive(server: ServerProcess, client: httpx.Client) -> None:
 
 
 def test_a_server_answers_the_same_whatever_happens_to_its_bundle_files(
-    server: ServerProcess, tmp_path: Path
+    bundle_fs: BundleFs, server: ServerProcess
 ) -> None:
-    root = tmp_path / "bundles"
+    root = bundle_fs.root
     manifests = {
         "wsum_a": make_bundle(root, "wsum_a", shards=3, floats_per_shard=1 << 20),
         "wsum_b": make_bundle(
             root, "wsum_b", shards=2, floats_per_shard=3000, config={"dtype": "float16"}, seed=1
         ),
     }
+    bundle_fs.seal()
     victims = {name: shard_paths(root / name, m)[1] for name, m in manifests.items()}
     originals = {name: path.read_bytes() for name, path in victims.items()}
     with server.client() as client:
@@ -642,11 +649,14 @@ def test_a_server_answers_the_same_whatever_happens_to_its_bundle_files(
             assert response.status_code == 200, response.text
             answers[name] = response.json()
             assert answer_fields(answers[name]) == expected_answer(root / name, manifest)
+        models = {m["name"]: m for m in client.get("/models").json()["models"]}
+        assert {models[name]["weights_read"] for name in manifests} == {bundle_fs.read}
         assert_not_mapped(server.maps(), root)
 
         for mutation, change in MUTATIONS.items():
-            for path in victims.values():
-                change(path)
+            with bundle_fs.writable():
+                for path in victims.values():
+                    change(path)
             for _ in range(2):
                 for name, answer in answers.items():
                     response = invoke(client, name)
@@ -663,8 +673,9 @@ def test_a_server_answers_the_same_whatever_happens_to_its_bundle_files(
                 problem = refused.json()
                 assert problem["type"].endswith(f"/{slug}"), (mutation, problem)
                 assert fragment in problem["detail"], (mutation, problem)
-            for name, path in victims.items():
-                path.write_bytes(originals[name])
+            with bundle_fs.writable():
+                for name, path in victims.items():
+                    path.write_bytes(originals[name])
             for name, answer in answers.items():
                 response = invoke(client, name)
                 assert response.status_code == 200, (mutation, response.text)
@@ -672,10 +683,11 @@ def test_a_server_answers_the_same_whatever_happens_to_its_bundle_files(
             assert_alive(server, client)
 
         # Another version copied over both bundles, file by file, in place.
-        new = {
-            name: copy_version_over(root, name, manifest, seed=11)
-            for name, manifest in manifests.items()
-        }
+        with bundle_fs.writable():
+            new = {
+                name: copy_version_over(root, name, manifest, seed=11)
+                for name, manifest in manifests.items()
+            }
         current = {name: invoke(client, name).json() for name in answers}
         for name, answer in answers.items():
             assert answer_fields(current[name]) == answer_fields(answer)
