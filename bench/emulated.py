@@ -1,7 +1,8 @@
 """A cold start as Lambda reports it: `thaw emulate`'s REPORT for a first invocation,
 Thaw against the bare script run as a plain Python Lambda function.
 
-    .venv/bin/python bench/emulated.py [--runs 3] [--handler embed[,classify,generate]]
+    .venv/bin/python bench/emulated.py [--runs 3] [--handler embed,classify,generate]
+        [--read-only]
 
 For each handler, `--runs` rounds, interleaved (Thaw, bare; then bare, Thaw;
 ...). Each cold start is a fresh `thaw emulate` (one sandbox per function, a
@@ -23,7 +24,10 @@ the tail log: `Init Duration` (process start to its first `next`) and
 model's fetch, load, init and warm-up are in Duration (it loads on the first
 event); for the bare function they are in Init Duration. Prints one markdown
 table per handler: the medians of each (each column its own), and Thaw / bare,
-whose Init + Duration is held to the issue's target (1.05x, issue 29). Every process it starts runs
+whose Init + Duration is held to the issue's target (1.05x, issue 29). With
+`--read-only` both functions read the bundle from a tmpfs sealed read-only (as
+Lambda's image filesystem is; bench/firstanswer.py's `read_only_copy`, root
+only), where Thaw maps the weights for the build. Every process it starts runs
 on 127.0.0.1 and is stopped before it returns.
 """
 
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import re
 import sys
 import tempfile
@@ -53,7 +58,7 @@ from bench.common import (  # noqa: E402
     stopping,
     verdict,
 )
-from bench.firstanswer import BUNDLES, TARGET_X, event_for  # noqa: E402
+from bench.firstanswer import BUNDLES, TARGET_X, event_for, read_only_copy  # noqa: E402
 from runtime.cli.coldstart import compile_bytecode  # noqa: E402
 from runtime.emulator.template import load_template  # noqa: E402
 
@@ -68,10 +73,14 @@ def report_fields(log: str) -> dict[str, float]:
     return {name: float(value) for name, value in _FIELD.findall(line)}
 
 
-def write_template(handler: str, path: Path) -> Path:
-    """Both functions, with the repository's ThawFunction settings (JSON is YAML too)."""
+def write_template(handler: str, path: Path, source: Path | None = None) -> Path:
+    """Both functions, with the repository's ThawFunction settings (JSON is YAML too),
+    reading bundles from `source` where given."""
     thaw = load_template(ROOT / "template.yaml").functions[THAW]
     settings = {"MemorySize": thaw.memory_mb, "Timeout": int(thaw.timeout_s)}
+    environment = dict(thaw.environment)
+    if source is not None:
+        environment["THAW_BUNDLE_SOURCE"] = str(source)
     runtime = f"python{sys.version_info.major}.{sys.version_info.minor}"
     resources = {
         THAW: {
@@ -79,7 +88,7 @@ def write_template(handler: str, path: Path) -> Path:
             "Properties": {
                 "PackageType": "Image",
                 **settings,
-                "Environment": {"Variables": thaw.environment},
+                "Environment": {"Variables": environment},
             },
         },
         BARE: {
@@ -90,7 +99,7 @@ def write_template(handler: str, path: Path) -> Path:
                 "Handler": "bench.bare_lambda.handler",
                 "CodeUri": str(ROOT),
                 **settings,
-                "Environment": {"Variables": {**thaw.environment, "BARE_HANDLER": handler}},
+                "Environment": {"Variables": {**environment, "BARE_HANDLER": handler}},
             },
         },
     }
@@ -98,10 +107,14 @@ def write_template(handler: str, path: Path) -> Path:
     return path
 
 
-def one_cold_invocation(handler: str, function: str, tmp: Path) -> dict[str, float]:
+def one_cold_invocation(
+    handler: str, function: str, tmp: Path, source: Path | None = None
+) -> dict[str, float]:
     """A fresh `thaw emulate`, and `function` invoked once through it: its cold REPORT."""
     env = runtime_env(tmp, HANDLERS=f"handlers.{handler}")
-    template = write_template(handler, tmp / "template.yaml")
+    if source is not None:
+        env["THAW_BUNDLE_SOURCE"] = str(source)
+    template = write_template(handler, tmp / "template.yaml", source)
     with stopping([]) as procs:
         emulator = start_emulator(procs, template, env, tmp / "emulate.log")
         client = lambda_client(emulator.port)
@@ -120,14 +133,16 @@ def one_cold_invocation(handler: str, function: str, tmp: Path) -> dict[str, flo
     return {**fields, "total_ms": fields["Init Duration"] + fields["Duration"], "wall_ms": wall_ms}
 
 
-def measure(handler: str, runs: int) -> dict[str, list[dict[str, float]]]:
+def measure(
+    handler: str, runs: int, source: Path | None = None
+) -> dict[str, list[dict[str, float]]]:
     """`runs` cold starts of each function, interleaved: Thaw, bare; bare, Thaw; ..."""
     found: dict[str, list[dict[str, float]]] = {THAW: [], BARE: []}
     for index in range(runs):
         order = (THAW, BARE) if index % 2 == 0 else (BARE, THAW)
         for function in order:
             with tempfile.TemporaryDirectory(prefix="thaw-emulated-") as tmp:
-                found[function].append(one_cold_invocation(handler, function, Path(tmp)))
+                found[function].append(one_cold_invocation(handler, function, Path(tmp), source))
             shown = {k: round(v) for k, v in found[function][-1].items()}
             print(f"[emulated] {handler} round {index + 1} {function}: {shown}", file=sys.stderr)
     return found
@@ -178,6 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         default="embed",
         help=f"one or more of {','.join(sorted(BUNDLES))}, comma-separated (default: embed)",
     )
+    parser.add_argument(
+        "--read-only",
+        action="store_true",
+        help="read the bundle from a tmpfs sealed read-only, as Lambda's image is (root)",
+    )
     args = parser.parse_args(argv)
     handlers = [h.strip() for h in args.handler.split(",") if h.strip()]
     unknown = [h for h in handlers if h not in BUNDLES]
@@ -189,7 +209,15 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     compile_bytecode([*(f"handlers.{h}" for h in handlers), "bench.bare_lambda"])
     for handler in handlers:
-        found = measure(handler, max(1, args.runs))
+        with contextlib.ExitStack() as stack:
+            source = None
+            if args.read_only:
+                tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="thaw-ro-")))
+                source = stack.enter_context(read_only_copy(BUNDLES[handler], tmp / "ro"))
+                if source is None:
+                    print("--read-only needs the right to mount a tmpfs (root)", file=sys.stderr)
+                    return 1
+            found = measure(handler, max(1, args.runs), source)
         print(table(handler, found), flush=True)
     return 0
 

@@ -12,11 +12,17 @@ issue 29). With `--phases`, a second table: the Thaw run's phases beside the
 bare script's own split (import, load, build, run) of the bare run nearest
 its median, so the difference shows where it goes.
 
-Two kinds of node, each measured: `warm node`, where the node's state
+Three kinds of node, each measured: `warm node`, where the node's state
 directory survives between processes (as on a server restart: the bundle's
 files were verified before and are not hashed again, load estimates exist),
-and `fresh node`, a new state directory per start (as every Lambda cold start
-with the bundle baked into the image: every file is hashed again).
+and two fresh nodes, a new state directory per start, where every file is
+hashed again: `fresh node, read-only image`, the bundle on a filesystem sealed
+read-only (a tmpfs, remounted `ro`), as every Lambda cold start with the
+bundle baked into the image (Lambda's image filesystem is read-only, and Thaw
+then maps the weights for the build: runtime/models/weights/mapped.py); and
+`fresh node, writable`, the bundle in a writable directory (a container whose
+image or volume is writable), where Thaw copies every byte. The read-only one
+needs the right to mount (root); without it that row says so.
 
 The same requests as the issue: embed two short sentences; classify one small
 JPEG; generate "The capital of France is" with max_tokens 8.
@@ -25,9 +31,13 @@ JPEG; generate "The capital of France is" with max_tokens 8.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +51,7 @@ from runtime.cli.coldstart import compile_bytecode, measure, measure_bare  # noq
 # Issue 29: every shipped handler's first answer at the bare script's floor.
 TARGET_X = 1.05
 BUNDLES = {"embed": "minilm", "classify": "efficientnet", "generate": "smollm2"}
+BUNDLES_DIR = ROOT / "bundles"
 
 
 def event_for(handler: str) -> Any:
@@ -53,19 +64,47 @@ def event_for(handler: str) -> Any:
     return {"prompt": "The capital of France is", "max_tokens": 8}
 
 
+WARM, FRESH_RO, FRESH_RW = "warm node", "fresh node, read-only image", "fresh node, writable"
+NODES = (WARM, FRESH_RO, FRESH_RW)
+
+
 def one_round(handler: str, state: Path, fresh_node: bool) -> tuple[dict[str, Any], float]:
     thaw, bare = one_pair(handler, state, fresh_node)
     return thaw, bare["first_answer_ms"]
 
 
-def one_pair(handler: str, state: Path, fresh_node: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One Thaw cold start, then one bare script: both results whole."""
+def one_pair(
+    handler: str, state: Path, fresh_node: bool, source: Path = BUNDLES_DIR
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One Thaw cold start, then one bare script, both reading `source`: both results whole."""
     if fresh_node:
         shutil.rmtree(state, ignore_errors=True)
-    env = runtime_env(state.parent, STATE_DIR=str(state), HANDLERS=f"handlers.{handler}")
+    env = runtime_env(
+        state.parent,
+        STATE_DIR=str(state),
+        HANDLERS=f"handlers.{handler}",
+        BUNDLE_SOURCE=str(source),
+    )
     thaw = measure(handler, event_for(handler), 0, env)
     bare = measure_bare(handler, event_for(handler), env)
     return thaw, bare
+
+
+@contextlib.contextmanager
+def read_only_copy(bundle: str, where: Path) -> Iterator[Path | None]:
+    """`bundle` copied onto a tmpfs at `where`, sealed read-only; None without the right
+    to mount. Unmounted on the way out."""
+    if os.geteuid() != 0:
+        yield None
+        return
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", str(where)], check=True)
+    try:
+        shutil.copytree(BUNDLES_DIR / bundle, where / bundle)
+        subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
 
 
 # The bare script's own split, seconds (runtime/cli/bare.py).
@@ -95,7 +134,7 @@ def run(
     quick: bool = False,
     repeat: int = 5,
     handlers: list[str] | None = None,
-    nodes: tuple[str, ...] = ("warm node", "fresh node"),
+    nodes: tuple[str, ...] = NODES,
     phase_table: list[Row] | None = None,
 ) -> list[Row]:
     """`phase_table`: a list to fill with each handler's phase rows (see `phase_rows`)."""
@@ -104,16 +143,25 @@ def run(
     rows: list[Row] = []
     for node in nodes:
         for handler in handlers or list(BUNDLES):
-            if not (ROOT / "bundles" / BUNDLES[handler] / "bundle.json").is_file():
+            if not (BUNDLES_DIR / BUNDLES[handler] / "bundle.json").is_file():
                 built = "bundle not built (scripts/build_model_bundles.py)"
                 rows.append(Row(f"`{handler}`", built, verdict="skipped"))
                 continue
-            with tempfile.TemporaryDirectory(prefix="thaw-first-") as tmp:
-                state = Path(tmp) / "state"
-                if node == "warm node":
+            with contextlib.ExitStack() as stack:
+                tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="thaw-first-")))
+                state = tmp / "state"
+                source: Path | None = BUNDLES_DIR
+                if node == FRESH_RO:
+                    source = stack.enter_context(read_only_copy(BUNDLES[handler], tmp / "ro"))
+                if source is None:
+                    why = "needs the right to mount a read-only tmpfs (root)"
+                    rows.append(Row(f"{node}: `{handler}`", why, verdict="skipped"))
+                    continue
+                if node == WARM:
                     one_round(handler, state, fresh_node=False)  # the node's first start
                 pairs = [
-                    one_pair(handler, state, fresh_node=node == "fresh node") for _ in range(repeat)
+                    one_pair(handler, state, fresh_node=node != WARM, source=source)
+                    for _ in range(repeat)
                 ]
             results = [(t, b["first_answer_ms"]) for t, b in pairs]
             thaw_ms = median([t["process_start_to_first_answer_ms"] for t, _ in results])
@@ -152,14 +200,14 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--handlers", default=",".join(BUNDLES))
     parser.add_argument(
-        "--fresh-only", action="store_true", help="only the fresh node (issue 29's target)"
+        "--fresh-only", action="store_true", help="only the fresh nodes (issue 29's target)"
     )
     parser.add_argument(
         "--phases", action="store_true", help="also a table of each handler's phases"
     )
     args = parser.parse_args()
     handlers = [h.strip() for h in args.handlers.split(",") if h.strip()]
-    nodes = ("fresh node",) if args.fresh_only else ("warm node", "fresh node")
+    nodes = (FRESH_RO, FRESH_RW) if args.fresh_only else NODES
     phases: list[Row] | None = [] if args.phases else None
     print(render(run(repeat=args.repeat, handlers=handlers, nodes=nodes, phase_table=phases)))
     if phases:
