@@ -500,13 +500,25 @@ def every_dtype() -> list[tuple[str, Any]]:
     return tensors
 
 
+def read_by_safetensors(src: Path, dtype: str | None) -> dict[str, Any]:
+    """Every tensor of src/*.safetensors as safetensors reads it, converted to `dtype`."""
+    import torch
+    from safetensors.torch import load
+
+    reference: dict[str, torch.Tensor] = {}
+    for path in sorted(src.glob("*.safetensors")):
+        reference.update(load(path.read_bytes()))
+    if dtype is not None:
+        target = getattr(torch, dtype)
+        reference = {k: v.to(target) if v.is_floating_point() else v for k, v in reference.items()}
+    return reference
+
+
 @pytest.mark.parametrize("chunk", [16 * 1024 * 1024, 8], ids=["one-read", "8-byte-reads"])
 @pytest.mark.parametrize("dtype", [None, "float16", "bfloat16"])
 def test_the_reader_matches_safetensors_for_every_dtype(
     tmp_path: Path, dtype: str | None, chunk: int
 ) -> None:
-    import torch
-    from safetensors.torch import load
 
     src = tmp_path / "src"
     src.mkdir()
@@ -518,12 +530,7 @@ def test_the_reader_matches_safetensors_for_every_dtype(
     )
     loaded = weights_mod.load_weights(tmp_path / "mixed", manifest, "cpu", chunk_bytes=chunk)
 
-    reference: dict[str, torch.Tensor] = {}
-    for name in ("a.safetensors", "b.safetensors"):
-        reference.update(load((src / name).read_bytes()))
-    if dtype is not None:
-        target = getattr(torch, dtype)
-        reference = {k: v.to(target) if v.is_floating_point() else v for k, v in reference.items()}
+    reference = read_by_safetensors(src, dtype)
     assert sorted(loaded) == sorted(reference)
     assert describe(loaded) == describe(reference)
     for name, tensor in loaded.items():

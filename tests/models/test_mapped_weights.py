@@ -28,7 +28,11 @@ from runtime.bundles.manifest import Manifest, build_bundle
 from runtime.models import weights as weights_mod
 from runtime.models.weights import mapped
 from tests.handlers.weights_sum import describe
-from tests.models.test_detached_weights import every_dtype, write_safetensors
+from tests.models.test_detached_weights import (
+    every_dtype,
+    read_by_safetensors,
+    write_safetensors,
+)
 from tests.support import ReadOnlyFs
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -235,8 +239,6 @@ def test_every_dtype_reads_as_safetensors_reads_it(
 ) -> None:
     """Every dtype the reader takes, a float32 tensor at an odd offset among them
     (mapped.py copies that one: a view of it would be unaligned), and a conversion."""
-    import torch
-    from safetensors.torch import load
 
     src = read_only_fs.path.parent / "src"
     src.mkdir()
@@ -251,12 +253,7 @@ def test_every_dtype_reads_as_safetensors_reads_it(
     got = loaded.take()
     loaded.settle()
 
-    reference: dict[str, torch.Tensor] = {}
-    for name in ("a.safetensors", "b.safetensors"):
-        reference.update(load((src / name).read_bytes()))
-    if dtype is not None:
-        target = getattr(torch, dtype)
-        reference = {k: v.to(target) if v.is_floating_point() else v for k, v in reference.items()}
+    reference = read_by_safetensors(src, dtype)
     assert sorted(got) == sorted(reference)
     assert describe(got) == describe(reference)
     for name, tensor in got.items():
