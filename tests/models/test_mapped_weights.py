@@ -19,6 +19,7 @@ import gc
 import hashlib
 import os
 import subprocess
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -187,15 +188,17 @@ def test_what_a_build_keeps_is_copied_out_and_nothing_of_the_file_stays_mapped(
     loaded = weights_mod.open_weights(read_only_fs.path / "b", manifest, "cpu")
     assert loaded.how == "mapped"
     assert file_ranges(shard)
+    [region] = [weakref.ref(r) for r in loaded._regions]
     weights = loaded.take()
     # A builder keeps tensors in every form a builder might, edits one in place, and
     # drops the rest.
-    same = weights["big.a"]
-    view = weights["big.b"][10:20]
-    listed = [weights["small.d"]]
-    as_numpy = weights["half.f"].numpy()
-    edited = weights["big.c"]
-    edited.mul_(2)
+    model: dict[str, Any] = {
+        "same": weights["big.a"],
+        "view": weights["big.b"][10:20],
+        "listed": [weights["small.d"]],
+        "as numpy": weights["half.f"].numpy(),
+        "edited": weights["big.c"].mul_(2),
+    }
     dropped = weights["big.g"]
     start, end = dropped.data_ptr(), dropped.data_ptr() + dropped.nbytes
     del weights, dropped
@@ -207,20 +210,19 @@ def test_what_a_build_keeps_is_copied_out_and_nothing_of_the_file_stays_mapped(
 
     copied = loaded.settle()
     assert copied > 0
-    kept_bytes = sum(t.nbytes for t in (same, expected["big.b"], listed[0], edited))
-    kept_bytes += as_numpy.nbytes
+    kept = ("big.a", "big.b", "small.d", "half.f", "big.c")
     # Whole pages of what was kept (each tensor at most two pages more), never everything.
-    assert copied <= kept_bytes + 5 * 2 * PAGE
+    assert copied <= sum(expected[k].nbytes + 2 * PAGE for k in kept)
     assert copied < sum(t.nbytes for t in expected.values())
     assert file_ranges(shard) == []
     assert open_fds_to(shard) == []
 
     def check() -> None:
-        assert same.equal(expected["big.a"])
-        assert view.equal(expected["big.b"][10:20])
-        assert listed[0].equal(expected["small.d"])
-        assert torch.from_numpy(as_numpy).equal(expected["half.f"])
-        assert edited.equal(expected["big.c"] * 2)
+        assert model["same"].equal(expected["big.a"])
+        assert model["view"].equal(expected["big.b"][10:20])
+        assert model["listed"][0].equal(expected["small.d"])
+        assert torch.from_numpy(model["as numpy"]).equal(expected["half.f"])
+        assert model["edited"].equal(expected["big.c"] * 2)
 
     check()
     assert sha256(shard) == digest  # the edit was the process's own page
@@ -231,6 +233,11 @@ def test_what_a_build_keeps_is_copied_out_and_nothing_of_the_file_stays_mapped(
         check()
         os.truncate(shard, 5)  # a mapping left behind would be SIGBUS on the next read
         check()
+    # The model goes: the region, whose end unmaps the whole range, goes with it.
+    assert region() is not None
+    model.clear()
+    gc.collect()
+    assert region() is None
 
 
 @pytest.mark.parametrize("dtype", [None, "float16", "bfloat16"])
@@ -286,6 +293,7 @@ def test_a_failed_build_leaves_no_mapping_and_no_descriptor(read_only_fs: ReadOn
     read_only_fs.seal()
     shard = read_only_fs.path / "b" / "model.safetensors"
     loaded = weights_mod.open_weights(read_only_fs.path / "b", manifest, "cpu")
+    [region] = [weakref.ref(r) for r in loaded._regions]
     weights = loaded.take()
     kept_by_a_traceback = weights["big.a"]
     loaded.close()  # the build failed: the loader gives up on it
@@ -296,3 +304,4 @@ def test_a_failed_build_leaves_no_mapping_and_no_descriptor(read_only_fs: ReadOn
     del weights, kept_by_a_traceback
     gc.collect()
     assert file_ranges(shard) == []
+    assert region() is None
