@@ -94,11 +94,11 @@ def one_pair(
 def read_only_copy(bundle: str, where: Path) -> Iterator[Path | None]:
     """`bundle` copied onto a tmpfs at `where`, sealed read-only; None without the right
     to mount. Unmounted on the way out."""
-    if os.geteuid() != 0:
+    where.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", str(where)]
+    if os.geteuid() != 0 or subprocess.run(mount, capture_output=True).returncode:
         yield None
         return
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", str(where)], check=True)
     try:
         shutil.copytree(BUNDLES_DIR / bundle, where / bundle)
         subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)

@@ -4,11 +4,13 @@ an instance in-process."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
@@ -88,8 +90,18 @@ class ReadOnlyFs:
         _mount("-t", "tmpfs", "-o", "size=512m,mode=0755", "tmpfs", str(path))
 
     @staticmethod
+    @functools.cache
     def available() -> bool:
-        return sys.platform == "linux" and os.geteuid() == 0
+        """Whether this process may mount (root is not enough in a container without
+        CAP_SYS_ADMIN): tried once, on a scratch directory."""
+        if sys.platform != "linux" or os.geteuid() != 0:
+            return False
+        with tempfile.TemporaryDirectory(prefix="thaw-mount-probe-") as scratch:
+            tried = subprocess.run(["mount", "-t", "tmpfs", "tmpfs", scratch], capture_output=True)
+            if tried.returncode:
+                return False
+            subprocess.run(["umount", scratch], check=True)
+            return True
 
     def seal(self) -> None:
         _mount("-o", "remount,ro", str(self.path))
