@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runtime.errors import BundleError
+from runtime.models.weights.cpu import _madvise, _prefault
 
 if TYPE_CHECKING:
     import torch
@@ -60,7 +61,7 @@ _PROT_NONE = 0
 _MAP_FIXED = 0x10
 _MAP_NORESERVE = 0x4000
 _MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
-_MADV_POPULATE_READ, _MADV_POPULATE_WRITE = 22, 23  # Linux 5.14+; refused before, harmlessly
+_MADV_POPULATE_READ = 22  # Linux 5.14+; refused before, harmlessly
 _FAILED = ctypes.c_void_p(-1).value
 # One copy task of `settle`: spread over two threads, as the copy path's reads are.
 COPY_CHUNK = 16 * 1024 * 1024
@@ -72,7 +73,6 @@ class _Libc:
     mmap: Callable[..., int | None]
     munmap: Callable[[int, int], int]
     mremap: Callable[..., int | None]
-    madvise: Callable[[int, int, int], int]
 
 
 @functools.cache
@@ -83,7 +83,7 @@ def _libc() -> _Libc | None:
         return None
     try:
         lib = ctypes.CDLL(None, use_errno=True)
-        fns = lib.mmap, lib.munmap, lib.mremap, lib.madvise
+        fns = lib.mmap, lib.munmap, lib.mremap
     except (OSError, AttributeError):
         return None
     vp, size, i = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
@@ -93,8 +93,6 @@ def _libc() -> _Libc | None:
     fns[1].restype = i
     fns[2].argtypes = [vp, size, size, i, vp]
     fns[2].restype = vp
-    fns[3].argtypes = [vp, size, i]
-    fns[3].restype = i
     return _Libc(*fns)
 
 
@@ -276,8 +274,10 @@ class Region:
             raise BundleError(f"{self.rel}: no memory to copy its weights into ({_errno()})")
         source = self.address + start
         # In-kernel population of both sides instead of a fault per page (cpu._prefault).
-        libc.madvise(source, length, _MADV_POPULATE_READ)
-        libc.madvise(copy, length, _MADV_POPULATE_WRITE)
+        madvise = _madvise()
+        if madvise is not None:
+            madvise(source, length, _MADV_POPULATE_READ)
+        _prefault(copy, length)
         ctypes.memmove(copy, source, length)
         moved = libc.mremap(copy, length, length, _MREMAP_MAYMOVE | _MREMAP_FIXED, source)
         if moved is None or moved == _FAILED:
