@@ -9,13 +9,13 @@ can never break the budget. The queue is served in arrival order.
 
 When the head of the queue runs (`due_at`):
 
-    deadline     a member's answer-by time, less the margin and the handler's
-                 estimated run time, has come: it is never held, neither for
-                 company nor for a free run slot
     busy         `max_concurrent` batches of the handler run already: the
-                 queue waits for one to end (a batch needs the capacity to
-                 run, as in Triton's and Ray Serve's batchers; on a CPU, two
-                 forward passes at once only share the cores)
+                 queue waits for one to end, whatever its members' deadlines
+                 (capacity is a promise: a GPU that holds one batch, code that
+                 is not thread-safe; a caller who cannot wait is answered with
+                 a 202 job by the dispatcher, and its member stays queued)
+    deadline     a member's answer-by time, less the margin and the handler's
+                 estimated run time, has come: it is not held for company
     company      the queue holds as many requests as the handler's last batch
                  did (at most max_size): the company it can expect is there.
                  A request that comes alone after a batch of one (one caller
@@ -102,11 +102,9 @@ def due_at(policy: Batch, waiting: Sequence[Member], running: int, expected: int
     `running`: batches of the handler running now; `expected`: the size of its
     last batch. Pure, so the rule is tested with plain numbers.
     """
-    if not waiting:
-        return math.inf
+    if not waiting or running >= policy.max_concurrent:
+        return math.inf  # its end serves the queue again
     deadline = min(member.start_by for member in waiting)
-    if running >= policy.max_concurrent:
-        return deadline
     if len(waiting) >= min(policy.max_size, max(1, expected)):
         return -math.inf
     return min(waiting[0].queued_at + policy.max_wait_s, deadline)

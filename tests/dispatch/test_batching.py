@@ -125,10 +125,11 @@ def test_due_rule() -> None:
     assert due_at(policy, three, 0, 3) == -math.inf
     # Never more than max_size expected.
     assert due_at(policy, [*three, member(100.003)], 0, 9) == -math.inf
-    # The run slot is taken: only a member's deadline starts another batch.
+    # The run slot is taken: nothing starts another batch, not even a deadline.
     assert due_at(policy, three, 1, 3) == math.inf
     near = [member(100.0), member(100.001, start_by=100.004)]
-    assert due_at(policy, near, 1, 3) == 100.004
+    assert due_at(policy, near, 1, 3) == math.inf
+    # A free slot: a member's deadline does not wait for company.
     assert due_at(policy, near, 0, 3) == 100.004
     assert due_at(Batch(max_concurrent=2), three, 1, 9) == pytest.approx(100.005)
 
@@ -231,21 +232,25 @@ async def test_an_async_batch_calling_sys_exit_fails_its_batch_not_the_server(
     assert isinstance(after, Completed) and after.output["id"] == 2
 
 
-async def test_a_request_near_its_deadline_is_not_held_for_a_forming_batch(
+async def test_a_request_near_its_deadline_never_starts_beside_the_running_batch(
     instance: Instance,
 ) -> None:
-    """The run slot is taken and max_wait is a minute: without the deadline rule the
-    last request would wait for the held batch and be answered 202."""
+    """The run slot is taken and max_wait is a minute: the last request's deadline
+    comes while it waits for the slot. It is answered 202, and its member stays
+    queued: it runs once, after the held batch, with the company waiting."""
     dispatcher = instance.dispatcher
     held = await hold_first(dispatcher)
     [patient] = await queue_behind(dispatcher, [{"id": 1}])
-    urgent = await dispatcher.invoke("batch_gated", {"id": 2}, wait_s=2.0, request_id="req-2")
-    assert isinstance(urgent, Completed), "held past its deadline"
-    assert urgent.output["batch"] == [1, 2], "it takes the company already waiting"
-    assert not held.done(), "the held batch is still running"
-    assert (await patient).output["batch"] == [1, 2]
+    urgent = await dispatcher.invoke("batch_gated", {"id": 2}, wait_s=0.5, request_id="req-2")
+    assert isinstance(urgent, Accepted), "answered before its deadline, with its job"
+    assert batched.BATCHES == [], "nothing ran (and ended) beside the held batch"
+    assert not held.done() and not patient.done()
     batched.GATE.set()
     assert (await held).output["batch"] == [0]
+    assert (await patient).output["batch"] == [1, 2]
+    done = await instance.jobs.get(urgent.job.id, key_id=None, wait_s=10.0)
+    assert done.status is JobStatus.SUCCEEDED and done.output["batch"] == [1, 2]
+    assert batched.BATCHES == [[0], [1, 2]], "the urgent request ran once"
 
 
 async def test_jobs_batch_with_sync_requests(instance: Instance) -> None:
