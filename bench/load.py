@@ -123,7 +123,7 @@ def mmap_load(bundle_dir: Path, manifest: Any) -> dict[str, Any]:
 
     madvise = ctypes.CDLL(None, use_errno=True).madvise
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    dtype_name = manifest.config.get("dtype")
+    dtype_name = manifest.load_dtype
     dtype = getattr(torch, dtype_name) if dtype_name else None
 
     def one(path: Path) -> dict[str, Any]:
@@ -203,7 +203,7 @@ def child(variant: str, bundle_dir: Path, dtype: str) -> dict[str, float]:
     touch({"warm": torch.ones(4096).to(torch.float16)})
     manifest = read_manifest(bundle_dir)
     if dtype:
-        manifest = dataclasses.replace(manifest, config={**manifest.config, "dtype": dtype})
+        manifest = dataclasses.replace(manifest, thaw={**manifest.thaw, "dtype": dtype})
     shards = [bundle_dir / f.path for f in manifest.files]
     raw_s = _timed(lambda: raw_read(shards))
     loads: dict[str, Callable[[], dict[str, Any]]] = {

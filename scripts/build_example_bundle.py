@@ -29,7 +29,8 @@ def main() -> None:
             "tempconv",
             version="2026-11-29",
             out=ROOT / "bundles" / "tempconv",
-            config={"in_features": 1, "out_features": 1, "dtype": "float32"},
+            config={"in_features": 1, "out_features": 1},
+            thaw={"dtype": "float32"},
             per_request_bytes=64 * 1024,
         )
     print(manifest.id)

@@ -33,6 +33,7 @@ def make_bundle(
     per_request_bytes: int = 0,
     weights_bytes: int | None = None,
     seed: int = 0,
+    thaw: dict[str, Any] | None = None,
 ) -> Manifest:
     """Write a real safetensors bundle `root/name` and return its manifest."""
     import torch
@@ -53,6 +54,7 @@ def make_bundle(
         config=config or {},
         per_request_bytes=per_request_bytes,
         weights_bytes=weights_bytes,
+        thaw=thaw,
     )
     for path in src.iterdir():
         path.unlink()

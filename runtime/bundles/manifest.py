@@ -30,13 +30,18 @@ if TYPE_CHECKING:
     from runtime.bundles.stamps import VerifiedStamps
 
 MANIFEST = "bundle.json"
-FORMAT_VERSION = 1
+# Format 2 adds the top-level "thaw" object (Thaw's own load settings, apart from the
+# model's config); format 1 manifests still load, their `config["dtype"]` as it was.
+FORMAT_VERSION = 2
+READ_FORMATS = frozenset({1, FORMAT_VERSION})
 MAX_MANIFEST_BYTES = 1024 * 1024
 DATA_SUFFIXES = frozenset({".safetensors", ".json", ".txt"})
 PICKLE_SUFFIXES = frozenset({".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt"})
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_TOP_FIELDS = {"format", "name", "version", "files", "config", "memory"}
+_TOP_FIELDS = {"format", "name", "version", "files", "config", "memory", "thaw"}
+# Thaw's own settings for a load (format 2): `dtype` converts floating tensors once.
+_THAW_FIELDS = {"dtype"}
 _FILE_FIELDS = {"path", "size", "sha256"}
 _MEMORY_FIELDS = {"weights_bytes", "per_request_bytes", "kv_bytes_per_token"}
 _HASH_CHUNK = 4 * 1024 * 1024
@@ -60,6 +65,18 @@ class Manifest:
     # A generation model's KV cache per token of a sequence (prompt and completion);
     # per_request_bytes holds a whole context of it. 0: not a generation model.
     kv_bytes_per_token: int = 0
+    # Thaw's own load settings (format 2's top-level "thaw"): never read from `config`,
+    # which is the model's own (a Hugging Face config.json, verbatim).
+    thaw: dict[str, Any] = field(default_factory=dict)
+    format: int = FORMAT_VERSION
+
+    @property
+    def load_dtype(self) -> str | None:
+        """The dtype floating tensors are converted to once at load (None: as stored):
+        `thaw.dtype` in format 2, `config["dtype"]` in format 1."""
+        settings = self.thaw if self.format >= 2 else self.config
+        value = settings.get("dtype")
+        return None if value is None else str(value)
 
     # `id` and `total_bytes` are cached (a manifest is immutable): the one hashes the
     # canonical form, the other is read by the estimate of every cold request.
@@ -78,7 +95,8 @@ class Manifest:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "format": FORMAT_VERSION,
+            "format": self.format,
+            **({"thaw": self.thaw} if self.format >= 2 else {}),
             "name": self.name,
             "version": self.version,
             "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files],
@@ -151,11 +169,13 @@ def parse_manifest(raw: bytes | str) -> Manifest:
     for required in ("format", "name", "version", "files"):
         if required not in data:
             raise BundleError(f"{MANIFEST}: missing field {required!r}")
-    if data["format"] != FORMAT_VERSION or isinstance(data["format"], bool):
+    fmt = data["format"]
+    if isinstance(fmt, bool) or not isinstance(fmt, int) or fmt not in READ_FORMATS:
         raise BundleError(
-            f"{MANIFEST}: unsupported format {data['format']!r} "
-            f"(this runtime reads {FORMAT_VERSION})"
+            f"{MANIFEST}: unsupported format {fmt!r} "
+            f"(this runtime reads {', '.join(map(str, sorted(READ_FORMATS)))})"
         )
+    thaw = _thaw_settings(data, fmt)
     name = data["name"]
     if not isinstance(name, str) or not _NAME.match(name):
         raise BundleError(f"{MANIFEST}: field 'name' must match {_NAME.pattern}")
@@ -205,7 +225,27 @@ def parse_manifest(raw: bytes | str) -> Manifest:
     kv_per_token = _non_negative_int(
         memory.get("kv_bytes_per_token", 0), f"{MANIFEST}: memory.kv_bytes_per_token"
     )
-    return Manifest(name, version, tuple(files), config, weights_bytes, per_request, kv_per_token)
+    return Manifest(
+        name, version, tuple(files), config, weights_bytes, per_request, kv_per_token, thaw, fmt
+    )
+
+
+def _thaw_settings(data: dict[str, Any], fmt: int) -> dict[str, Any]:
+    """The manifest's "thaw" object: format 2 only, known keys only."""
+    if "thaw" not in data:
+        return {}
+    if fmt < 2:
+        raise BundleError(f"{MANIFEST}: field 'thaw' needs format 2 (this manifest is {fmt})")
+    thaw = data["thaw"]
+    if not isinstance(thaw, dict):
+        raise BundleError(f"{MANIFEST}: field 'thaw' must be an object")
+    extra = sorted(set(thaw) - _THAW_FIELDS)
+    if extra:
+        raise BundleError(f"{MANIFEST}: unknown field 'thaw.{extra[0]}'")
+    dtype = thaw.get("dtype")
+    if dtype is not None and not isinstance(dtype, str):
+        raise BundleError(f"{MANIFEST}: field 'thaw.dtype' must be a string")
+    return dict(thaw)
 
 
 def read_manifest(bundle_dir: Path) -> Manifest:
@@ -353,8 +393,12 @@ def build_bundle(
     weights_bytes: int | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     kv_bytes_per_token: int = 0,
+    thaw: dict[str, Any] | None = None,
 ) -> Manifest:
     """Write a bundle from a directory (or one file) of safetensors/JSON/text files.
+
+    `config` is the model's, handed to its builder as it is; `thaw` is Thaw's own
+    load settings (e.g. `{"dtype": "float16"}`), written as the manifest's "thaw".
 
     Files are copied into `out` (default: `src` itself when it is a directory)
     and the manifest written last, so a half-built bundle has no manifest. A
@@ -411,6 +455,7 @@ def build_bundle(
             weights_bytes=weights_bytes,
             per_request_bytes=per_request_bytes,
             kv_bytes_per_token=kv_bytes_per_token,
+            thaw=dict(thaw or {}),
         )
         write_manifest(out_dir, manifest)
         return manifest

@@ -66,7 +66,7 @@ def prepare(handler: str) -> Prepared:
         for f in manifest.files:
             if f.path.endswith(".safetensors"):
                 weights.update(load_file(str(directory / f.path), device=device))
-        dtype = manifest.config.get("dtype")
+        dtype = manifest.load_dtype
         if dtype is not None:  # the same conversion a load does, once
             target = getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}.get(dtype, dtype))
             weights = {

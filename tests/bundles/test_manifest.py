@@ -174,7 +174,7 @@ DEFECTS: dict[str, tuple[Callable[[Path], None], str]] = {
     "unknown field": (_edit(lambda d: d.update(extra=1)), "unknown field 'extra'"),
     "unknown file field": (_edit(_set_file(0, "mode", 1)), "unknown field 'mode'"),
     "missing name": (_edit(lambda d: d.pop("name")), "missing field 'name'"),
-    "bad format": (_edit(lambda d: d.update(format=2)), "unsupported format 2"),
+    "bad format": (_edit(lambda d: d.update(format=3)), "unsupported format 3"),
     "bad sha": (_edit(_set_file(0, "sha256", "xyz")), "sha256 must be 64 lowercase hex"),
     "negative size": (_edit(_set_file(0, "size", -1)), "size must be a non-negative integer"),
     "files not list": (_edit(lambda d: d.update(files={})), "'files' must be a non-empty list"),

@@ -72,7 +72,7 @@ def expected_answer(bundle_dir: Path, manifest: Manifest) -> dict[str, Any]:
     for f in manifest.files:
         if f.path.endswith(".safetensors"):
             weights.update(load((bundle_dir / f.path).read_bytes()))
-    target = manifest.config.get("dtype")
+    target = manifest.load_dtype
     if target is not None:
         dtype = getattr(torch, target)
         weights = {k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()}
@@ -181,7 +181,7 @@ async def test_a_ready_model_ignores_its_files_until_reloaded_in_process(
 ) -> None:
     shards, floats, config = KINDS[kind]
     root = bundle_fs.root
-    manifest = make_bundle(root, "wsum_a", shards=shards, floats_per_shard=floats, config=config)
+    manifest = make_bundle(root, "wsum_a", shards=shards, floats_per_shard=floats, thaw=config)
     bundle_fs.seal()
     bundle_dir = root / "wsum_a"
     expected = expected_answer(bundle_dir, manifest)
@@ -228,7 +228,7 @@ async def test_a_version_copied_over_in_place_is_served_only_after_a_reload(
 ) -> None:
     shards, floats, config = KINDS[kind]
     root = tmp_path / "bundles"
-    manifest = make_bundle(root, "wsum_a", shards=shards, floats_per_shard=floats, config=config)
+    manifest = make_bundle(root, "wsum_a", shards=shards, floats_per_shard=floats, thaw=config)
     old = expected_answer(root / "wsum_a", manifest)
     instance = Instance.create(settings_for(tmp_path), discover(("tests.handlers.weights_sum",)))
     await instance.start()
@@ -402,7 +402,7 @@ DURING_READ: dict[str, Callable[[Path], None]] = {
 def test_a_shard_changed_while_being_read_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mutation: str, config: dict[str, Any]
 ) -> None:
-    make_bundle(tmp_path, "wsum_a", shards=2, floats_per_shard=4096, config=config)
+    make_bundle(tmp_path, "wsum_a", shards=2, floats_per_shard=4096, thaw=config)
     bundle_dir, manifest = fetched(tmp_path, "wsum_a")
     victim = shard_paths(bundle_dir, manifest)[0]
     # Small reads, so the file changes after its first read and before its last.
@@ -526,7 +526,7 @@ def test_the_reader_matches_safetensors_for_every_dtype(
     write_safetensors(src / "a.safetensors", tensors[:7])
     write_safetensors(src / "b.safetensors", tensors[7:])
     manifest = build_bundle(
-        src, "mixed", out=tmp_path / "mixed", config={"dtype": dtype} if dtype else {}
+        src, "mixed", out=tmp_path / "mixed", thaw={"dtype": dtype} if dtype else {}
     )
     loaded = weights_mod.load_weights(tmp_path / "mixed", manifest, "cpu", chunk_bytes=chunk)
 
@@ -643,7 +643,7 @@ def test_a_server_answers_the_same_whatever_happens_to_its_bundle_files(
     manifests = {
         "wsum_a": make_bundle(root, "wsum_a", shards=3, floats_per_shard=1 << 20),
         "wsum_b": make_bundle(
-            root, "wsum_b", shards=2, floats_per_shard=3000, config={"dtype": "float16"}, seed=1
+            root, "wsum_b", shards=2, floats_per_shard=3000, thaw={"dtype": "float16"}, seed=1
         ),
     }
     bundle_fs.seal()

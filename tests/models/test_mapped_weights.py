@@ -253,7 +253,7 @@ def test_every_dtype_reads_as_safetensors_reads_it(
     write_safetensors(src / "a.safetensors", tensors[:7])
     write_safetensors(src / "b.safetensors", tensors[7:])
     out = read_only_fs.path / "mixed"
-    manifest = build_bundle(src, "mixed", out=out, config={"dtype": dtype} if dtype else {})
+    manifest = build_bundle(src, "mixed", out=out, thaw={"dtype": dtype} if dtype else {})
     read_only_fs.seal()
     loaded = weights_mod.open_weights(out, manifest, "cpu")
     assert loaded.how == "mapped"
@@ -269,7 +269,7 @@ def test_every_dtype_reads_as_safetensors_reads_it(
 
 
 def test_a_converted_tensor_leaves_the_file_at_load(read_only_fs: ReadOnlyFs) -> None:
-    """config.dtype converts while loading: the converted copy is the process's own."""
+    """thaw.dtype converts while loading: the converted copy is the process's own."""
     import torch
 
     expected = tensors_for_test()
@@ -278,7 +278,7 @@ def test_a_converted_tensor_leaves_the_file_at_load(read_only_fs: ReadOnlyFs) ->
     from safetensors.torch import save_file
 
     save_file(expected, src / "model.safetensors")
-    manifest = build_bundle(src, "h", out=read_only_fs.path / "h", config={"dtype": "bfloat16"})
+    manifest = build_bundle(src, "h", out=read_only_fs.path / "h", thaw={"dtype": "bfloat16"})
     read_only_fs.seal()
     loaded = weights_mod.open_weights(read_only_fs.path / "h", manifest, "cpu")
     tensors = loaded.take()

@@ -188,7 +188,7 @@ def open_weights(
     matched), and its stat (inode, size, mtime, ctime, and what its path names)
     must be the same after the copy (or the settle) as before it: a shard
     changed in between fails the load with `IntegrityError`, and the retry
-    verifies it again. `config["dtype"]` converts floating tensors once here,
+    verifies it again. `manifest.load_dtype` converts floating tensors once here,
     never per request. `chunk_bytes` is the size of one CPU read (tests make it
     small, to change a file mid-read). `on_progress(n)` is told the bytes read
     as they are (`thaw invoke`'s bar).
@@ -196,11 +196,11 @@ def open_weights(
     expected = verified or {}
     import torch
 
-    dtype_name = manifest.config.get("dtype")
+    dtype_name = manifest.load_dtype  # thaw.dtype (format 2) or config.dtype (format 1)
     dtype: torch.dtype | None = None
     if dtype_name is not None:
         if dtype_name not in _DTYPES:
-            raise BundleError(f"config.dtype {dtype_name!r} is not one of {sorted(_DTYPES)}")
+            raise BundleError(f"dtype {dtype_name!r} is not one of {sorted(_DTYPES)}")
         dtype = getattr(torch, _DTYPES[dtype_name])
     files = [f for f in manifest.files if f.path.endswith(".safetensors")]
     weights: dict[str, torch.Tensor] = {}
