@@ -9,8 +9,9 @@ One run, one `thaw serve` process, the same SmolLM2 bundle and loaded model for 
 
 - Thaw: `generate` (continuous batching: every sequence shares each decode step,
   runtime/dispatch/decode.py);
-- today: `generate_private` (bench/private_generate.py: the handler as it was,
-  one private decode loop per request on its own handler thread);
+- today: `generate_private` (below: the shipped model's own per-request loop,
+  `ChatLM.stream`, one private decode loop per request on its own handler
+  thread, behind the shipped handler's request checks);
 - transformers' own continuous batching (`init_continuous_batching`, the manager
   behind `generate_batch`, transformers 5) on the same weights, in this process,
   fed the same requests with the same number in flight, its model once in
@@ -49,9 +50,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -72,6 +74,17 @@ from bench.common import (
     thaw_serve_argv,
     verdict,
 )
+from handlers.generate import (
+    _ACCELERATOR_WARMUP,
+    _item,
+    build_smollm2,  # noqa: F401  (the registry collects it)
+    join_completion,
+    parse_request,
+)
+from runtime import Context, handler
+
+if TYPE_CHECKING:
+    from handlers.models.chat import ChatLM
 
 SSE = {"accept": "text/event-stream"}
 THROUGHPUT_TARGET = 3.0  # Thaw / today, tokens/s at 8 callers
@@ -101,6 +114,21 @@ def workload(seed: int) -> list[dict[str, Any]]:
     """The requests, in order: the same for every server and concurrency."""
     rng = random.Random(seed)
     return [{**rng.choice(PROMPTS), "max_tokens": rng.randint(16, 128)} for _ in range(2000)]
+
+
+# The baseline, served beside `generate` (THAW_HANDLERS=handlers.generate,bench.generation),
+# warmed as `generate` is: on an accelerator only.
+@handler(
+    "generate_private",
+    uses=["smollm2"],
+    accelerator_warmup=_ACCELERATOR_WARMUP,
+    join=join_completion,
+)
+def generate_private(event: Any, smollm2: ChatLM, ctx: Context) -> Iterator[dict[str, Any]]:
+    """Complete a prompt or a chat in a decode loop of its own."""
+    request = parse_request(event, smollm2)
+    for piece in smollm2.stream(request.prompt_ids, request.max_tokens, request.opts, request.stop):
+        yield _item(piece)
 
 
 @dataclass
@@ -233,7 +261,7 @@ def transformers_tokens_per_s(
         from safetensors.torch import load_file
         from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
     except ImportError as exc:
-        return float("nan"), f"not installed ({exc}; pip install 'thaw[bench]')"
+        return float("nan"), f"not installed ({exc}; pip install 'thaw-runtime[bench]')"
     from handlers.models.chat import ChatLM
 
     config = json.loads((bundle / "bundle.json").read_text())["config"]
@@ -448,7 +476,7 @@ def main() -> int:
         env = runtime_env(
             Path(tmp),
             bundle_source=str(bundle.parent),
-            handlers="handlers.generate,bench.private_generate",
+            handlers="handlers.generate,bench.generation",
             prewarm="smollm2",
             # 16 sequences beside the weights; THAW_MAX_QUEUE past the callers.
             memory_budget=str(memory["weights_bytes"] + 17 * memory["per_request_bytes"]),

@@ -2,11 +2,18 @@
 
 Nothing else in the runtime reads `os.environ` for configuration; every
 component receives the settings (or the values it needs) in its constructor.
+
+A function project (docs/projects.md) is found here too, as settings are read:
+the working directory or its nearest parent whose pyproject.toml has a
+`[tool.thaw]` table. In a project its `handlers` package and its bundles/ are
+the ones served (its root goes first on `sys.path`, its bundles/ is the
+default bundle source); THAW_HANDLERS and THAW_BUNDLE_SOURCE still override.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -40,6 +47,44 @@ def _parse_bytes(text: str) -> int:
 
 def _split_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+PROJECT_FILE = "pyproject.toml"
+
+
+def find_project(start: Path) -> Path | None:
+    """The root of the function project `start` is in: `start` or its nearest parent
+    whose pyproject.toml has a `[tool.thaw]` table; None outside any project."""
+    for directory in (start, *start.parents):
+        try:
+            text = (directory / PROJECT_FILE).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        # tomllib only for a file that may hold the table: a start parses no TOML
+        # of a project that is not Thaw's.
+        if "tool.thaw" in text.replace(" ", "").replace('"', "") and _marks_project(
+            directory / PROJECT_FILE, text
+        ):
+            return directory
+    return None
+
+
+def _marks_project(path: Path, text: str) -> bool:
+    import tomllib
+
+    try:
+        table = tomllib.loads(text).get("tool", {}).get("thaw")
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
+    return isinstance(table, dict)
+
+
+def _put_first_on_path(directory: str) -> None:
+    """The project's root on sys.path (first, unless it is there already): `handlers`
+    is then its own package, also under the `thaw` script, whose sys.path holds
+    the script's directory rather than the working directory."""
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
 
 
 # Plain keys, read once: handler code in this process must not find them in its environment.
@@ -83,6 +128,9 @@ class Settings:
     prewarm: tuple[str, ...] = ()
     # Handler modules to import; empty means every module in the `handlers` package.
     handlers: tuple[str, ...] = ()
+    # The function project's root (a pyproject.toml with [tool.thaw]); empty: the
+    # working directory's project, found upward, if any (docs/projects.md).
+    project_dir: str = ""
     max_queue: int = 64
     max_body_bytes: int = 6 * 1024 * 1024
     # A request body must arrive whole within this long (408 otherwise).
@@ -172,6 +220,14 @@ class Settings:
             except ValueError as exc:
                 raise ConfigError(f"{key}={raw!r} is not a valid {type(default).__name__}") from exc
         values.update(overrides)
+        if "project_dir" not in values:
+            found = find_project(Path.cwd())
+            values["project_dir"] = str(found) if found is not None else ""
+        if values["project_dir"]:
+            root = Path(values["project_dir"]).resolve()
+            values["project_dir"] = str(root)
+            values.setdefault("bundle_source", str(root / "bundles"))
+            _put_first_on_path(str(root))
         settings = cls(**values)
         settings.validate()
         return settings

@@ -314,7 +314,7 @@ def constraints() -> list[str]:
     pins = {}
     for dist in metadata.distributions():
         name = dist.metadata["Name"]
-        if name and _normalize(name) not in ("thaw", "pip"):
+        if name and _normalize(name) not in ("thaw-runtime", "thaw", "pip"):
             pins[_normalize(name)] = f"{name}=={dist.version}"
     return sorted(pins.values())
 

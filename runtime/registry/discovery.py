@@ -95,6 +95,15 @@ def discover(modules: Iterable[str] = ()) -> Registry:
     if not names:
         try:
             package = importlib.import_module("handlers")
+        except ModuleNotFoundError as exc:
+            if exc.name != "handlers":
+                summary = broken_module("handlers", exc).summary()
+                raise ConfigError(f"cannot import {summary}") from exc
+            raise ConfigError(
+                "no `handlers` package to serve: run thaw in a function project (a directory "
+                "whose pyproject.toml has [tool.thaw]; `thaw init PATH` makes one), or name "
+                "handler modules in THAW_HANDLERS"
+            ) from exc
         except Exception as exc:  # its __init__ is user code too
             raise ConfigError(f"cannot import {broken_module('handlers', exc).summary()}") from exc
         names = [

@@ -83,7 +83,7 @@ def preload_in_background() -> threading.Thread | None:
 def _import_framework() -> None:
     """Import torch and safetensors' torch support, or fail the load saying which is missing.
 
-    torch is an extra (`thaw[torch]`): the control plane and model-less
+    torch is an extra (`thaw-runtime[torch]`): the control plane and model-less
     handlers run without it, and the first load is where its absence shows,
     as one `load-failed` that names the package (every later load of the
     instance fails the same way, as the device is resolved once).
@@ -95,7 +95,7 @@ def _import_framework() -> None:
         missing = exc.name or "torch"
         raise LoadFailed(
             f"loading a model needs the Python package {missing!r}, which is not installed: "
-            "pip install 'thaw[torch]' (or a torch build for this machine first)",
+            "pip install 'thaw-runtime[torch]' (or a torch build for this machine first)",
             missing=missing,
         ) from exc
 
