@@ -339,6 +339,8 @@ class Loader:
             window.close()
             entry.task = None
             entry.abort = None
+            # A stall that left user code running wedges the instance, after this end.
+            self.phases.load_ended(entry)
             # A READY bundle is evictable now, a failed one holds nothing: either
             # may be what the head of the memory queue waits for.
             self.budget.reconsider()

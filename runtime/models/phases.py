@@ -7,6 +7,12 @@ when the load is abandoned (an unload). A builder or warm-up left running in
 its thread cannot be stopped and keeps what it holds, so a stall there wedges
 the instance (runtime/telemetry/health.py): it drains and exits for the
 platform to replace it.
+
+The wedge follows the load's failure, never the other way round: it is declared
+once the failed load has ended (its clean-up included) and every request
+waiting on it has taken its `load-failed`. A drain begun at the stall would race
+that clean-up, and, its grace over first, answer those requests `drained`
+instead of why their load failed.
 """
 
 from __future__ import annotations
@@ -41,6 +47,12 @@ class PhaseWatch:
         self.limits = limits
         self.health = health
         self.clock = clock
+        # Bundles whose stalled phase left user code running: the wedge's detail,
+        # declared when their load has ended (`load_ended`).
+        self._stuck: dict[str, str] = {}
+        # Wedges waiting for the failure to reach the load's waiters (held: the
+        # loop keeps only weak references to tasks).
+        self._wedging: set[asyncio.Task[None]] = set()
 
     async def watch(self, entry: Entry, phase: str, work: Awaitable[T], *, stall: bool = True) -> T:
         """`work`'s result, unless the load is abandoned or (with `stall`) `work`
@@ -66,7 +78,7 @@ class PhaseWatch:
                 if stall and due <= clock.monotonic():
                     future.cancel()  # a thread goes on; a coroutine (warm-up, memory wait) stops
                     if phase in _USER_CODE_PHASES:
-                        self.health.wedge(
+                        self._stuck[entry.name] = (
                             f"{phase} of bundle {entry.name!r} made no progress for {stall_s:g} s"
                         )
                     raise LoadFailed(
@@ -87,6 +99,27 @@ class PhaseWatch:
         finally:
             # The abandonment future outlives this phase: leave no callback on it.
             abort.remove_done_callback(settle)
+
+    def load_ended(self, entry: Entry) -> None:
+        """Called last by `entry`'s load task: if a stall left user code running,
+        the instance wedges once that task has ended and its waiters have its failure."""
+        detail = self._stuck.pop(entry.name, None)
+        if detail is None:
+            return
+        load = asyncio.current_task()
+        assert load is not None
+        wedging = asyncio.get_running_loop().create_task(self._wedge_after(entry, load, detail))
+        self._wedging.add(wedging)
+        wedging.add_done_callback(self._wedging.discard)
+
+    async def _wedge_after(self, entry: Entry, load: asyncio.Task[Any], detail: str) -> None:
+        await asyncio.wait({load})
+        # Each waiter (runtime/models/cache.py, `acquire`) is woken by the load's end
+        # and takes its failure within the loop's next turns; a new load of the
+        # bundle (none begins before the back-off) has waiters of its own.
+        while entry.waiting and entry.task is None:
+            await asyncio.sleep(0)
+        self.health.wedge(detail)
 
     async def in_thread(self, entry: Entry, phase: str, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` on a worker thread, in the bundle's memory window, watched."""

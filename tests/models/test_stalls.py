@@ -4,8 +4,14 @@ answers at once, and a thread of user code left stuck wedges the instance
 (readiness off, drain) instead of holding it forever.
 
 User code waits for a release file (tests/handlers/stuck.py); every test
-releases it before it ends, so no thread outlives the test. Deadlines are
-short settings; the assertions are about order and outcome, never duration.
+releases it before it ends, so no thread outlives the test. In-process, the
+deadlines are on a manual clock, stepped past once the phase or run they bound
+has begun; the assertions are about order and outcome, never duration.
+
+A stall that wedges the instance and the load failure it causes race: the
+wedge's drain cuts off what is still in flight at the end of its grace. The
+waiters of the load get `load-failed` whichever way that drain is set (no grace:
+it cuts off at once; a grace the clock then passes).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from runtime.clock import SYSTEM, Clock, ManualClock
 from runtime.dispatch.answers import Accepted, Completed
 from runtime.errors import Draining, HandlerTimeout, LoadFailed
 from runtime.instance import Instance
@@ -26,9 +33,15 @@ from runtime.models.lifecycle import State
 from runtime.models.weights import host
 from runtime.registry import discover
 from runtime.settings import Settings
-from tests.support import ServerProcess, make_bundle, until
+from tests.inproc import until
+from tests.support import ServerProcess, make_bundle
+from tests.support import until as until_sync
 
 pytestmark = pytest.mark.anyio
+
+# The stall deadline and the run limit of the tests, which step a manual clock past them.
+STALL_S = 5.0
+RUN_LIMIT_S = 5.0
 
 
 @pytest.fixture
@@ -61,9 +74,9 @@ async def started(tmp_path: Path, release: Path) -> AsyncIterator[Any]:
     """A factory of started instances; each is stopped, and user code released, at the end."""
     instances: list[Instance] = []
 
-    async def start(**overrides: Any) -> Instance:
+    async def start(clock: Clock = SYSTEM, **overrides: Any) -> Instance:
         settings = settings_for(tmp_path, release, **overrides)
-        instance = Instance.create(settings, discover(settings.handlers))
+        instance = Instance.create(settings, discover(settings.handlers), clock=clock)
         await instance.start()
         instances.append(instance)
         return instance
@@ -85,37 +98,89 @@ async def windows_closed() -> bool:
     return False
 
 
-async def test_a_builder_that_hangs_fails_the_load_naming_init_and_wedges(
-    started: Any, release: Path
-) -> None:
-    instance: Instance = await started(phase_stall_s=0.3)
-    job = await instance.dispatcher.invoke("stuckmodel", {}, respond_async=True, request_id="job")
+# The drain a wedge begins cuts off, at the end of its grace, what is still in flight:
+# at once (no grace), or once the clock has moved past it.
+DRAIN_ORDERS = pytest.mark.parametrize(
+    "drain_grace_s", [0.0, 300.0], ids=["drain-at-once", "drain-after-grace"]
+)
+
+
+async def stall(
+    instance: Instance, clock: ManualClock, handler: str, bundle: str, begun: State
+) -> tuple[Accepted, asyncio.Future[Any]]:
+    """A job and a waiting request of `handler`, whose load of `bundle` has reached
+    `begun` (its stuck phase started, its stall deadline armed); then the clock moves
+    past that deadline."""
+    job = await instance.dispatcher.invoke(handler, {}, respond_async=True, request_id="job")
     assert isinstance(job, Accepted)
-    with pytest.raises(LoadFailed, match="init made no progress") as failed:
-        await instance.dispatcher.invoke("stuckmodel", {}, wait_s=60.0, request_id="sync")
-    assert failed.value.extra["phase"] == "init"
+    request = asyncio.ensure_future(
+        instance.dispatcher.invoke(handler, {}, wait_s=60.0, request_id="sync")
+    )
+    entry = instance.cache.entry(bundle)
+    # The state changes in the step that starts the phase and arms its deadline.
+    await until(lambda: entry.lifecycle.state is begun, f"{bundle} {begun}")
+    clock.advance(STALL_S)
+    return job, request
+
+
+async def failed_and_wedged(
+    instance: Instance,
+    clock: ManualClock,
+    job: Accepted,
+    request: asyncio.Future[Any],
+    phase: str,
+    drain_grace_s: float,
+) -> None:
+    """The request and the job end with the load failure naming `phase`, whichever
+    way the wedge's drain is set to cut off what is in flight; the instance is
+    wedged, drains, and the drain ends once its grace is over."""
+    with pytest.raises(LoadFailed, match=f"{phase} made no progress") as failed:
+        await request
+    assert failed.value.extra["phase"] == phase
+    # The job waiting for that load got the same error, not an endless `running`
+    # nor the drain's `drained`.
+    final = await instance.jobs.get(job.job.id, key_id=None, wait_s=10.0)
+    assert final.status is JobStatus.FAILED
+    assert final.error is not None and final.error["type"] == "load-failed", final.error
+    # The user code's thread cannot be stopped: the instance is wedged and drains.
+    wedged = await until(lambda: instance.health.wedged, "the instance wedged")
+    assert phase in wedged.detail
+    assert instance.draining and not instance.ready()
+    drain = instance._drain
+    assert drain is not None
+    clock.advance(drain_grace_s)
+    await until(drain.done, "the drain's end")
+
+
+@DRAIN_ORDERS
+async def test_a_builder_that_hangs_fails_the_load_naming_init_and_wedges(
+    started: Any, release: Path, drain_grace_s: float
+) -> None:
+    clock = ManualClock()
+    instance: Instance = await started(
+        clock=clock, phase_stall_s=STALL_S, drain_grace_s=drain_grace_s
+    )
+    job, request = await stall(instance, clock, "stuckmodel", "stuck", State.LOADED)
+    await failed_and_wedged(instance, clock, job, request, "init", drain_grace_s)
     entry = instance.cache.entries["stuck"]
     assert entry.lifecycle.state is State.FAILED
     assert entry.lifecycle.error is not None and entry.lifecycle.error["phase"] == "init"
     assert instance.cache.reserved_bytes() == 0
-    # The job waiting for that load got the same error, not an endless `running`.
-    final = await instance.jobs.get(job.job.id, key_id=None, wait_s=10.0)
-    assert final.status is JobStatus.FAILED
-    assert final.error is not None and final.error["type"] == "load-failed"
-    # The builder's thread cannot be stopped: the instance is wedged and drains.
     assert not release.exists(), "the builder must still be stuck at this point"
-    assert instance.health.wedged is not None and "init" in instance.health.wedged.detail
-    assert instance.draining and not instance.ready()
 
 
+@DRAIN_ORDERS
 async def test_a_warm_up_that_hangs_fails_the_load_naming_warmup(
-    started: Any, release: Path
+    started: Any, release: Path, drain_grace_s: float
 ) -> None:
-    instance: Instance = await started(phase_stall_s=0.3)
-    with pytest.raises(LoadFailed, match="warmup made no progress"):
-        await instance.dispatcher.invoke("warmhang", {}, wait_s=60.0, request_id="sync")
+    clock = ManualClock()
+    instance: Instance = await started(
+        clock=clock, phase_stall_s=STALL_S, drain_grace_s=drain_grace_s
+    )
+    job, request = await stall(instance, clock, "warmhang", "warmstuck", State.INITIALIZED)
+    await failed_and_wedged(instance, clock, job, request, "warmup", drain_grace_s)
     assert instance.cache.entries["warmstuck"].lifecycle.error is not None
-    assert instance.health.wedged is not None and "warmup" in instance.health.wedged.detail
+    assert not release.exists(), "the warm-up must still be stuck at this point"
 
 
 async def test_unloading_a_bundle_whose_builder_hangs_answers_at_once(
@@ -131,8 +196,7 @@ async def test_unloading_a_bundle_whose_builder_hangs_answers_at_once(
         instance.dispatcher.invoke("stuckmodel", {}, wait_s=600.0, request_id="sync")
     )
     entry = instance.cache.entry("stuck")
-    while entry.lifecycle.state is not State.LOADED:  # the builder has started
-        await asyncio.sleep(0.01)
+    await until(lambda: entry.lifecycle.state is State.LOADED, "the builder started")
     await instance.cache.unload("stuck")
     assert not release.exists(), "unload returned only because the builder was released"
     assert entry.lifecycle.state is State.FAILED
@@ -148,23 +212,38 @@ async def test_a_warm_up_left_running_by_its_stall_runs_in_a_bundle_window(
     started: Any, release: Path
 ) -> None:
     assert await windows_closed()
-    instance: Instance = await started(phase_stall_s=0.3)
+    clock = ManualClock()
+    instance: Instance = await started(clock=clock, phase_stall_s=STALL_S)
+    _, request = await stall(instance, clock, "warmhang", "warmstuck", State.INITIALIZED)
     with pytest.raises(LoadFailed, match="warmup made no progress"):
-        await instance.dispatcher.invoke("warmhang", {}, wait_s=60.0, request_id="sync")
+        await request
     assert instance.cache.entries["warmstuck"].task is None  # the load has ended
     assert host.windows_open() == 1, "the warm-up's thread left allocating outside a window"
     release.touch()
     assert await windows_closed()
 
 
+async def past_the_run_limit(instance: Instance, clock: ManualClock) -> None:
+    """Once the one run of the test is watched (its run limit armed), the clock
+    moves past that limit."""
+    overruns = instance.dispatcher.books.overruns
+    await until(lambda: len(overruns) == 1, "the run watched")
+    clock.advance(RUN_LIMIT_S)
+
+
 async def test_a_sync_handler_past_the_run_limit_fails_and_wedges(
     started: Any, release: Path
 ) -> None:
-    instance: Instance = await started(run_timeout_s=0.3)
-    with pytest.raises(HandlerTimeout, match="THAW_RUN_TIMEOUT_S"):
-        await instance.dispatcher.invoke(
+    clock = ManualClock()
+    instance: Instance = await started(clock=clock, run_timeout_s=RUN_LIMIT_S)
+    request = asyncio.ensure_future(
+        instance.dispatcher.invoke(
             "hang", {"release": str(release)}, wait_s=60.0, request_id="sync"
         )
+    )
+    await past_the_run_limit(instance, clock)
+    with pytest.raises(HandlerTimeout, match="THAW_RUN_TIMEOUT_S"):
+        await request
     assert not release.exists()
     assert instance.health.wedged is not None and "hang" in instance.health.wedged.detail
     assert instance.draining
@@ -174,11 +253,13 @@ async def test_a_job_of_an_async_handler_past_the_run_limit_fails_without_wedgin
     started: Any, release: Path
 ) -> None:
     """An async handler is cancelled: nothing is left running, so nothing is wedged."""
-    instance: Instance = await started(run_timeout_s=0.3)
+    clock = ManualClock()
+    instance: Instance = await started(clock=clock, run_timeout_s=RUN_LIMIT_S)
     accepted = await instance.dispatcher.invoke(
         "ahang", {"release": str(release)}, respond_async=True, request_id="job"
     )
     assert isinstance(accepted, Accepted)
+    await past_the_run_limit(instance, clock)
     final = await instance.jobs.get(accepted.job.id, key_id=None, wait_s=10.0)
     assert final.status is JobStatus.FAILED
     assert final.error is not None and final.error["type"] == "handler-timeout"
@@ -194,17 +275,19 @@ async def test_an_async_batch_past_the_run_limit_is_cancelled_and_frees_its_slot
     from tests.handlers import stuck
 
     stuck.CANCELLED.clear()
-    instance: Instance = await started(run_timeout_s=0.3)
-    with pytest.raises(HandlerTimeout, match="THAW_RUN_TIMEOUT_S"):
-        await instance.dispatcher.invoke(
+    clock = ManualClock()
+    instance: Instance = await started(clock=clock, run_timeout_s=RUN_LIMIT_S)
+    request = asyncio.ensure_future(
+        instance.dispatcher.invoke(
             "ahang_batch", {"release": str(release)}, wait_s=60.0, request_id="hangs"
         )
+    )
+    await past_the_run_limit(instance, clock)
+    with pytest.raises(HandlerTimeout, match="THAW_RUN_TIMEOUT_S"):
+        await request
     batcher = instance.dispatcher.batcher
-    for _ in range(1000):  # the cancellation, then the batch's end, on the loop's next turns
-        if batcher.running("ahang_batch") == 0:
-            break
-        await asyncio.sleep(0.01)
-    assert batcher.running("ahang_batch") == 0
+    # The cancellation, then the batch's end, on the loop's next turns.
+    await until(lambda: batcher.running("ahang_batch") == 0, "the batch's end")
     assert stuck.CANCELLED == [1]
     assert not release.exists()
     quick = await instance.dispatcher.invoke(
@@ -227,19 +310,12 @@ async def test_an_async_batch_whose_members_a_drain_cut_off_is_cancelled(
     request = asyncio.ensure_future(
         dispatcher.invoke("ahang_batch", {"release": str(release)}, wait_s=60.0, request_id="cut")
     )
-    for _ in range(1000):
-        if dispatcher.batcher.running("ahang_batch") == 1:
-            break
-        await asyncio.sleep(0.01)
-    assert dispatcher.batcher.running("ahang_batch") == 1
+    await until(lambda: dispatcher.batcher.running("ahang_batch") == 1, "the batch running")
     dispatcher.abort_in_flight()
     with pytest.raises(Draining):
         await request
-    for _ in range(1000):  # the cancellation, then the batch's end, on the loop's next turns
-        if dispatcher.batcher.running("ahang_batch") == 0:
-            break
-        await asyncio.sleep(0.01)
-    assert dispatcher.batcher.running("ahang_batch") == 0
+    # The cancellation, then the batch's end, on the loop's next turns.
+    await until(lambda: dispatcher.batcher.running("ahang_batch") == 0, "the batch's end")
     assert stuck.CANCELLED == [1]
     assert not release.exists()
     assert not dispatcher.in_flight and dispatcher.pending["ahang_batch"] == 0
@@ -274,7 +350,7 @@ def test_a_wedged_server_reports_unready_then_drains_and_exits(
                 headers={"Prefer": "wait=60"},
                 timeout=120.0,
             )
-            until(started.exists, "the held request running")
+            until_sync(started.exists, "the held request running")
             response = client.post("/invoke/stuckmodel", json={}, headers={"Prefer": "wait=30"})
             assert response.status_code == 503
             assert response.json()["type"].endswith("/load-failed")
