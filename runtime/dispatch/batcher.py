@@ -130,6 +130,7 @@ class Batcher:
         self._margin_s = margin_s
         self._clock = clock
         self._queues: dict[str, _Queue] = {}
+        self._claiming: set[asyncio.Task[None]] = set()
 
     def queued(self, handler: str) -> int:
         """Requests of `handler` waiting for a batch now."""
@@ -140,6 +141,19 @@ class Batcher:
         """Batches of `handler` running now."""
         queue = self._queues.get(handler)
         return queue.running if queue is not None else 0
+
+    def busy(self, handler: str) -> bool:
+        """Whether a request of `handler` joining now would wait for a run slot: the
+        handler runs `max_concurrent` batches, or requests queue for one already."""
+        queue = self._queues.get(handler)
+        return queue is not None and (
+            queue.running >= queue.policy.max_concurrent or bool(queue.waiting)
+        )
+
+    def holds(self, work: Work) -> bool:
+        """Whether `work` waits in a batch queue (it has not started)."""
+        queue = self._queues.get(work.handler)
+        return queue is not None and any(member.work is work for member in queue.waiting)
 
     def join(self, work: Work, event: Any, models: list[Any]) -> None:
         """Queue one request whose models are leased; `work` ends with its own outcome."""
@@ -190,11 +204,40 @@ class Batcher:
             queue.waiting = deque(m for m in queue.waiting if not m.ended)
 
     def _run(self, queue: _Queue) -> None:
-        spec = queue.spec
         size = min(len(queue.waiting), queue.policy.max_size)
         members = [queue.waiting.popleft() for _ in range(size)]
-        queue.running += 1
+        queue.running += 1  # the run slot is the batch's from here, claims included
         queue.expected = size
+        if any(member.work.claim is not None for member in members):
+            task = eager.drive(self._claim_then_run(queue, members))
+            if task is not None:  # kept until it ends (the loop holds tasks weakly)
+                self._claiming.add(task)
+                task.add_done_callback(self._claiming.discard)
+        else:
+            self._start(queue, members)
+
+    async def _claim_then_run(self, queue: _Queue, members: list[Member]) -> None:
+        """Members whose jobs were recorded queued for the fleet (claims.py) are claimed
+        by id as their batch is about to run, holding its run slot: one that another
+        instance took first ends here unrun, and the batch goes with the rest."""
+        for member in members:
+            claim, member.work.claim = member.work.claim, None
+            if claim is None or member.ended:
+                continue
+            try:
+                await claim()  # a lost claim cancels the member's work
+            except Exception as exc:  # the store failed: the job is not this instance's
+                member.work.fail(exc)
+        members = [member for member in members if not member.ended]
+        if members:
+            self._start(queue, members)
+        else:
+            queue.running -= 1
+            self._serve(queue)
+
+    def _start(self, queue: _Queue, members: list[Member]) -> None:
+        spec = queue.spec
+        size = len(members)
         started = self._clock.monotonic()
         for index, member in enumerate(members):
             member.work.batch_started(started, member.queued_at, size, leader=index == 0)

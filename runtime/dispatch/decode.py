@@ -128,6 +128,14 @@ class Decoder:
         (as of the last step) or about to join the next step."""
         return sum(lane.held + len(lane.ready) for lane in self._of(handler))
 
+    def busy(self, handler: str) -> bool:
+        """Whether a sequence of `handler` joining now would wait for a slot."""
+        for lane in self._of(handler):
+            with lane.lock:
+                if lane.waiting or lane.slots >= lane.policy.max_sequences:
+                    return True
+        return False
+
     def waiting(self, handler: str) -> int:
         """Sequences of `handler` waiting for a slot."""
         return sum(len(lane.waiting) for lane in self._of(handler))

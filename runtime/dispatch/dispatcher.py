@@ -117,10 +117,18 @@ class Dispatcher:
         )
         self.decoder = Decoder(calls=calls, clock=clock)
         self.streams = Streams()
-        self.recorder = Recorder(self.jobs, self.streams, cache, calls, self.handler_stats)
+        self.recorder = Recorder(
+            self.jobs, self.streams, cache, calls, self.handler_stats, self._busy
+        )
         self.warming = Warming(cache)
         for name in registry.handlers:
             self.handler_stats(name)
+
+    def _busy(self, spec: HandlerSpec) -> bool:
+        """Whether `spec` is at its declared concurrency: work joining now would wait."""
+        if spec.batch is not None:
+            return self.batcher.busy(spec.name)
+        return spec.decode is not None and self.decoder.busy(spec.name)
 
     def handler_stats(self, name: str) -> HandlerStats:
         found = self.metrics.handlers.get(name)
@@ -227,8 +235,9 @@ class Dispatcher:
         if jobless:
             work.cancel()
             raise self.warming.refuse(spec, await self._estimate_s(spec), wait)
-        recorded = await self.recorder.record(spec, event, work, key_id)
-        job = await self.recorder.follow(spec, recorded, work)
+        # Still waiting for a run slot of its batch: the fleet's (claims.py).
+        queued = self.jobs.shared_queue and self.batcher.holds(work)
+        job = await self.recorder.turn_into_job(spec, event, work, key_id, queued)
         return Accepted(job, retry_after_s=max(1.0, await self._estimate_s(spec)))
 
     async def _settled_by(self, work: Work, answer_by: float) -> bool:
@@ -289,8 +298,11 @@ class Dispatcher:
         (whose callback settles it), and an async one is the coroutine returned,
         for the caller to drive."""
         spec = work.spec
-        if work.claim is not None and (
-            spec.batch is not None or spec.is_async or spec.decode is not None
+        # A batched member is claimed as its batch is about to run (batcher.py).
+        if (
+            work.claim is not None
+            and spec.batch is None
+            and (spec.is_async or spec.decode is not None)
         ):
             run = partial(self._run, work, event, models, started, load_ms)
             return claims.claimed_then(work, run)

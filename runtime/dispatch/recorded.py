@@ -18,6 +18,7 @@ answered from memory, and nothing follows it (`JobManager.finish_ended`).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -43,7 +44,10 @@ class Recorder:
         cache: ModelCache,
         calls: HandlerCalls,
         stats: Callable[[str], HandlerStats],
+        busy: Callable[[HandlerSpec], bool],
     ) -> None:
+        """`busy(spec)`: whether `spec` is at its declared concurrency (claims.waits)."""
+        self.busy = busy
         self.jobs = jobs
         self.streams = streams
         self.cache = cache
@@ -59,11 +63,31 @@ class Recorder:
         start: Callable[[Work, Any], object],
     ) -> Job:
         """`work`, not started yet, as a job: recorded, then `start`ed and followed."""
-        queued = self.jobs.shared_queue and claims.waits(spec, self.calls, self.cache)
+        queued = self.jobs.shared_queue and claims.waits(
+            spec, self.calls, self.cache, self.busy(spec)
+        )
         job = await self.record(spec, event, work, key_id, queued=queued)
         if queued:
             work.claim = partial(claims.claim_job, self.jobs, self.streams, job.id, work)
         start(work, event)
+        return await self.follow(spec, job, work)
+
+    async def turn_into_job(
+        self, spec: HandlerSpec, event: Any, work: Work, key_id: str | None, queued: bool
+    ) -> Job:
+        """`work`, started and not ended, as a job (its caller's deadline came): recorded
+        and followed. `queued`: it still waits for capacity, and is recorded queued
+        for the fleet, claimed by id before it runs (claims.claim_recorded)."""
+        if not queued:
+            return await self.follow(spec, await self.record(spec, event, work, key_id), work)
+        recorded: asyncio.Future[Job | None] = asyncio.get_running_loop().create_future()
+        work.claim = partial(claims.claim_recorded, self.jobs, self.streams, recorded, work)
+        try:
+            job = await self.record(spec, event, work, key_id, queued=True)
+        except BaseException:
+            recorded.set_result(None)  # not recorded: nobody else can take it
+            raise
+        recorded.set_result(job)
         return await self.follow(spec, job, work)
 
     async def record(
