@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/fleet.py bench [--jobs N] [--out FILE]
     .venv/bin/python bench/fleet.py chaos [--kills N] [--every S] [--out FILE]
+    .venv/bin/python bench/fleet.py burst [--bursts 10,30] [--instances 2,3] [--run-s S]
 
 Each run starts its own PostgreSQL cluster (tests/jobs/postgres_fixtures.py),
 real `thaw serve` processes, each with its own state directory as on separate
@@ -32,6 +33,16 @@ recomputed (a run of a job started after the run whose output was recorded),
 polls of an accepted job answered 404, and the longest time from a kill to
 that instance's running jobs starting elsewhere (from the run log, every
 process on one machine clock).
+
+`burst`: 2 and 3 instances behind nginx on one PostgreSQL, a handler declared
+one call at a time (tests/handlers/serial.py: `Batch(max_size=1,
+max_concurrent=1)`, sleeping `--run-s`, 2 s by default), and bursts of 10 and
+30 jobs all submitted to instance 0. Reported per row: the wall time from the
+first submission to the last run's end against the ideal (jobs x run-s /
+instances; target >= 0.8 of ideal), the jobs each instance ran, the peak of
+`thaw_fleet_jobs_queued` while the burst waited and its value at the end, and
+the runs above capacity (two runs of one instance that overlapped, from the
+handler's own log of start and end times; target 0).
 
 The table goes to stdout (and FILE), progress to stderr. The client threads
 share the machine's CPUs with the servers and the database: on a small
@@ -92,7 +103,7 @@ def fleet(dsn: str, count: int, root: Path, **thaw: str) -> Iterator[Any]:
     binary = nginx_binary()
     if binary is None:
         raise SystemExit("no nginx: apt-get install nginx")
-    env = runtime_env(root, HANDLERS=HANDLERS, LOG_LEVEL="WARNING", **thaw)
+    env = runtime_env(root, **{"HANDLERS": HANDLERS, "LOG_LEVEL": "WARNING", **thaw})
     started = Fleet(binary, env, dsn, root / "fleet", count)
     try:
         yield started
@@ -262,6 +273,90 @@ def run_bench(args: argparse.Namespace) -> list[Row]:
                             f"{fmt_s(percentile(later, 50))} / {fmt_s(percentile(later, 99))}",
                         )
                     )
+    return rows
+
+
+# ---- burst ------------------------------------------------------------------
+
+
+def fleet_queued(client: httpx.Client, handler: str) -> float:
+    from tests.fleet.test_fleet import metric_lines
+
+    text = client.get("/metrics").raise_for_status().text
+    return metric_lines(text, "thaw_fleet_jobs_queued").get(f'{{handler="{handler}"}}', 0.0)
+
+
+def one_burst(running: Any, jobs: int, run_s: float, log: Path) -> Row:
+    from tests.handlers.serial import overlaps, runs
+
+    count = len(running.instances)
+    peak, stop = [0.0], threading.Event()
+
+    def sample() -> None:
+        with running.client() as anywhere:
+            while not stop.is_set():
+                peak[0] = max(peak[0], fleet_queued(anywhere, "serial"))
+                stop.wait(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    started = time.monotonic()
+    with running.instances[0].client(timeout=600) as first:
+        ids = [
+            first.post("/handlers/serial/jobs", json={"tag": f"b{jobs}-{n}", "s": run_s})
+            .raise_for_status()
+            .json()["id"]
+            for n in range(jobs)
+        ]
+        statuses = []
+        for job_id in ids:
+            body = first.get(f"/jobs/{job_id}?wait=60").raise_for_status().json()
+            while body["status"] in ("queued", "running"):
+                body = first.get(f"/jobs/{job_id}?wait=60").raise_for_status().json()
+            statuses.append(body["status"])
+    stop.set()
+    sampler.join()
+    with running.client() as anywhere:
+        left = fleet_queued(anywhere, "serial")
+    record = [run for run in runs(log) if run.tag.startswith(f"b{jobs}-")]
+    ends = [run.end for run in record if run.end is not None]
+    wall = (max(ends) if ends else time.monotonic()) - started
+    ideal = jobs * run_s / count
+    ratio = ideal / wall
+    per_pid: dict[int, int] = {}
+    for run in record:
+        per_pid[run.pid] = per_pid.get(run.pid, 0) + 1
+    above = len(overlaps(log))
+    ok = ratio >= 0.8 and above == 0 and statuses.count("succeeded") == jobs and left == 0
+    spread = "/".join(str(per_pid.get(s.proc.pid, 0)) for s in running.instances if s.proc)
+    return Row(
+        f"burst of {jobs} x {run_s:g} s jobs to one of {count} instances: wall"
+        f" (runs per instance {spread}; gauge peak {peak[0]:.0f}, end {left:.0f};"
+        f" runs above capacity {above})",
+        fmt_s(wall),
+        baseline=f"ideal {fmt_s(ideal)}",
+        ratio=f"{ratio:.2f} of ideal",
+        target=">= 0.8 of ideal, 0 above capacity",
+        verdict="pass" if ok else "FAIL",
+    )
+
+
+def run_burst(args: argparse.Namespace) -> list[Row]:
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="thaw-bench-burst-") as tmp, database() as cluster:
+        root = Path(tmp)
+        for count in args.instances:
+            log = root / f"runs-{count}.log"
+            dsn = cluster.dsn(cluster.create_database())
+            thaw = {
+                "HANDLERS": "tests.handlers.serial",
+                "JOB_LEASE_S": "600",
+                "TEST_RUN_LOG": str(log),
+            }
+            with fleet(dsn, count, root / f"burst-{count}", **thaw) as running:
+                for jobs in args.bursts:
+                    say(f"burst: {jobs} jobs to one of {count} instances")
+                    rows.append(one_burst(running, jobs, args.run_s, log))
     return rows
 
 
@@ -485,6 +580,10 @@ def chaos_rows(
     ]
 
 
+def ints(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -492,17 +591,27 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--jobs", type=int, default=400)
     bench.add_argument("--wakeups", type=int, default=100)
     bench.add_argument("--follows", type=int, default=10)
+    burst = sub.add_parser("burst")
+    burst.add_argument(
+        "--bursts", type=ints, default=[10, 30], help="jobs per burst, comma-separated"
+    )
+    burst.add_argument(
+        "--instances", type=ints, default=[2, 3], help="fleet sizes to run, comma-separated"
+    )
+    burst.add_argument("--run-s", type=float, default=2.0, help="seconds each job runs")
     chaos = sub.add_parser("chaos")
     chaos.add_argument("--kills", type=int, default=30)
     chaos.add_argument("--every", type=float, default=3.0)
     chaos.add_argument("--settle", type=float, default=120.0)
     chaos.add_argument("--seed", type=int, default=1)
-    for each in (bench, chaos):
+    for each in (bench, chaos, burst):
         each.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    runner: Callable[[argparse.Namespace], list[Row]] = (
-        run_bench if args.what == "bench" else run_chaos
-    )
+    runner: Callable[[argparse.Namespace], list[Row]] = {
+        "bench": run_bench,
+        "chaos": run_chaos,
+        "burst": run_burst,
+    }[args.what]
     table = render(runner(args))
     print(table)
     if args.out is not None:

@@ -1,0 +1,103 @@
+"""A burst sent to one instance is the fleet's work, run within declared capacity.
+
+Two and three real `thaw serve` instances on one PostgreSQL database behind
+nginx. Every job and sync call of the burst goes to instance 0 directly, as a
+client pinned to one instance (or a load balancer's unlucky spread) sends it.
+The handler is declared one call at a time (tests/handlers/serial.py), and each
+run logs its start and end, so the test checks from the handler's own record:
+
+- no two runs of one instance ever overlap (declared capacity is never exceeded,
+  not for sync callers near their deadline, not for jobs);
+- every instance runs part of the burst, and every job runs exactly once;
+- the fleet gauges count the backlog while it waits, and go back to 0.
+
+The first run of every instance is held by a file (the handler waits while it
+exists), so the moment the gauges are read is the test's, not the clock's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.fleet.conftest import MakeFleet
+from tests.fleet.test_fleet import metric_lines
+from tests.handlers.serial import overlaps, runs
+from tests.support import until
+
+LEASE_S = "600"
+
+
+def queued(client: httpx.Client) -> float:
+    text = client.get("/metrics").raise_for_status().text
+    return metric_lines(text, "thaw_fleet_jobs_queued").get('{handler="serial"}', 0.0)
+
+
+def final(client: httpx.Client, job_id: str) -> dict[str, object]:
+    body: dict[str, object] = (
+        client.get(f"/jobs/{job_id}", params={"wait": 60}).raise_for_status().json()
+    )
+    while body["status"] in ("queued", "running"):
+        body = client.get(f"/jobs/{job_id}", params={"wait": 60}).raise_for_status().json()
+    return body
+
+
+@pytest.mark.parametrize(("instances", "jobs"), [(2, 6), (3, 9)])
+def test_a_burst_to_one_instance_is_shared_by_the_fleet_within_capacity(
+    make_fleet: MakeFleet, tmp_path: Path, instances: int, jobs: int
+) -> None:
+    log, hold = tmp_path / "runs.log", tmp_path / "hold"
+    fleet = make_fleet(
+        instances,
+        THAW_HANDLERS="tests.handlers.serial",
+        THAW_JOB_LEASE_S=LEASE_S,
+        THAW_TEST_RUN_LOG=str(log),
+    )
+    hold.touch()
+    with fleet.instances[0].client() as first:
+        ids = [
+            first.post(
+                "/handlers/serial/jobs", json={"tag": f"job{n}", "hold": str(hold), "s": 0.05}
+            )
+            .raise_for_status()
+            .json()["id"]
+            for n in range(jobs)
+        ]
+        # Every instance takes one job of the burst, and holds it while the file exists.
+        until(
+            lambda: len({run.pid for run in runs(log)}) == instances,
+            f"each of the {instances} instances to start a run of the burst",
+        )
+        assert len(runs(log)) == instances, runs(log)  # one each: capacity 1
+        # Two sync callers who cannot wait: the handler is at capacity everywhere, so
+        # each gets a 202 job before its deadline, and the job joins the backlog.
+        sync = [
+            first.post(
+                "/invoke/serial",
+                json={"tag": f"sync{n}", "s": 0.05},
+                headers={"Prefer": "wait=1"},
+            )
+            for n in range(2)
+        ]
+        assert [r.status_code for r in sync] == [202, 202], [r.text for r in sync]
+        ids += [r.json()["id"] for r in sync]
+        backlog = jobs - instances + len(sync)
+        with fleet.client() as anywhere:
+            until(lambda: queued(anywhere) == backlog, f"the fleet gauge to count {backlog}")
+        assert len(runs(log)) == instances  # nothing started beside the held runs
+
+        hold.unlink()
+        done = [final(first, job_id) for job_id in ids]
+        assert [job["status"] for job in done] == ["succeeded"] * len(ids), done
+        with fleet.client() as anywhere:
+            until(lambda: queued(anywhere) == 0, "the fleet gauge to return to 0")
+
+    record = runs(log)
+    tags = sorted(run.tag for run in record)
+    assert tags == sorted([f"job{n}" for n in range(jobs)] + ["sync0", "sync1"]), record
+    assert overlaps(log) == [], overlaps(log)
+    assert {run.pid for run in record} == {
+        server.proc.pid for server in fleet.instances if server.proc is not None
+    }
