@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from runtime.bundles import chunks
 from runtime.bundles.stamps import stamp_of
 from runtime.errors import BundleError, IntegrityError
 
@@ -43,6 +44,8 @@ _TOP_FIELDS = {"format", "name", "version", "files", "config", "memory", "thaw"}
 # Thaw's own settings for a load (format 2): `dtype` converts floating tensors once.
 _THAW_FIELDS = {"dtype"}
 _FILE_FIELDS = {"path", "size", "sha256"}
+# Format 2: a file's per-chunk digests (runtime/bundles/chunks.py), both or neither.
+_CHUNK_FIELDS = {"chunk_bytes", "chunks"}
 _MEMORY_FIELDS = {"weights_bytes", "per_request_bytes", "kv_bytes_per_token"}
 _HASH_CHUNK = 4 * 1024 * 1024
 
@@ -52,6 +55,15 @@ class BundleFile:
     path: str
     size: int
     sha256: str
+    # Format 2: the sha256 of each `chunk_bytes` range of the file, in order (chunks.py).
+    chunk_bytes: int = 0
+    chunks: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"path": self.path, "size": self.size, "sha256": self.sha256}
+        if self.chunks or self.chunk_bytes:
+            entry.update(chunk_bytes=self.chunk_bytes, chunks=list(self.chunks))
+        return entry
 
 
 @dataclass(frozen=True)
@@ -99,7 +111,7 @@ class Manifest:
             **({"thaw": self.thaw} if self.format >= 2 else {}),
             "name": self.name,
             "version": self.version,
-            "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in self.files],
+            "files": [f.to_dict() for f in self.files],
             "config": self.config,
             "memory": {
                 "weights_bytes": self.weights_bytes,
@@ -191,7 +203,7 @@ def parse_manifest(raw: bytes | str) -> Manifest:
         where = f"{MANIFEST}: files[{index}]"
         if not isinstance(entry, dict):
             raise BundleError(f"{where} must be an object")
-        extra = sorted(set(entry) - _FILE_FIELDS)
+        extra = sorted(set(entry) - _FILE_FIELDS - (_CHUNK_FIELDS if fmt >= 2 else set()))
         if extra:
             raise BundleError(f"{where}: unknown field {extra[0]!r}")
         missing = sorted(_FILE_FIELDS - set(entry))
@@ -205,7 +217,7 @@ def parse_manifest(raw: bytes | str) -> Manifest:
         digest = entry["sha256"]
         if not isinstance(digest, str) or not _SHA256.match(digest):
             raise BundleError(f"{where}.sha256 must be 64 lowercase hex digits")
-        files.append(BundleFile(path, size, digest))
+        files.append(BundleFile(path, size, digest, *_chunk_digests(entry, size, where)))
     config = data.get("config", {})
     if not isinstance(config, dict):
         raise BundleError(f"{MANIFEST}: field 'config' must be an object")
@@ -248,6 +260,39 @@ def _thaw_settings(data: dict[str, Any], fmt: int) -> dict[str, Any]:
     return dict(thaw)
 
 
+def _chunk_digests(entry: dict[str, Any], size: int, where: str) -> tuple[int, tuple[str, ...]]:
+    """A format-2 file entry's `chunk_bytes` and `chunks`, checked against its size."""
+    present = _CHUNK_FIELDS & set(entry)
+    if not present:
+        return 0, ()
+    if present != _CHUNK_FIELDS:
+        missing = sorted(_CHUNK_FIELDS - present)[0]
+        raise BundleError(
+            f"{where}: missing field {missing!r} (chunk_bytes and chunks go together)"
+        )
+    chunk_bytes = entry["chunk_bytes"]
+    if (
+        isinstance(chunk_bytes, bool)
+        or not isinstance(chunk_bytes, int)
+        or not chunks.MIN_CHUNK_BYTES <= chunk_bytes <= chunks.MAX_CHUNK_BYTES
+    ):
+        raise BundleError(
+            f"{where}.chunk_bytes must be an integer from {chunks.MIN_CHUNK_BYTES} "
+            f"to {chunks.MAX_CHUNK_BYTES}"
+        )
+    digests = entry["chunks"]
+    expected = chunks.chunk_count(size, chunk_bytes)
+    if not isinstance(digests, list) or len(digests) != expected:
+        raise BundleError(
+            f"{where}.chunks must list {expected} digests ({size} bytes in chunks of "
+            f"{chunk_bytes}), not {len(digests) if isinstance(digests, list) else digests!r}"
+        )
+    for index, digest in enumerate(digests):
+        if not isinstance(digest, str) or not _SHA256.match(digest):
+            raise BundleError(f"{where}.chunks[{index}] must be 64 lowercase hex digits")
+    return chunk_bytes, tuple(digests)
+
+
 def read_manifest(bundle_dir: Path) -> Manifest:
     path = bundle_dir / MANIFEST
     try:
@@ -263,18 +308,41 @@ def read_manifest(bundle_dir: Path) -> Manifest:
 
 def sha256_file(path: Path, on_progress: Callable[[int], None] | None = None) -> str:
     """The file's sha256; `on_progress(n)` after each chunk of n bytes hashed."""
+    return file_digests(path, 0, on_progress)[0]
+
+
+def file_digests(
+    path: Path, chunk_bytes: int, on_progress: Callable[[int], None] | None = None
+) -> tuple[str, list[str]]:
+    """The file's sha256 and, with `chunk_bytes`, that of each chunk (chunks.py), in one
+    read: the chunk digests are updated on a second thread (hashlib releases the GIL)."""
     digest = hashlib.sha256()
-    with open(path, "rb", buffering=0) as handle:
-        buffer = bytearray(_HASH_CHUNK)
+    digests: list[str] = []
+    part = hashlib.sha256()
+    in_part = 0
+    step = min(_HASH_CHUNK, chunk_bytes) if chunk_bytes else _HASH_CHUNK
+    with open(path, "rb", buffering=0) as handle, ThreadPoolExecutor(1) as helper:
+        buffer = bytearray(step)
         view = memoryview(buffer)
         while True:
-            n = handle.readinto(buffer)
+            # Never past the current chunk's end: each read feeds one chunk digest.
+            want = step if not chunk_bytes else min(step, chunk_bytes - in_part)
+            n = handle.readinto(view[:want])
             if not n:
                 break
+            pending = helper.submit(part.update, view[:n]) if chunk_bytes else None
             digest.update(view[:n])
+            if pending is not None:
+                pending.result()
+                in_part += n
+                if in_part == chunk_bytes:
+                    digests.append(part.hexdigest())
+                    part, in_part = hashlib.sha256(), 0
             if on_progress is not None:
                 on_progress(n)
-    return digest.hexdigest()
+    if in_part:
+        digests.append(part.hexdigest())
+    return digest.hexdigest(), digests
 
 
 def _check_regular(bundle_dir: Path, rel: str) -> Path:
@@ -311,11 +379,16 @@ def verify_files(
     on_progress: Callable[[int], None] | None = None,
     workers: int = 4,
     stamps: VerifiedStamps | None = None,
+    pending: chunks.Pending | None = None,
 ) -> int:
     """Check the file set, sizes and sha256 of every listed file (in parallel).
 
     With `stamps`, a file unchanged since it was last verified here is not
-    hashed again (runtime/bundles/stamps.py). Returns the bytes hashed.
+    hashed again (runtime/bundles/stamps.py). With `pending`, a shard that has
+    chunk digests is not hashed here either: it goes into `pending.files`, for
+    the load to check chunk by chunk as it reads it (each byte read once), and
+    `pending.on_verified` records its stamp once it matched. Returns the bytes
+    hashed here.
     """
     started_ns = stamps.now_ns() if stamps is not None else 0
     listed = {f.path for f in manifest.files}
@@ -335,17 +408,28 @@ def verify_files(
         for f in manifest.files
         if stamps is None or not stamps.unchanged(key, f.path, stats[f.path])
     ]
+    if pending is not None:
+        pending.files.update(
+            (f.path, f) for f in to_hash if f.chunks and f.path.endswith(".safetensors")
+        )
+        to_hash = [f for f in to_hash if f.path not in pending.files]
+        if pending.files and stamps is not None:
+            recorder = stamps
+
+            def record(verified: dict[str, os.stat_result]) -> None:
+                recorder.record(key, verified, started_ns)
+
+            pending.on_verified = record
     hashed = sum(f.size for f in to_hash)
     if on_progress is not None and hashed < manifest.total_bytes:
         on_progress(manifest.total_bytes - hashed)
 
     def check(f: BundleFile) -> None:
         path = bundle_dir / f.path
-        actual = sha256_file(path)
-        if actual != f.sha256:
-            raise IntegrityError(
-                f"{f.path}: sha256 mismatch (file changed or corrupt)", file=f.path
-            )
+        actual, parts = file_digests(path, f.chunk_bytes)
+        bad = next((i for i, d in enumerate(f.chunks) if parts[i : i + 1] != [d]), None)
+        if actual != f.sha256 or bad is not None:
+            raise _digest_error(f, whole_matches=actual == f.sha256, bad_chunk=bad)
         # Bytes that matched may still be replaced while they were hashed: the
         # stat the hash vouches for is the one taken before it, or none.
         try:
@@ -364,6 +448,28 @@ def verify_files(
         if stamps is not None:
             stamps.record(key, stats, started_ns)
     return hashed
+
+
+def _digest_error(f: BundleFile, *, whole_matches: bool, bad_chunk: int | None) -> IntegrityError:
+    """A file's bytes against its digests: which disagree (the chunk named)."""
+    if not f.chunks:
+        return IntegrityError(f"{f.path}: sha256 mismatch (file changed or corrupt)", file=f.path)
+    if bad_chunk is None:  # every chunk matched, the whole-file digest did not
+        return IntegrityError(
+            f"{f.path}: sha256 mismatch: its chunk digests match its bytes but its file "
+            "digest does not (the manifest disagrees with itself; rebuild the bundle)",
+            file=f.path,
+        )
+    if whole_matches:
+        start, end = chunks.chunk_span(f.size, f.chunk_bytes, bad_chunk)
+        return IntegrityError(
+            f"{f.path}: chunk {bad_chunk} (bytes {start}-{end}): its digest disagrees with "
+            "the file digest, which matches (the manifest disagrees with itself; rebuild "
+            "the bundle)",
+            file=f.path,
+            chunk=bad_chunk,
+        )
+    return chunks.mismatch(f, bad_chunk)
 
 
 def verify_bundle(bundle_dir: Path) -> Manifest:
@@ -394,6 +500,7 @@ def build_bundle(
     on_progress: Callable[[int, int], None] | None = None,
     kv_bytes_per_token: int = 0,
     thaw: dict[str, Any] | None = None,
+    chunk_bytes: int = chunks.CHUNK_BYTES,
 ) -> Manifest:
     """Write a bundle from a directory (or one file) of safetensors/JSON/text files.
 
@@ -441,8 +548,12 @@ def build_bundle(
                 if not target.exists():  # a file already there is not this build's to remove
                     copies.append(target)
                 shutil.copyfile(path, target)
-            digest = sha256_file(target, hashed if on_progress is not None else None)
-            files.append(BundleFile(rel, target.stat().st_size, digest))
+            # A shard's chunk digests let a load check it on every core as it reads it.
+            step = chunk_bytes if rel.endswith(".safetensors") else 0
+            digest, parts = file_digests(target, step, hashed if on_progress is not None else None)
+            files.append(
+                BundleFile(rel, target.stat().st_size, digest, step if parts else 0, tuple(parts))
+            )
         if not files:
             raise BundleError(f"{src}: no safetensors, JSON or text files to bundle")
         if weights_bytes is None:
