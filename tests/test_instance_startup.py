@@ -93,7 +93,7 @@ def test_one_clock_reaches_every_component_that_reads_time(tmp_path: Path) -> No
         "job store": instance.store.clock,
         "jobs": jobs.clock,
         "job leases": jobs.leases.clock,
-        "store calls": jobs.calls.clock,
+        "store calls": jobs.access.clock,
     }
     assert {name: c for name, c in readers.items() if c is not clock} == {}
 

@@ -1,7 +1,8 @@
 """Async jobs: the record (job.py), the store contract and its stores (store.py,
-stores/), group commit (batch.py), the node's live and dead owners (owners.py)
-and this instance's jobs (manager.py, with leases.py: heartbeats; recovery.py:
-claims of lapsed and orphaned jobs; calls.py: store calls and their health).
+stores/), group commit of job creations (group_commit.py), the node's live and
+dead owners (owners.py) and this instance's jobs (manager.py, with leases.py:
+heartbeats; recovery.py: claims of lapsed and orphaned jobs; store_access.py:
+store calls from the loop, and the store's health).
 
 A job is created when a request cannot be answered before its deadline. The
 instance that runs it holds a *lease* (owner + lease_until) and renews it with

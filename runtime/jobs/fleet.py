@@ -113,7 +113,7 @@ class Fleet:
             if failure is not None:
                 # Readiness off now (the health condition, and its probe that turns it
                 # back on), not at the next request or maintenance pass.
-                self.jobs.calls.failing(failure)
+                self.jobs.access.failing(failure)
                 continue
             if work.draining():
                 continue  # the others take them: this instance is about to exit

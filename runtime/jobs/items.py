@@ -32,9 +32,9 @@ import orjson
 
 from runtime.clock import Clock
 from runtime.errors import StorageUnavailable
-from runtime.jobs.calls import RETRY_FIRST_S, RETRY_MAX_S, StoreCalls
 from runtime.jobs.job import Job
 from runtime.jobs.leases import LocalJob, wait_set
+from runtime.jobs.store_access import RETRY_FIRST_S, RETRY_MAX_S, StoreAccess
 from runtime.jobs.wakeups import Wakeups
 from runtime.wire.outputs import JSON_OPTIONS
 
@@ -62,9 +62,9 @@ class JobItems:
     """Writes the held jobs' items to the store; reads any job's for a follower."""
 
     def __init__(
-        self, calls: StoreCalls, *, owner: str, clock: Clock, give_up: asyncio.Event
+        self, access: StoreAccess, *, owner: str, clock: Clock, give_up: asyncio.Event
     ) -> None:
-        self.calls = calls
+        self.access = access
         self.owner = owner
         self.clock = clock
         # Set when a drain stops waiting for the store (the manager's): writes stop.
@@ -99,7 +99,7 @@ class JobItems:
                 batch = source.items[written : written + BATCH]
                 encoded = [orjson.dumps(item, option=JSON_OPTIONS) for item in batch]
                 try:
-                    kept = await self.calls.write(
+                    kept = await self.access.write(
                         self.store.append_items, job.id, self.owner, job.attempts, written, encoded
                     )
                 except StorageUnavailable:
@@ -138,7 +138,7 @@ class JobItems:
                 # Read after the job: items are written before the outcome, so once
                 # the job reads final, this read has them all.
                 while True:
-                    batch = await self.calls.read(self.store.items_after, job_id, start, BATCH)
+                    batch = await self.access.read(self.store.items_after, job_id, start, BATCH)
                     if not batch:
                         break
                     start += len(batch)

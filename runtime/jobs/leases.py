@@ -36,8 +36,8 @@ import orjson
 
 from runtime.clock import Clock
 from runtime.errors import Conflict, Draining, HandlerError, StorageUnavailable, ThawError
-from runtime.jobs.calls import RETRY_FIRST_S, RETRY_MAX_S, StoreCalls
 from runtime.jobs.job import Job, JobStatus
+from runtime.jobs.store_access import RETRY_FIRST_S, RETRY_MAX_S, StoreAccess
 from runtime.jobs.wakeups import Event
 from runtime.telemetry.logs import REQUEST_ID
 from runtime.wire.outputs import encode_output
@@ -116,9 +116,9 @@ class LocalJob:
 class Leases:
     """The held jobs by id (`local`), their heartbeat loop, and restoring their records."""
 
-    def __init__(self, calls: StoreCalls, *, owner: str, lease_s: float, clock: Clock) -> None:
-        self.calls = calls
-        self.store = calls.store
+    def __init__(self, access: StoreAccess, *, owner: str, lease_s: float, clock: Clock) -> None:
+        self.access = access
+        self.store = access.store
         self.owner = owner
         self.lease_s = lease_s
         self.clock = clock
@@ -153,8 +153,8 @@ class Leases:
         """Write a held job's record again if it vanished (its database was deleted
         or replaced): running and leased here, or with its outcome if `final`.
         True when written; False when a record exists (or appeared meanwhile)."""
-        calls = self.calls
-        if await calls.read(self.store.get, local.job.id) is not None:
+        access = self.access
+        if await access.read(self.store.get, local.job.id) is not None:
             return False
         now = self.clock.wall()
         job = dataclasses.replace(
@@ -170,10 +170,10 @@ class Leases:
                 job, status=status, phase=str(status), output=output, error=error, lease_until=None
             )
         try:
-            await calls.read(self.store.create, job)
+            await access.read(self.store.create, job)
         except Conflict:
             return False
-        calls.serving()
+        access.serving()
         log.warning(
             "job %s: its record had vanished from the job store (a deleted or replaced"
             " database); written again",
@@ -191,7 +191,7 @@ class Leases:
         delay = RETRY_FIRST_S
         while not local.claimed:
             try:
-                claimed = await self.calls.write(
+                claimed = await self.access.write(
                     self.store.claim, job_id, self.owner, self.lease_s, max_attempts
                 )
             except StorageUnavailable:
@@ -232,7 +232,7 @@ class Leases:
                 if local.work.done() or local.released or not local.claimed:
                     continue  # (a queued one's claim finds out)
                 try:
-                    current = await self.calls.read(self.store.get, local.job.id)
+                    current = await self.access.read(self.store.get, local.job.id)
                 except StorageUnavailable:
                     return  # the heartbeats find out once the store serves
                 if current is None:
@@ -273,7 +273,7 @@ class Leases:
                 self._phase_changed.discard(job.id)
                 phase, progress = local.probe()
                 set_phase = partial(self.store.set_phase, attempt=job.attempts)
-                await self.calls.write(set_phase, job.id, self.owner, phase, progress, quick=True)
+                await self.access.write(set_phase, job.id, self.owner, phase, progress, quick=True)
                 if job.id not in self._phase_changed:
                     break
         except StorageUnavailable:
@@ -301,19 +301,19 @@ class Leases:
     async def _beat(self, local: LocalJob) -> None:
         # Each beat is a task of its own (gather): the id is set for this job only.
         REQUEST_ID.set(local.request_id)
-        job, calls, store = local.job, self.calls, self.store
+        job, access, store = local.job, self.access, self.store
         # Fenced by the run (the claim's `attempts`), not only by owner: a later run
         # of this very job, by this owner too, refuses this one's writes.
         attempt = job.attempts
         try:
             heartbeat = partial(store.heartbeat, attempt=attempt)
-            if await calls.write(heartbeat, job.id, self.owner, self.lease_s):
+            if await access.write(heartbeat, job.id, self.owner, self.lease_s):
                 if not local.work.done():
                     phase, progress = local.probe()
                     set_phase = partial(store.set_phase, attempt=attempt)
-                    await calls.write(set_phase, job.id, self.owner, phase, progress)
+                    await access.write(set_phase, job.id, self.owner, phase, progress)
                 return
-            current = await calls.read(store.get, job.id)
+            current = await access.read(store.get, job.id)
             if current is None:
                 await self.restore(local)
                 return

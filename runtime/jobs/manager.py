@@ -8,7 +8,7 @@ the outcome. Jobs whose instance died are claimed and run again by recovery
 
 Storage faults. A store that cannot serve raises `StorageUnavailable`; the
 `job-store` health condition then holds (readiness off) until a write succeeds
-again (runtime/jobs/calls.py, which probes meanwhile). An outcome that cannot
+again (runtime/jobs/store_access.py, which probes meanwhile). An outcome that cannot
 be written is kept in memory and written again, with back-off, until the store
 takes it, and the job's lease is renewed meanwhile; recovery never claims a job
 this instance still holds, even one whose lease lapsed while the store was
@@ -32,9 +32,8 @@ from typing import Any
 
 from runtime.clock import SYSTEM, Clock
 from runtime.errors import StorageUnavailable, UnknownJob
-from runtime.jobs.batch import CreateBatcher
-from runtime.jobs.calls import RETRY_FIRST_S, RETRY_MAX_S, STORE_CONDITION, StoreCalls
 from runtime.jobs.finished import FinishedJobs, outcome_discarded, outcome_recorded
+from runtime.jobs.group_commit import GroupCommit
 from runtime.jobs.items import ItemSource, JobItems
 from runtime.jobs.job import Job, JobStatus, new_job_id
 from runtime.jobs.leases import Leases, LocalJob, Probe, outcome_of, wait_set
@@ -42,6 +41,7 @@ from runtime.jobs.owners import OwnerLock
 from runtime.jobs.quota import JobQuota, json_bytes
 from runtime.jobs.recovery import JobRunner, Recovery
 from runtime.jobs.store import JobStore
+from runtime.jobs.store_access import RETRY_FIRST_S, RETRY_MAX_S, STORE_CONDITION, StoreAccess
 from runtime.jobs.wakeups import Wakeups
 from runtime.telemetry.health import Health
 from runtime.telemetry.logs import REQUEST_ID
@@ -83,12 +83,12 @@ class JobManager:
         # What each key (and the instance) may keep stored; None: unbounded.
         self.quota = quota
         self.health = health if health is not None else Health(clock)
-        self.calls = StoreCalls(store, owner=owner, health=self.health, clock=clock)
-        self.leases = Leases(self.calls, owner=owner, lease_s=lease_s, clock=clock)
+        self.access = StoreAccess(store, owner=owner, health=self.health, clock=clock)
+        self.leases = Leases(self.access, owner=owner, lease_s=lease_s, clock=clock)
         # The jobs held here, by id (the leases' own dict).
         self.local: dict[str, LocalJob] = self.leases.local
         self.recovery = Recovery(
-            self.calls,
+            self.access,
             owner=owner,
             lease_s=lease_s,
             max_attempts=max_attempts,
@@ -103,11 +103,11 @@ class JobManager:
         self.final_write_grace_s = FINAL_WRITE_GRACE_S
         self._idle = asyncio.Event()
         self._idle.set()
-        self._creates = CreateBatcher(store.create_many, store.now)
+        self._creates = GroupCommit(store.create_many, store.now)
         # Set when a drain stops waiting for the store: pending outcomes are given up.
         self._give_up = asyncio.Event()
         # Streaming jobs' items in the store, when it keeps them (runtime/jobs/items.py).
-        self.items = JobItems(self.calls, owner=owner, clock=clock, give_up=self._give_up)
+        self.items = JobItems(self.access, owner=owner, clock=clock, give_up=self._give_up)
         self._abandoned = 0
         self._running = metrics.jobs.labels(str(JobStatus.RUNNING))
         self._queued = metrics.jobs.labels(str(JobStatus.QUEUED))
@@ -157,9 +157,9 @@ class JobManager:
         try:
             await self._creates.create(job, encoded)  # the bytes counted are those written
         except StorageUnavailable as exc:
-            self.calls.failing(exc)
+            self.access.failing(exc)
             raise
-        self.calls.serving()
+        self.access.serving()
         (self._queued if queued else self._running).inc()
         if quota is not None:
             quota.add(job.id, key_id, size)
@@ -172,7 +172,7 @@ class JobManager:
         status, output, error = outcome_of(work, job.handler)
         finish = partial(self.store.finish, attempt=job.attempts)  # fenced
         try:
-            final = await self.calls.write(
+            final = await self.access.write(
                 finish, job.id, self.owner, status, output, error, quick=True
             )
         except StorageUnavailable:
@@ -249,7 +249,7 @@ class JobManager:
         """Write the outcome, again and again while the store refuses it; the lease
         is renewed meanwhile (the job stays in `local`, which the sweep skips)."""
         assert local.outcome is not None
-        job, calls, store = local.job, self.calls, self.store
+        job, access, store = local.job, self.access, self.store
         status, output, error = local.outcome
         recorded, tries, delay = False, 0, RETRY_FIRST_S
         run = (self.owner, job.attempts)
@@ -257,7 +257,7 @@ class JobManager:
             tries += 1
             try:
                 finish = partial(store.finish, attempt=job.attempts)  # fenced
-                final = await calls.write(
+                final = await access.write(
                     finish, job.id, self.owner, status, output, error, quick=True
                 )
                 if final is not None:
@@ -266,7 +266,7 @@ class JobManager:
                     self.finished.remember(final)
                     recorded = True
                     break
-                current = await calls.read(store.get, job.id, quick=True)
+                current = await access.read(store.get, job.id, quick=True)
                 mine = current is not None and (current.owner, current.attempts) == run
                 if current is None:
                     if await self.leases.restore(local, final=True):
@@ -335,18 +335,18 @@ class JobManager:
             if remembered is not None and remembered.key_id == key_id:
                 return remembered  # final: nothing to wait for, nor to remember again
             # Not remembered for this key: read as `_lookup` would, without asking again.
-            job = await self.calls.read(self.store.get, job_id, quick=True)
+            job = await self.access.read(self.store.get, job_id, quick=True)
             local = self.local.get(job_id)
             if job is None and local is not None and local.job.key_id == key_id:
                 # Held here but gone from the store (a deleted database): write it again.
                 await self.leases.restore(local)
-                job = await self.calls.read(self.store.get, job_id)
+                job = await self.access.read(self.store.get, job_id)
             if job is None or job.key_id != key_id:
                 raise UnknownJob(f"no job {job_id!r}")
             lapsed = job.lease_until is not None and job.lease_until < clock.wall()
             if job.status is JobStatus.RUNNING and local is None and lapsed:
                 claimed = await self.recovery.claim_and_run(job)
-                job = claimed or await self.calls.read(self.store.get, job_id) or job
+                job = claimed or await self.access.read(self.store.get, job_id) or job
             self.finished.remember(job)
             remaining = deadline - clock.monotonic()
             if job.status.final or remaining <= 0:
@@ -382,7 +382,7 @@ class JobManager:
         finished = self.finished.get(job_id)
         if finished is not None and finished.key_id == key_id:
             return finished
-        return await self.calls.read(self.store.get, job_id, quick=True)
+        return await self.access.read(self.store.get, job_id, quick=True)
 
     async def cancel(self, job_id: str, *, key_id: str | None) -> Job:
         job = await self._lookup(job_id, key_id)
@@ -390,7 +390,7 @@ class JobManager:
             raise UnknownJob(f"no job {job_id!r}")
         if job.status.final:
             return job
-        cancelled = await self.calls.write(self.store.cancel, job_id)
+        cancelled = await self.access.write(self.store.cancel, job_id)
         local = self.local.get(job_id)
         if local is not None:
             local.work.cancel()
@@ -444,7 +444,7 @@ class JobManager:
         """Stop probing and let go of the owner lock. Its file is deleted unless a job
         of this instance may still be running in the store (an outcome given up), so
         the next instance on this node takes that job at once."""
-        self.calls.close()
+        self.access.close()
         self.leases.close()
         if self.owner_lock is not None:
             self.owner_lock.release(delete=self._abandoned == 0 and not self.local)

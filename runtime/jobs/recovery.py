@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from runtime.errors import StorageUnavailable
-from runtime.jobs.calls import StoreCalls
 from runtime.jobs.job import Job
 from runtime.jobs.leases import Probe
 from runtime.jobs.owners import OwnerLock
+from runtime.jobs.store_access import StoreAccess
 from runtime.telemetry.logs import REQUEST_ID
 
 log = logging.getLogger("thaw.jobs")
@@ -57,7 +57,7 @@ class Recovery:
 
     def __init__(
         self,
-        calls: StoreCalls,
+        access: StoreAccess,
         *,
         owner: str,
         lease_s: float,
@@ -67,8 +67,8 @@ class Recovery:
         runner: JobRunner | None,
         owners_dir: Path | None,
     ) -> None:
-        self.calls = calls
-        self.store = calls.store
+        self.access = access
+        self.store = access.store
         self.owner = owner
         self.lease_s = lease_s
         self.max_attempts = max_attempts
@@ -83,7 +83,7 @@ class Recovery:
         """Claim a job whose lease lapsed and run it here; None if not claimed."""
         if self.held(job.id) or not self._can_run(job.handler):
             return None
-        claimed: Job | None = await self.calls.write(
+        claimed: Job | None = await self.access.write(
             self.store.claim, job.id, self.owner, self.lease_s, self.max_attempts
         )
         if claimed is not None:
@@ -113,10 +113,10 @@ class Recovery:
 
     async def sweep(self) -> int:
         """Claim and run every lapsed job; returns how many."""
-        ids: list[str] = await self.calls.read(self.store.lapsed, 100)
+        ids: list[str] = await self.access.read(self.store.lapsed, 100)
         recovered = 0
         for job_id in ids:
-            job = await self.calls.read(self.store.get, job_id)
+            job = await self.access.read(self.store.get, job_id)
             if job is not None and await self.claim_and_run(job) is not None:
                 recovered += 1
         if recovered:
@@ -155,18 +155,18 @@ class Recovery:
     async def _reclaim(self, dead_owner: str, *, where: str = "on this node") -> int:
         reclaimed = 0
         seen: set[str] = set()
-        calls = self.calls
+        access = self.access
         while True:
-            ids = await calls.read(self.store.owned, dead_owner, 100)
+            ids = await access.read(self.store.owned, dead_owner, 100)
             fresh = [job_id for job_id in ids if job_id not in seen]
             if not fresh:
                 break
             for job_id in fresh:
                 seen.add(job_id)
-                job = await calls.read(self.store.get, job_id)
+                job = await access.read(self.store.get, job_id)
                 if job is None or not self._can_run(job.handler):
                     continue  # left to its lease, for an instance that has its handler
-                claimed = await calls.write(
+                claimed = await access.write(
                     self.store.claim_orphan,
                     job_id,
                     dead_owner,
@@ -189,7 +189,7 @@ class Recovery:
 
     async def purge(self) -> int:
         """Delete expired jobs; returns how many."""
-        return await self.calls.write(self.store.purge_expired)
+        return await self.access.write(self.store.purge_expired)
 
     async def maintain(self) -> None:
         """One maintenance pass: dead owners' jobs, then lapsed jobs, then expired ones.

@@ -5,7 +5,7 @@ thread. `open_store` picks one from the URL; `DeferredStore` opens it on
 first use, so /healthz never waits for it.
 
 A store may also run a call at once on the caller's thread, the event loop's,
-when nothing can make it wait (`now`; runtime/jobs/calls.py): a local SQLite
+when nothing can make it wait (`now`; runtime/jobs/store_access.py): a local SQLite
 file whose write lock is free. A thread hop costs more than such a call (two
 wake-ups: 130 us on the 2-core VM that measures issue 29's job cycle), and the
 202 path and a job's end each make one. Any other answer is NOT_NOW, and the
@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from runtime.clock import SYSTEM, Clock
 from runtime.errors import ConfigError, Conflict
 from runtime.jobs.job import Job, JobStatus
-from runtime.jobs.stores.now import NOT_NOW, NotNow, T
+from runtime.jobs.stores.not_now import NOT_NOW, NotNow, T
 
 
 class JobStore(Protocol):

@@ -583,7 +583,7 @@ def test_ping_writes_and_changes_no_job(store: JobStore) -> None:
 def test_now_runs_the_call_or_answers_not_now_having_done_nothing(store: JobStore) -> None:
     """A store may run a small call at once (SQLite: on the caller's thread) or say
     NOT_NOW; either way the call's effect is there exactly once after a thread runs
-    what NOT_NOW left (as runtime/jobs/calls.py does)."""
+    what NOT_NOW left (as runtime/jobs/store_access.py does)."""
     job = Job(id=new_job_id(), handler="echo", input={"x": 1})
     made = store.now(lambda: store.create_many([job]), writes=True)
     if made is NOT_NOW:

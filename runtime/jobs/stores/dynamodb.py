@@ -61,7 +61,7 @@ from runtime.jobs.stores.dynamodb_table import (
     owned,
     table_spec,
 )
-from runtime.jobs.stores.now import NOT_NOW, NotNow, T
+from runtime.jobs.stores.not_now import NOT_NOW, NotNow, T
 from runtime.jobs.stores.payloads import FIELDS, Payloads, translated
 
 __all__ = ["ACTIVE_INDEX", "TTL_ATTRIBUTE", "DynamoDBJobStore", "table_spec"]

@@ -43,7 +43,7 @@ import psycopg
 from runtime.clock import SYSTEM, Clock
 from runtime.errors import ConfigError, Conflict, StorageUnavailable
 from runtime.jobs.job import Job, JobStatus, cancelled_error, lost_error
-from runtime.jobs.stores.now import NOT_NOW, NotNow, T
+from runtime.jobs.stores.not_now import NOT_NOW, NotNow, T
 from runtime.jobs.stores.postgres_listen import JobEvent, Listener
 from runtime.jobs.stores.postgres_pool import Pool, Target, parse_url, translated
 from runtime.jobs.stores.postgres_schema import ensure_schema

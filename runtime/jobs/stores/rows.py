@@ -22,7 +22,7 @@ FIELDS = (
 
 def dump(value: Any) -> bytes | None:
     """`value` as orjson bytes; an `orjson.Fragment` (an input or output its caller
-    encoded already: runtime/jobs/batch.py, leases.py) is written as it is."""
+    encoded already: runtime/jobs/group_commit.py, leases.py) is written as it is."""
     return None if value is None else orjson.dumps(value)
 
 

@@ -25,7 +25,7 @@ from runtime.jobs.job import (
     cancelled_error,
     lost_error,
 )
-from runtime.jobs.stores.now import NotNow, T
+from runtime.jobs.stores.not_now import NotNow, T
 from runtime.jobs.stores.rows import FIELDS, dump, job_of, row_of
 from runtime.jobs.stores.sqlite_file import SQLiteFile
 

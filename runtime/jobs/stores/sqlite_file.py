@@ -1,7 +1,7 @@
 """One SQLite database file at a path, written only where that path still names it.
 
 Storage faults. Every sqlite3 or OS error becomes `StorageUnavailable` here,
-once (through runtime/jobs/stores/sqlite_calls.py, which also holds a call's
+once (through runtime/jobs/stores/sqlite_transaction.py, which also holds a call's
 write transaction). A write is reported done only once it is in the file that `path` names:
 SQLite keeps writing happily into a database deleted or replaced under an open
 connection (the old inode lives on until the connection closes), so a job
@@ -47,9 +47,9 @@ from typing import Any
 
 from runtime.errors import StorageUnavailable
 from runtime.jobs.job import STORE_RETRY_AFTER_S
-from runtime.jobs.stores.now import NOT_NOW, NotNow, T
-from runtime.jobs.stores.sqlite_calls import Committed, InCallNow, Translated, Wait
+from runtime.jobs.stores.not_now import NOT_NOW, NotNow, T
 from runtime.jobs.stores.sqlite_identity import MAGIC, Identity, header_of, identity_of
+from runtime.jobs.stores.sqlite_transaction import Committed, InCallNow, Translated, Wait
 
 log = logging.getLogger("thaw.jobs")
 

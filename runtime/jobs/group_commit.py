@@ -21,13 +21,15 @@ import orjson
 
 from runtime.errors import Conflict
 from runtime.jobs.job import Job
-from runtime.jobs.stores.now import NotNow
+from runtime.jobs.stores.not_now import NotNow
 
 CreateMany = Callable[[Sequence[Job]], list[Conflict | None]]
 Now = Callable[..., Any]  # JobStore.now
 
 
-class CreateBatcher:
+class GroupCommit:
+    """Job creations stored together: one write for all that arrive while one is in flight."""
+
     def __init__(self, create_many: CreateMany, now: Now | None = None) -> None:
         self._create_many = create_many
         self._now = now
@@ -61,26 +63,26 @@ class CreateBatcher:
     async def _write(self) -> None:
         try:
             while self._waiting:
-                batch, self._waiting = self._waiting, []
-                await self._write_batch(batch)
+                group, self._waiting = self._waiting, []
+                await self._write_group(group)
         finally:
             self._writer = None
 
-    async def _write_batch(self, batch: list[tuple[Job, asyncio.Future[None]]]) -> None:
+    async def _write_group(self, group: list[tuple[Job, asyncio.Future[None]]]) -> None:
         try:
-            outcomes = await asyncio.to_thread(self._create_many, [job for job, _ in batch])
-        except Exception as exc:  # the store failed: every job of the batch reports it
-            _settle(batch, [exc] * len(batch))
+            outcomes = await asyncio.to_thread(self._create_many, [job for job, _ in group])
+        except Exception as exc:  # the store failed: every job of the group reports it
+            _resolve(group, [exc] * len(group))
         except BaseException:
-            for _, done in batch:
+            for _, done in group:
                 done.cancel()
             raise
         else:
-            _settle(batch, outcomes)
+            _resolve(group, outcomes)
 
 
-def _settle(batch: list[tuple[Job, asyncio.Future[None]]], outcomes: Sequence[Any]) -> None:
-    for (_, done), outcome in zip(batch, outcomes, strict=True):
+def _resolve(group: list[tuple[Job, asyncio.Future[None]]], outcomes: Sequence[Any]) -> None:
+    for (_, done), outcome in zip(group, outcomes, strict=True):
         if done.done():  # its caller gave up (cancelled)
             continue
         if outcome is None:

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from runtime.clock import Clock
 from runtime.errors import StorageUnavailable
 from runtime.jobs.store import JobStore
-from runtime.jobs.stores.now import NotNow
+from runtime.jobs.stores.not_now import NotNow
 from runtime.telemetry.health import Health
 
 log = logging.getLogger("thaw.jobs")
@@ -37,7 +37,7 @@ RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 2.0
 
 
-class StoreCalls:
+class StoreAccess:
     """`store`'s calls in threads, each reporting to `health` whether the store serves."""
 
     def __init__(self, store: JobStore, *, owner: str, health: Health, clock: Clock) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from runtime.errors import Conflict
-from runtime.jobs.batch import CreateBatcher
+from runtime.jobs.group_commit import GroupCommit
 from runtime.jobs.job import Job, new_job_id
 from runtime.jobs.stores.sqlite import SQLiteJobStore
 
@@ -16,14 +16,14 @@ pytestmark = pytest.mark.anyio
 
 
 class Counting:
-    """The store's create_many, counting the writes (batches) it is asked for."""
+    """The store's create_many, counting the writes (groups) it is asked for."""
 
     def __init__(self, store: SQLiteJobStore) -> None:
         self.store = store
-        self.batches: list[int] = []
+        self.groups: list[int] = []
 
     def __call__(self, jobs: Sequence[Job]) -> list[Conflict | None]:
-        self.batches.append(len(jobs))
+        self.groups.append(len(jobs))
         return self.store.create_many(jobs)
 
 
@@ -33,30 +33,30 @@ def new_job(i: int) -> Job:
 
 async def test_a_burst_is_stored_in_a_few_writes(store: SQLiteJobStore) -> None:
     writes = Counting(store)
-    batcher = CreateBatcher(writes)
+    commits = GroupCommit(writes)
     jobs = [new_job(i) for i in range(64)]
-    await asyncio.gather(*(batcher.create(job) for job in jobs))
-    assert sum(writes.batches) == 64
-    assert len(writes.batches) <= 2, writes.batches
+    await asyncio.gather(*(commits.create(job) for job in jobs))
+    assert sum(writes.groups) == 64
+    assert len(writes.groups) <= 2, writes.groups
     assert all(store.get(job.id) is not None for job in jobs)
 
 
 async def test_a_lone_creation_is_written_at_once(store: SQLiteJobStore) -> None:
     writes = Counting(store)
-    batcher = CreateBatcher(writes)
+    commits = GroupCommit(writes)
     job = new_job(0)
-    await asyncio.wait_for(batcher.create(job), timeout=5.0)
-    assert writes.batches == [1] and store.get(job.id) is not None
+    await asyncio.wait_for(commits.create(job), timeout=5.0)
+    assert writes.groups == [1] and store.get(job.id) is not None
 
 
 async def test_a_used_id_fails_only_its_own_caller(store: SQLiteJobStore) -> None:
-    batcher = CreateBatcher(store.create_many)
+    commits = GroupCommit(store.create_many)
     used = new_job(0)
-    await batcher.create(used)
+    await commits.create(used)
     results = await asyncio.gather(
-        batcher.create(new_job(1)),
-        batcher.create(Job(id=used.id, handler="other", input={})),
-        batcher.create(new_job(2)),
+        commits.create(new_job(1)),
+        commits.create(Job(id=used.id, handler="other", input={})),
+        commits.create(new_job(2)),
         return_exceptions=True,
     )
     assert results[0] is None and results[2] is None
@@ -75,9 +75,9 @@ async def test_a_failing_store_reaches_every_caller_and_the_next_write_runs(
             raise OSError("disk full")
         return store.create_many(jobs)
 
-    batcher = CreateBatcher(flaky)
+    commits = GroupCommit(flaky)
     with pytest.raises(OSError, match="disk full"):
-        await batcher.create(new_job(0))
+        await commits.create(new_job(0))
     job = new_job(1)
-    await batcher.create(job)
+    await commits.create(job)
     assert store.get(job.id) is not None
