@@ -34,6 +34,13 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // processes)))
 
 
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    """Every `pytest.mark.anyio` test runs on asyncio (the runtime's loop). Module
+    scope, so that a module's async fixtures (an in-process app) may be too."""
+    return "asyncio"
+
+
 @pytest.fixture
 def thaw_env(tmp_path: Path) -> dict[str, str]:
     """A clean environment for a runtime process, with state under tmp_path."""

@@ -19,11 +19,6 @@ from runtime.telemetry.health import Health
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_a_sleep_ends_only_once_the_clock_passes_it() -> None:
     clock = ManualClock()
     sleeper = asyncio.ensure_future(clock.sleep(10.0))

@@ -25,11 +25,6 @@ from runtime.settings import Settings
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def settings_for(tmp_path: Path, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "bundle_source": str(tmp_path / "bundles"),

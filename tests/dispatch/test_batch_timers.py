@@ -32,11 +32,6 @@ MARGIN_S = 0.1
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def calls() -> Iterator[HandlerCalls]:
     calls = HandlerCalls(1)
     yield calls

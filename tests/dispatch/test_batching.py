@@ -35,11 +35,6 @@ WEIGHTS_BYTES = 1 << 20
 SLOTS = 3  # requests of `ledger` the memory budget admits at once
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(autouse=True)
 def gate() -> Iterator[None]:
     batched.GATE.clear()

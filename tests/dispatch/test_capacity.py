@@ -29,11 +29,6 @@ HANDLER = "one_at_a_time"
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()
 

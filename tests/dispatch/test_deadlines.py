@@ -17,11 +17,6 @@ from runtime.dispatch.deadlines import Deadlines
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def turns(n: int = 3) -> None:
     """Let the loop run what is ready (a woken waiter resumes in the next turn)."""
     for _ in range(n):

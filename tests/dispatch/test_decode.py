@@ -20,11 +20,6 @@ from tests.sse import SSE, aread_events, read_events
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(autouse=True)
 def fresh_logs() -> Iterator[None]:
     stepped.STEPS.clear()

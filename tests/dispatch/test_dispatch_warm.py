@@ -24,11 +24,6 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 async def instance(tmp_path: Path) -> AsyncIterator[Instance]:
     settings = Settings(
         bundle_source=str(tmp_path / "bundles"),

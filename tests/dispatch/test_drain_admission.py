@@ -20,11 +20,6 @@ from tests.support import make_bundle
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.mark.parametrize("prefer", ["wait=30", "respond-async"])
 async def test_a_drain_waits_for_a_request_admitted_before_its_work_started(
     tmp_path: Path, prefer: str

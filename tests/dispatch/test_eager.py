@@ -14,11 +14,6 @@ pytestmark = pytest.mark.anyio
 var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_a_coroutine_that_never_waits_is_done_at_once_without_a_task() -> None:
     steps: list[str] = []
 

@@ -34,11 +34,6 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def gate() -> Iterator[None]:
     gated.GATE.clear()
     gated.ENTERED.clear()

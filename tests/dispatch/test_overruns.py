@@ -14,11 +14,6 @@ from runtime.dispatch.overruns import Overruns
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_each_run_is_reported_when_it_passes_its_limit_in_start_order() -> None:
     clock = ManualClock()
     reported: list[tuple[str, float]] = []

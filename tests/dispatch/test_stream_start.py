@@ -33,11 +33,6 @@ pytestmark = pytest.mark.anyio
 SHORT_WAIT_S = 0.2
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(autouse=True)
 def gates() -> Iterator[None]:
     batched.GATE.clear()

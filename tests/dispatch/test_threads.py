@@ -159,11 +159,6 @@ def test_a_cancelled_call_never_runs_and_its_thread_goes_on() -> None:
     pool.shutdown()
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.mark.anyio
 async def test_the_first_requests_after_ready_run_on_the_warm_up_thread(tmp_path: Path) -> None:
     make_bundle(tmp_path / "bundles", "paths")

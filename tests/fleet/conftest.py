@@ -31,11 +31,6 @@ if importlib.util.find_spec("psycopg") is None:
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def fleet_dsn(postgres_cluster: postgres_fixtures.PostgresCluster) -> Iterator[str]:
     """The URL of an empty database of its own, dropped after the test."""
     name = postgres_cluster.create_database()

@@ -24,11 +24,6 @@ from tests.support import SAFETY_S, make_bundle, running_instance
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def until(condition: Callable[[], Any], what: str) -> Any:
     give_up = time.monotonic() + SAFETY_S  # a safety limit against a hang, not a bound
     while not (value := await asyncio.to_thread(condition)):

@@ -13,12 +13,6 @@ from tests.inproc import settings_for
 from tests.support import ServerProcess, make_bundle
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    """asyncio, for the module: a module's in-process app lives on one event loop."""
-    return "asyncio"
-
-
 @pytest.fixture
 def bundles(tmp_path: Path) -> Path:
     root = tmp_path / "bundles"

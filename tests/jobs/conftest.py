@@ -24,11 +24,6 @@ if importlib.util.find_spec("psycopg") is None:
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def store(tmp_path: Path) -> SQLiteJobStore:
     """A real SQLite job store in a fresh file (test modules of other stores define their own)."""
     return SQLiteJobStore(tmp_path / "jobs.sqlite3", ttl_s=60.0)

@@ -28,11 +28,6 @@ from tests.support import SAFETY_S, make_bundle
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def until(condition: Callable[[], Any], what: str) -> Any:
     """Poll `condition` (a safety limit against a hang, not a bound on time)."""
     give_up = time.monotonic() + SAFETY_S

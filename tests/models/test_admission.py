@@ -33,11 +33,6 @@ WEIGHTS = 1_000_000
 PER_REQUEST = 1_000_000
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def budget_for(slots: int) -> int:
     return WEIGHTS + slots * PER_REQUEST + 100
 

@@ -26,11 +26,6 @@ from tests.support import make_bundle
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def settings_for(tmp_path: Path, **overrides: Any) -> Settings:
     return Settings(
         bundle_source=str(tmp_path / "bundles"),

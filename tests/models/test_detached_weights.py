@@ -146,11 +146,6 @@ def assert_not_mapped(maps: str, bundle_dir: Path) -> None:
 # ---- in-process ------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def settings_for(tmp_path: Path) -> Settings:
     return Settings(
         bundle_source=str(tmp_path / "bundles"),

@@ -45,11 +45,6 @@ RUN_LIMIT_S = 5.0
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def release(tmp_path: Path) -> Path:
     return tmp_path / "release"
 

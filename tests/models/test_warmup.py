@@ -19,11 +19,6 @@ from tests.support import make_bundle
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def settings_for(tmp_path: Path, **overrides: Any) -> Settings:
     make_bundle(tmp_path / "bundles", "paths")
     values: dict[str, Any] = {

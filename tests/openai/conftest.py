@@ -24,8 +24,3 @@ def openai_settings(root: Path, sleep_s: float = 0.0, **overrides: Any) -> Setti
     if not (bundles / "lexicon").exists():
         make_bundle(bundles, "lexicon", config={"sleep_s": sleep_s})
     return settings_for(root, handlers=HANDLERS, **overrides)
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"

@@ -113,11 +113,6 @@ def test_a_seed_samples_the_same_text_whoever_else_is_in_the_batch(smollm2: Chat
     assert again == alone
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def bundle_root(smollm2_bundle: Path) -> Path:
     return smollm2_bundle.parent

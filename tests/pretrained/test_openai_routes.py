@@ -25,11 +25,6 @@ COUNT = "Count from 1 to 300, separated by commas, with nothing else."
 TEXTS = ["A man is eating food.", "Serverless inference keeps models warm.", "hi"]
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def settings(tmp_path: Path, bundle: Path, handler: str) -> Any:
     return settings_for(
         tmp_path,

@@ -29,12 +29,6 @@ LIGHT_HANDLERS = "handlers.echo,tests.handlers.raises"
 Launch = Callable[..., ServerProcess]
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    """asyncio, for the module: a module's in-process app lives on one event loop."""
-    return "asyncio"
-
-
 def light_settings(root: Path, **overrides: object) -> Settings:
     """In-process settings as `clean_env` gives a server: state under `root`,
     model-less handlers."""

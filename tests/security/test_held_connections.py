@@ -20,11 +20,6 @@ from tests.security.inprocess import TENANT_A, TENANT_B, auth, serving, settings
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def running_job(client: httpx.AsyncClient, key: str) -> str:
     """A job that runs until the test ends (a 30 s sleep, cancelled on the way out)."""
     accepted = await client.post("/handlers/sleepy/jobs", json={"s": 30}, headers=auth(key))

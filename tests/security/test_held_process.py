@@ -24,11 +24,6 @@ NOFILE = 256
 PER_KEY = 16
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class LimitedServer(ServerProcess):
     """`thaw serve` with at most NOFILE open files, as a small container might have."""
 

@@ -23,11 +23,6 @@ from tests.security.inprocess import TENANT_A, TENANT_B, auth, serving, settings
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_jobs_per_key_then_in_total(tmp_path: Path) -> None:
     settings = settings_under(tmp_path, max_jobs_per_key=3, max_jobs=5, max_job_bytes_per_key=4096)
     async with serving(settings) as (_, client):

@@ -25,11 +25,6 @@ pytestmark = pytest.mark.anyio
 BACKOFF_S = 10.0
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def settings_for(tmp_path: Path, handlers: tuple[str, ...]) -> Settings:
     return Settings(
         bundle_source=str(tmp_path / "bundles"),

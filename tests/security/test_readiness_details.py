@@ -19,11 +19,6 @@ pytestmark = pytest.mark.anyio
 SECRET_DETAIL = "/srv/private/jobs.sqlite3: disk I/O error writing job Zx9-secret-job-id"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_readiness_details_only_for_operators(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -17,11 +17,6 @@ from tests.security.inprocess import TENANT_A, auth, serving, settings_under
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def test_generated_ids_are_random_not_a_counter() -> None:
     ids = [new_request_id() for _ in range(2000)]  # past one draw of the block
     assert len(set(ids)) == len(ids)

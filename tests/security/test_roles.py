@@ -34,11 +34,6 @@ INSTANCE_WIDE = [
 ]
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def concrete(route: Route) -> str:
     """A path the route matches: every `{param}` named `echo`."""
     return re.sub(r"\{[^}]+\}", "echo", route.path)
