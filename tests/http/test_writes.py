@@ -2,8 +2,8 @@
 
 The transport under `OneSendPerTurn` here is `Wire`: an asyncio transport that
 records what reaches it, as the socket would get it, one `write` per send.
-Through the server's own protocol class (uvicorn's h11 protocol inside Thaw's
-connection adapter, runtime/http/connections.py) and a real ASGI app, the same holds: a lone request's head and body
+Through the server's own protocol class (uvicorn's h11 protocol, Thaw's
+subclass) and a real ASGI app, the same holds: a lone request's head and body
 are two writes, as uvicorn makes them; with other requests in flight, one.
 """
 
@@ -16,7 +16,7 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from runtime.http.connections import Connections
+from runtime.http.server import _h11_protocol
 from runtime.http.writes import JOIN_LIMIT, OneSendPerTurn
 
 pytestmark = pytest.mark.anyio
@@ -165,7 +165,7 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 def _connect(config: uvicorn.Config, state: ServerState) -> tuple[Any, Wire]:
-    protocol = CONNECTIONS.protocol()(config=config, server_state=state, app_state={})  # type: ignore[call-arg]
+    protocol = _h11_protocol(30.0)(config=config, server_state=state, app_state={})
     wire = Wire()
     protocol.connection_made(wire)
     return protocol, wire
@@ -184,13 +184,9 @@ async def _answered(*expected: tuple[Wire, bytes]) -> None:
     raise AssertionError([wire.sent for wire, _ in expected])
 
 
-CONNECTIONS = Connections(keep_alive_s=30.0)
-
-
 @pytest.fixture
 def config() -> uvicorn.Config:
-    app = CONNECTIONS.app(_app)
-    config = uvicorn.Config(app, lifespan="off", log_level="warning", server_header=False)
+    config = uvicorn.Config(_app, lifespan="off", log_level="warning", server_header=False)
     config.load()
     return config
 
