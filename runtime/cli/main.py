@@ -1,7 +1,7 @@
 """The `thaw` command line.
 
     thaw bundle build SRC --name N [--version V] [--out DIR] [--config JSON|@file] [--json]
-                      [--convert-pth]
+                      [--convert-pth] [--dtype D] [--per-request-bytes N]
     thaw bundle verify PATH [--json]
     thaw invoke HANDLER --event JSON|@file.json
     thaw serve [--host 127.0.0.1] [--port 8080] [--insecure]
@@ -96,6 +96,19 @@ def _cmd_bundle_build(args: argparse.Namespace) -> int:
     if not isinstance(config, dict):
         raise UsageError("--config must be a JSON object")
     per_request = args.per_request_bytes
+    # Thaw's own load settings: the manifest's "thaw", never a key of the model's config.
+    thaw = {"dtype": args.dtype} if args.dtype else None
+    if "dtype" in config and not args.dtype:
+        print(
+            "thaw: warning: --config's 'dtype' is handed to the builder as the model's own; "
+            "to convert the weights when they load, use --dtype",
+            file=sys.stderr,
+        )
+    pretrained = None
+    if src.is_dir():
+        from runtime.bundles.convert import pretrained_config
+
+        pretrained = pretrained_config(src)
     with bars(args.json) as live:
         # On a terminal, bars for the conversion (tensors) and the hashing (bytes);
         # piped or with --json, the output it always had.
@@ -122,6 +135,7 @@ def _cmd_bundle_build(args: argparse.Namespace) -> int:
                 weights_bytes=converted.weights_bytes,
                 kv_bytes_per_token=converted.kv_bytes_per_token,
                 on_progress=hashing,
+                thaw=thaw,
             )
         elif src.is_dir() and _checkpoints(src, args):
             # Tensors only, converted into a staging copy: the source stays as it is.
@@ -141,7 +155,24 @@ def _cmd_bundle_build(args: argparse.Namespace) -> int:
                     config={**staged, **config},
                     per_request_bytes=per_request or 0,
                     on_progress=hashing,
+                    thaw=thaw,
                 )
+        elif pretrained is not None:
+            # A save_pretrained folder: config.json is the config, the rest its files.
+            from runtime.bundles.convert import build_pretrained
+
+            out = Path(args.out) if args.out else Path("bundles") / args.name
+            manifest = build_pretrained(
+                src,
+                args.name,
+                version=args.version,
+                out=out,
+                config={**pretrained, **config},
+                per_request_bytes=per_request,
+                thaw=thaw,
+                notes=sys.stderr,
+                on_progress=hashing,
+            )
         else:
             out = Path(args.out) if args.out else None
             manifest = build_bundle(
@@ -152,7 +183,15 @@ def _cmd_bundle_build(args: argparse.Namespace) -> int:
                 config=config,
                 per_request_bytes=per_request or 0,
                 on_progress=hashing,
+                thaw=thaw,
             )
+    if not manifest.per_request_bytes and args.per_request_bytes is None:
+        print(
+            "thaw: warning: no --per-request-bytes and none estimated: admission reserves "
+            f"the weights' {manifest.weights_bytes} bytes and nothing per request, so "
+            "concurrent requests are not limited by memory",
+            file=sys.stderr,
+        )
     _print_bundle("built", manifest, out if out is not None else src, args.json)
     return 0
 
@@ -272,12 +311,44 @@ def build_parser() -> argparse.ArgumentParser:
     build = bsub.add_parser(
         "build", help="write a bundle from safetensors/JSON/text (or .gguf/.pth)"
     )
-    build.add_argument("src")
-    build.add_argument("--name", required=True)
-    build.add_argument("--version", default="1")
-    build.add_argument("--out")
-    build.add_argument("--config", help="bundle config: JSON or @file.json")
-    build.add_argument("--per-request-bytes", type=int, default=None)
+    build.add_argument(
+        "src",
+        help="a directory of safetensors/JSON/text files, a Hugging Face save_pretrained "
+        "folder (its config.json becomes the config), or one .gguf/.pth/.pt file to convert",
+    )
+    build.add_argument(
+        "--name", required=True, help="the bundle's name, as a builder's @bundle(NAME) names it"
+    )
+    build.add_argument(
+        "--version", default="1", help="a label for this build (default: 1); the id is the hash"
+    )
+    build.add_argument(
+        "--out",
+        metavar="DIR",
+        help="where the bundle is written (default: SRC itself for a plain directory, "
+        "bundles/NAME for a Hugging Face folder or a conversion)",
+    )
+    build.add_argument(
+        "--config",
+        metavar="JSON|@FILE",
+        help="the config handed to the builder, as JSON or @file.json (merged over a Hugging "
+        "Face folder's config.json)",
+    )
+    build.add_argument(
+        "--dtype",
+        choices=["float32", "float16", "bfloat16", "fp16", "bf16"],
+        help="convert floating weights to this dtype once when they load (kept in the "
+        "manifest's 'thaw' settings, apart from the model's config; default: as stored)",
+    )
+    build.add_argument(
+        "--per-request-bytes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="memory one request needs beyond the weights; admission reserves it per "
+        "concurrent request (default: estimated from a Hugging Face config.json or a "
+        "conversion, else 0 with a warning)",
+    )
     build.add_argument(
         "--convert-pth",
         action="store_true",
@@ -286,39 +357,57 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--json", action="store_true", help="print the result as one JSON object")
     build.set_defaults(func=_cmd_bundle_build)
     verify = bsub.add_parser("verify", help="check manifest, file set, sizes and hashes")
-    verify.add_argument("path")
+    verify.add_argument("path", help="the bundle directory (holding bundle.json)")
     verify.add_argument("--json", action="store_true", help="print the result as one JSON object")
     verify.set_defaults(func=_cmd_bundle_verify)
 
     invoke = sub.add_parser("invoke", help="run one invocation in-process")
-    invoke.add_argument("handler")
-    invoke.add_argument("--event", default="{}", help="JSON or @file.json")
+    invoke.add_argument("handler", help="the handler's name, as @handler(NAME) declares it")
+    invoke.add_argument(
+        "--event", default="{}", help="the event, as JSON or @file.json (default: {})"
+    )
     invoke.add_argument(
         "--stream", action="store_true", help="print a generator handler's items as they come"
     )
     invoke.set_defaults(func=_cmd_invoke)
 
     serve = sub.add_parser("serve", help="serve the HTTP contract")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback)"
+    )
+    serve.add_argument("--port", type=int, default=8080, help="port to bind (default: 8080)")
     serve.add_argument(
         "--insecure", action="store_true", help="allow a non-loopback bind without API keys"
     )
     serve.set_defaults(func=_cmd_serve)
 
     emulate = sub.add_parser("emulate", help="local Lambda invocation emulator")
-    emulate.add_argument("--host", default="127.0.0.1")
-    emulate.add_argument("--port", type=int, default=9000)
+    emulate.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback)"
+    )
+    emulate.add_argument(
+        "--port", type=int, default=9000, help="port of the Lambda Invoke API (default: 9000)"
+    )
     emulate.add_argument(
         "--insecure",
         action="store_true",
         help="allow a non-loopback bind: the emulator authenticates nobody (no AWS_IAM check)",
     )
-    emulate.add_argument("--template", default="template.yaml")
+    emulate.add_argument(
+        "--template",
+        default="template.yaml",
+        help="the SAM template whose function settings are emulated (default: template.yaml)",
+    )
     emulate.add_argument(
         "--max-sandboxes", type=int, default=None, help="most execution environments at once"
     )
-    emulate.add_argument("--idle-timeout", type=float, default=300.0)
+    emulate.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="seconds an idle execution environment is kept before it is reaped (default: 300)",
+    )
     emulate.add_argument(
         "--image", help="run each sandbox as a container of IMAGE (as sam local start-lambda)"
     )
@@ -328,10 +417,14 @@ def build_parser() -> argparse.ArgumentParser:
     emulate.set_defaults(func=_cmd_emulate)
 
     cold = sub.add_parser("coldstart", help="cold-start breakdown of one handler")
-    cold.add_argument("handler")
-    cold.add_argument("--event", default=None, help="JSON or @file.json")
+    cold.add_argument("handler", help="the handler's name, as @handler(NAME) declares it")
+    cold.add_argument(
+        "--event",
+        default=None,
+        help="the event, as JSON or @file.json (default: the handler's first warm-up example)",
+    )
     cold.add_argument("--runs", type=int, default=20, help="warm invocations after the first")
-    cold.add_argument("--json", action="store_true")
+    cold.add_argument("--json", action="store_true", help="print the result as one JSON object")
     cold.add_argument(
         "--bare", action="store_true", help="also run the same work as a bare script; the ratio"
     )
