@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
+from runtime.clock import SYSTEM
 from runtime.http.auth import AuthMiddleware, KeyRing
 from runtime.http.edge import Edge, Observed
 from runtime.http.holds import Holds
@@ -113,7 +114,9 @@ def create_app(
             # What the instance answered and ended is logged by the time it has stopped.
             LATER.flush()
 
-    observed = Observed()
+    # The instance's clock, once known here (else the system's, as Instance.create's).
+    clock = instance.clock if instance is not None else SYSTEM
+    observed = Observed(clock)
     keys = KeyRing.from_settings(settings)
     middleware = [Middleware(Edge, observed)]
     if keys is not None:
@@ -126,7 +129,7 @@ def create_app(
     app.router.redirect_slashes = False
     app.state.settings = settings
     app.state.auth = keys is not None
-    app.state.intake = Intake(settings.max_buffered_bytes, settings.body_timeout_s)
+    app.state.intake = Intake(settings.max_buffered_bytes, settings.body_timeout_s, clock)
     app.state.holds = Holds(settings.max_held, settings.max_held_per_key)
     # Set by the server once it stops: `Edge` then answers cut-off requests 503.
     app.state.stopping = False

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import os
 import re
-import time
 from collections.abc import Awaitable, Iterator
 from contextvars import ContextVar
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from runtime.clock import SYSTEM, Clock
 from runtime.errors import BadRequest, Draining
 from runtime.http.problems import problem_response, render_error
 from runtime.telemetry.logs import LATER, REQUEST_ID
@@ -52,11 +52,13 @@ _VARY_PREFER_HEADER = (b"vary", b"Prefer")
 
 
 class Observed:
-    """Where `Edge` records request durations: the instance's metrics, once it started."""
+    """Where `Edge` records request durations (the instance's metrics, once it
+    started), and the clock it times them on (the instance's)."""
 
-    __slots__ = ("requests",)
+    __slots__ = ("clock", "requests")
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM) -> None:
+        self.clock = clock
         self.requests: RequestStats | None = None
 
 
@@ -97,12 +99,15 @@ class Edge:
     def __init__(self, app: ASGIApp, observed: Observed) -> None:
         self.app = app
         self.observed = observed
+        # The clock's two readings themselves (plain functions): read on every request.
+        self._monotonic = observed.clock.monotonic
+        self._wall = observed.clock.wall
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = time.monotonic()
+        started = self._monotonic()
         size = 0
         # The one pass over the headers: the few the warm path reads are kept here
         # (the first of each; every Prefer line), so no later reader scans them again.
@@ -173,7 +178,7 @@ class Edge:
                 await response(scope, receive, answer)
         finally:
             # Answered (or cut off): the request's duration and its access-log line.
-            took_s = time.monotonic() - started
+            took_s = self._monotonic() - started
             route = scope.get("route")
             template = route.path if route is not None else UNMATCHED
             method: str = scope["method"]
@@ -182,7 +187,7 @@ class Edge:
                 requests.observe(method, template, status, took_s)
             # Written after the answer, with the lines of its window (logs.py), which
             # is where the logger's level is asked (once a window, not per request).
-            LATER.add(method, template, status, took_s, shown)
+            LATER.add(method, template, status, took_s, shown, self._wall())
             REQUEST_ID.reset(token)
 
 

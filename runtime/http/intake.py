@@ -11,12 +11,12 @@ server's memory or its connections forever.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
 
+from runtime.clock import SYSTEM, Clock, Timer
 from runtime.errors import BadRequest, InvalidJSON, Overloaded, PayloadTooLarge, RequestTimeout
 from runtime.http.edge import header_of
 from runtime.wire.nesting import nests_deeper
@@ -36,20 +36,23 @@ class Intake:
     quarter of a smaller cap): clients that stall mid-body fill the cap only so
     far, and a request whose body arrives whole is still served beside them.
 
-    One loop timer serves every read (as runtime/dispatch/deadlines.py does for
-    waiting requests): a read costs two dict operations, not a timer of its
-    own. A read past its deadline has its task cancelled, and turns that
-    cancellation into RequestTimeout.
+    One timer on the instance's clock serves every read (as
+    runtime/dispatch/deadlines.py does for waiting requests): a read costs two
+    dict operations, not a timer of its own. A read past its deadline has its
+    task cancelled, and turns that cancellation into RequestTimeout.
     """
 
-    def __init__(self, limit: int, timeout_s: float) -> None:
+    def __init__(self, limit: int, timeout_s: float, clock: Clock = SYSTEM) -> None:
         self.limit = limit
         self.reserve = min(64 * 1024, limit // 4)
         self.timeout_s = timeout_s
         self.buffered = 0
+        self.clock = clock
+        # The clock's reading itself (a plain function): read on every request.
+        self._monotonic = clock.monotonic
         self._reading: dict[asyncio.Task[Any], float] = {}
         self._late: set[asyncio.Task[Any]] = set()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
         self._timer_at = 0.0
 
     async def read(self, request: Request, max_body_bytes: int) -> bytes:
@@ -62,8 +65,7 @@ class Intake:
             )
         task = asyncio.current_task()
         if task is not None:
-            # The default loop's clock is time.monotonic(); inline, as this runs per request.
-            deadline = time.monotonic() + self.timeout_s
+            deadline = self._monotonic() + self.timeout_s
             self._reading[task] = deadline
             # With one timeout for all, deadlines only grow: the timer rarely moves.
             if self._timer is None or deadline < self._timer_at:
@@ -130,12 +132,12 @@ class Intake:
     def _arm(self, at: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_at(at, self._fire)
+        self._timer = self.clock.call_at(at, self._fire)
         self._timer_at = at
 
     def _fire(self) -> None:
         self._timer = None
-        now = time.monotonic()
+        now = self._monotonic()
         earliest: float | None = None
         for task, at in self._reading.items():
             if task in self._late:

@@ -9,15 +9,15 @@ route raises through `render_error`, the one place errors become answers, and
 answers past a half-sent response by closing the connection. So `ThawApp`'s
 middleware stack is the app's own middleware alone (`Edge`, and the auth layer
 when keys are set) in front of the router, and an `Endpoint` calls its
-function and sends its answer, nothing between: on a warm invocation those
-layers were 14 Python calls of about 70 (issue 29, bench/instructions.py).
+function and sends its answer, nothing between: those layers were a large
+share of the Python calls of a warm invocation.
 
 Starlette's router walks its routes in order and asks each one whether it
 matches, through a generic protocol (a `Match` and a child scope per route).
 The app's first route is the warm path (`POST /invoke/{handler}`), so
-`FirstRoute` asks that one route directly, with Starlette's own regex and
-convertors, and hands every other request to the router: the same match, the
-same scope, in half the bytecode (issue 29; docs/architecture.md).
+`FirstRoute` asks that one route directly, with the route's own regex and
+convertors, and hands every other request to the router: the same match and
+the same scope, for far less work on the request that matters most.
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ import inspect
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
-# The path the router matches (the scope's, less its root_path): the router's own helper.
-from starlette._utils import get_route_path
 from starlette.applications import Starlette
 from starlette.datastructures import State
 from starlette.requests import Request
@@ -36,6 +34,20 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 # What an endpoint answers is itself an ASGI app: a Response, or an event stream.
 EndpointFunction = Callable[[Request], Awaitable[ASGIApp]]
+
+
+def route_path(scope: Scope) -> str:
+    """The path the router matches: the scope's, less its `root_path` when it starts
+    with it (Starlette's own rule, kept here: its helper lives in a private module)."""
+    path: str = scope["path"]
+    root_path: str = scope.get("root_path", "")
+    if not root_path or not path.startswith(root_path):
+        return path
+    if path == root_path:
+        return ""
+    if path[len(root_path)] == "/":
+        return path[len(root_path) :]
+    return path
 
 
 def endpoint_app(endpoint: EndpointFunction) -> ASGIApp:
@@ -131,7 +143,7 @@ class FirstRoute:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = self.route
         if route is not None and scope["type"] == "http" and scope["method"] in self.methods:
-            match = route.path_regex.match(get_route_path(scope))
+            match = route.path_regex.match(route_path(scope))
             if match is not None:
                 params = scope.get("path_params")
                 path_params = dict(params) if params else {}

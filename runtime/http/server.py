@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import ipaddress
 import logging
 import signal
 import socket
 import sys
 from collections.abc import Callable
-from types import FrameType
 
-import h11
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from runtime import process
 from runtime.errors import ConfigError
 from runtime.http.app import create_app
-from runtime.http.writes import OneSendPerTurn
+from runtime.http.connections import Connections
 from runtime.instance import Instance
 from runtime.models.weights import host as host_memory
 from runtime.registry import discover
@@ -36,149 +34,69 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class _H11Protocol(H11Protocol):
-    """uvicorn's h11 protocol, also closing connections that never send a request,
-    or that keep sending a body nobody reads.
+class Outcome(enum.Enum):
+    """How a server run ended: its exit code."""
 
-    uvicorn arms its keep-alive timer only after a first response, so a client
-    that connects and stays silent would hold a connection forever; and it
-    disarms it on any byte received, so a client trickling a request head a
-    byte at a time would too. Here the timer runs until a whole head arrived:
-    a request must be sent within the keep-alive timeout of the connection's
-    start or its last response. Naming the class also pins h11, whose
-    header-size limit we rely on (httptools has none). The attributes used here
-    (`timeout_keep_alive_task`, `conn`, `cycle`) are uvicorn's internals:
-    pyproject.toml pins uvicorn to the range the tests ran with.
+    STOPPED = 0  # asked to stop (a drain's end, SIGTERM past a drain, a second SIGTERM)
+    FAILED = 1  # it could not start (the lifespan failed), or its job store could not open
+    INTERRUPTED = 130  # SIGINT, as an interrupted command
 
-    Its transport is `OneSendPerTurn` (runtime/http/writes.py): while other
-    requests are in flight, a response's head and body leave in one send(2),
-    not the two uvicorn's writes make; the response is flushed as it completes.
 
-    A request answered before its body was read (404, 405, 413, /drain) leaves
-    the rest of the body to be read and discarded, and each byte of it would
-    put off uvicorn's keep-alive timeout again: a client trickling it holds the
-    connection forever. It must end within THAW_BODY_TIMEOUT_S, as a body the
-    app reads must (runtime.http.intake.Intake), or the connection is closed.
+# How often a starting server is asked whether it listens (uvicorn says it only
+# through `Server.started`); background loads and the serving line wait on it.
+_STARTED_POLL_S = 0.001
+
+
+async def run_server(
+    server: uvicorn.Server,
+    sock: socket.socket,
+    on_listening: Callable[[], None],
+    on_signal: Callable[[int], None],
+) -> bool:
+    """Serve `server` on `sock` until it stops; False if it never started.
+
+    Once it listens, `on_listening` runs and SIGINT and SIGTERM are this
+    caller's (`on_signal`, on the loop): uvicorn's own handling, installed for
+    the run by `serve()`, would stop the server on either and raise the signal
+    again after its shutdown, ending the process by the signal's default action
+    or a KeyboardInterrupt, then waiting for stuck threads (runtime/process.py).
+    Before it listens, a signal is uvicorn's.
     """
-
-    # THAW_BODY_TIMEOUT_S; `serve` sets it on a subclass of its own.
-    body_timeout_s = 30.0
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        # A busy server sends a response's head and body at once (runtime/http/writes.py);
-        # uvicorn's flow control keeps the transport itself. `tasks` holds the request
-        # cycles in flight, this connection's own among them.
-        tasks = self.server_state.tasks
-        self.transport = OneSendPerTurn(transport, self.loop, lambda: len(tasks) > 1)
-        self.timeout_keep_alive_task = self.loop.call_later(
-            self.timeout_keep_alive, self.timeout_keep_alive_handler
-        )
-
-    def data_received(self, data: bytes) -> None:
-        timer, self.timeout_keep_alive_task = self.timeout_keep_alive_task, None
-        super().data_received(data)
-        if timer is not None:
-            if self.conn.their_state is h11.IDLE:  # no whole request head yet
-                self.timeout_keep_alive_task = timer
-            else:
-                timer.cancel()
-
-    def on_response_complete(self) -> None:
-        # The response is whole: it leaves now, not at the end of the loop's turn,
-        # ahead of whatever else this turn runs (a job's work after its 202).
-        assert isinstance(self.transport, OneSendPerTurn)
-        self.transport.flush()
-        super().on_response_complete()
-        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
-            self.loop.call_later(self.body_timeout_s, self._unread_body_overdue, self.cycle)
-
-    def _unread_body_overdue(self, cycle: object) -> None:
-        # Still the same request, still sending its body: nobody waits for it.
-        if self.cycle is cycle and self.conn.their_state is h11.SEND_BODY:
-            self.transport.close()
+    loop = asyncio.get_running_loop()
+    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+    while not server.started and not serving.done():
+        await asyncio.sleep(_STARTED_POLL_S)
+    handled: tuple[signal.Signals, ...] = ()
+    if server.started and not server.should_exit:
+        handled = (signal.SIGINT, signal.SIGTERM)
+        for sig in handled:
+            loop.add_signal_handler(sig, on_signal, sig)
+        on_listening()
+    try:
+        await serving
+    except SystemExit:
+        # uvicorn's way of failing to start (the lifespan failed, logged already):
+        # its exit code, 3, is Thaw's invalid-input; the caller says what it is.
+        return False
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
+    return server.started
 
 
-def _h11_protocol(body_timeout_s: float) -> type[_H11Protocol]:
-    """The protocol class for this server: uvicorn makes each instance itself."""
-
-    class Protocol(_H11Protocol):
-        pass
-
-    Protocol.body_timeout_s = body_timeout_s
-    return Protocol
-
-
-class _Server(uvicorn.Server):
-    """uvicorn, telling us when it listens (background loads start after that),
-    draining on SIGTERM while it keeps serving, and ending cut-off work with an
-    answer when it stops.
-
-    SIGTERM is the platform asking for a drain: the listener stays open through
-    the grace, so a load balancer sees /readyz go 503 and new requests get 503
-    `drained` instead of connection refused; the drain's end stops the server
-    (exit 0). A second SIGTERM, or SIGINT, stops it now (SIGINT exits 130, as
-    an interrupted command does): what still runs is cut off, and its callers
-    get 503 `drained`. Either way the process exits whatever user threads do
-    (runtime/process.py); uvicorn's re-raising of the signal after its own
-    shutdown is not used, because it would end the process with the signal's
-    default action or a KeyboardInterrupt, and then wait for stuck threads.
-    """
-
-    def __init__(
-        self,
-        config: uvicorn.Config,
-        on_listening: Callable[[], None],
-        on_sigterm: Callable[[], bool],
-        on_stop: Callable[[], None],
-    ) -> None:
-        super().__init__(config)
-        self._on_listening = on_listening
-        self._on_sigterm = on_sigterm
-        self._on_stop = on_stop
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.interrupted = False
-        self.startup_failed = False
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        self._loop = asyncio.get_running_loop()
-        try:
-            await super().startup(sockets)
-        except SystemExit:
-            # uvicorn's way of failing to start (the port taken, the lifespan failed,
-            # logged already): its exit code, 3, is Thaw's invalid-input. This server
-            # stops instead, and `serve` exits 1, as any command that failed.
-            self.startup_failed = True
-            self.should_exit = True
-            return
-        if not self.should_exit:
-            self._on_listening()
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        loop = self._loop
-        if loop is None:  # not started yet: as uvicorn does
-            super().handle_exit(sig, frame)
-            return
-        if sig == signal.SIGINT:
-            self.interrupted = True
-        # A signal handler may only hand work to the loop, never run it.
-        loop.call_soon_threadsafe(self._signalled, sig)
-
-    def _signalled(self, sig: int) -> None:
-        if sig == signal.SIGTERM and not self.should_exit and self._on_sigterm():
-            return  # a drain began: serve on through its grace
-        self.should_exit = True
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        # Cut off what still runs, now, while its connections are open: handler
-        # work (after a drain, none is left), then every request still running (a
-        # body still arriving, a long-poll). Each caller gets 503 `drained`
-        # (runtime.http.edge.Edge), where uvicorn would cancel them a second later
-        # with an error logged and a text/plain 500 each.
-        self._on_stop()
-        for task in list(self.server_state.tasks):
-            task.cancel()
-        await super().shutdown(sockets)
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to `host:port` (0: a port the OS picks), or ConfigError."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say
+    # so, and without it every response waits ~40 ms on a delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    return sock
 
 
 def _gib(size: int) -> str:
@@ -211,6 +129,18 @@ def serving_line(instance: Instance, url: str) -> str:
 
 
 def serve(host: str = "127.0.0.1", port: int = 8080, insecure: bool = False) -> int:
+    """Serve until stopped; the exit code.
+
+    SIGTERM is the platform asking for a drain: the listener stays open through
+    the grace, so a load balancer sees /readyz go 503 and new requests get 503
+    `drained` instead of connection refused; the drain's end stops the server
+    (exit 0). A second SIGTERM, or SIGINT, stops it now (SIGINT exits 130, as
+    an interrupted command does). Stopping cuts off what still runs, while its
+    connections are open: handler work (after a drain, none is left), then
+    every request still running (a body still arriving, a long-poll); each
+    caller gets 503 `drained` (runtime.http.edge.Edge). Either way the process
+    exits whatever user threads do (runtime/process.py).
+    """
     settings = Settings.from_env()
     configure_logging(settings.log_level)
     host_memory.configure(settings)
@@ -222,23 +152,28 @@ def serve(host: str = "127.0.0.1", port: int = 8080, insecure: bool = False) -> 
             "THAW_API_KEYS_FILE, or pass --insecure to expose an unauthenticated endpoint"
         )
     # Before listening: a handler tree with nothing that imports, a bundle source or
-    # job store URL that does not parse, is one error line and exit 1 (thaw's), not a
-    # failed lifespan's traceback; a partly broken handler tree is served.
+    # job store URL that does not parse, a port taken, is one error line and exit 1
+    # (thaw's), not a failed lifespan's traceback; a partly broken handler tree is served.
     registry = discover(settings.handlers)
     instance = Instance.create(settings, registry)
     app = create_app(settings, instance, defer_background=True)
+    sock = listen(host, port)
+    # The port bound, which `--port 0` leaves to the OS.
+    bound = sock.getsockname()[1]
+    url = f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}"
+    keep_alive_s = 5
+    connections = Connections(keep_alive_s)
     config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
+        connections.app(app),
         log_level=settings.log_level.lower(),
         access_log=False,
         lifespan="on",
         log_config=None,
-        # The drain already gave in-flight work its grace; what is left is closing.
+        # What still runs when it stops is cut off first (`stop`): what is left is closing.
         timeout_graceful_shutdown=1,
-        http=_h11_protocol(settings.body_timeout_s),
-        timeout_keep_alive=5,
+        # uvicorn's h11 protocol, inside the connection adapter (connections.py).
+        http=connections.protocol(),
+        timeout_keep_alive=keep_alive_s,
         h11_max_incomplete_event_size=64 * 1024,
         # No `Server: uvicorn`: an answer does not name the software behind it (a
         # scanner's first question), and each header is h11 work on every answer.
@@ -248,46 +183,47 @@ def serve(host: str = "127.0.0.1", port: int = 8080, insecure: bool = False) -> 
         # ASGI layer, its header scan and frame, on every request.
         proxy_headers=False,
     )
-    failed: list[Exception] = []
+    server = uvicorn.Server(config)
+    outcome = Outcome.STOPPED
 
-    def request_exit() -> None:
-        server.should_exit = True
-
-    def start_failed(exc: Exception) -> None:
-        # The job store could not be opened: exit non-zero, as if it had failed
-        # before listening (it is opened after, so /healthz does not wait on it).
-        failed.append(exc)
-        request_exit()
-
-    def on_listening() -> None:
-        instance = app.state.instance
-        instance.exit_hook = request_exit
-        instance.start_background(on_error=start_failed)
-        # The port bound, which `--port 0` leaves to the OS.
-        bound = port or server.servers[0].sockets[0].getsockname()[1]
-        url = f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}"
-        logging.getLogger("thaw.server").info(serving_line(instance, url))
-
-    def on_sigterm() -> bool:
-        instance = getattr(app.state, "instance", None)
-        return instance is not None and instance.begin_drain("SIGTERM")
-
-    def on_stop() -> None:
-        app.state.stopping = True
-        instance = getattr(app.state, "instance", None)
-        if instance is None:
+    def stop() -> None:
+        if connections.stopped:
             return
+        app.state.stopping = True
         # Readiness off and no new work, if no drain had begun (SIGINT).
         instance.begin_drain("shutdown")
         # Work still in flight is cut off as a drain's grace ends: a waiting
         # caller gets 503 `drained`, a job is recorded drained (retryable).
         instance.abort()
+        connections.stop()
+        server.should_exit = True
 
-    server = _Server(config, on_listening=on_listening, on_sigterm=on_sigterm, on_stop=on_stop)
-    process.run(server.serve())
+    def start_failed(exc: Exception) -> None:
+        # The job store could not be opened: exit non-zero, as if it had failed
+        # before listening (it is opened after, so /healthz does not wait on it).
+        nonlocal outcome
+        outcome = Outcome.FAILED
+        stop()
+
+    def on_listening() -> None:
+        instance.exit_hook = stop
+        instance.start_background(on_error=start_failed)
+        logging.getLogger("thaw.server").info(serving_line(instance, url))
+
+    def on_signal(sig: int) -> None:
+        nonlocal outcome
+        if sig == signal.SIGINT and outcome is Outcome.STOPPED:
+            outcome = Outcome.INTERRUPTED
+        if sig == signal.SIGTERM and not connections.stopped and instance.begin_drain("SIGTERM"):
+            return  # a drain began: serve on through its grace
+        stop()
+
+    started = process.run(run_server(server, sock, on_listening, on_signal))
+    sock.close()
+    if not started:
+        outcome = Outcome.FAILED
     # Wedged: exit non-zero, so the platform counts it a failure and replaces it.
-    wedged = instance.wedged
-    code = 1 if failed or wedged or server.startup_failed else 130 if server.interrupted else 0
+    code = Outcome.FAILED.value if instance.wedged else outcome.value
     process.exit_past_stuck_threads(code)
     logging.getLogger("thaw.server").info("stopped")
     return code

@@ -33,13 +33,12 @@ import asyncio
 import atexit
 import logging
 import sys
-import time
 from contextvars import ContextVar
 from typing import Any
 
 import orjson
 
-from runtime.clock import utc_second
+from runtime.clock import SYSTEM, Clock, Timer, utc_second
 
 _EXTRA_FIELDS = (
     "handler",
@@ -102,9 +101,14 @@ class LaterLine:
     __slots__ = ("created", "fields", "logger", "msg", "request_id")
 
     def __init__(
-        self, logger: logging.Logger, msg: str, request_id: str | None, fields: dict[str, Any]
+        self,
+        created: float,
+        logger: logging.Logger,
+        msg: str,
+        request_id: str | None,
+        fields: dict[str, Any],
     ) -> None:
-        self.created = time.time()
+        self.created = created
         self.logger = logger
         self.msg = msg
         self.request_id = request_id
@@ -119,30 +123,41 @@ FLUSH_LINES = 512
 
 
 class LaterLines:
-    """The lines kept to be written after their answers (see the module docstring)."""
+    """The lines kept to be written after their answers (see the module docstring).
 
-    __slots__ = ("_loop", "_pending", "_timer", "flush_after_s", "flush_lines")
+    Its window's timer runs on `clock`; an access line's time is its caller's
+    (`Edge` reads the instance's wall clock), another line's is `clock.wall()`."""
 
-    def __init__(self, flush_after_s: float = FLUSH_AFTER_S, flush_lines: int = FLUSH_LINES):
+    __slots__ = ("_loop", "_pending", "_timer", "clock", "flush_after_s", "flush_lines")
+
+    def __init__(
+        self,
+        flush_after_s: float = FLUSH_AFTER_S,
+        flush_lines: int = FLUSH_LINES,
+        clock: Clock = SYSTEM,
+    ) -> None:
+        self.clock = clock
         self._pending: list[AccessEntry | LaterLine] = []
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
         # The loop the open window's timer runs on; None: no window open.
         self._loop: asyncio.AbstractEventLoop | None = None
         self.flush_after_s = flush_after_s
         self.flush_lines = flush_lines
 
-    def add(self, method: str, route: str, status: int, took_s: float, request_id: str) -> None:
+    def add(
+        self, method: str, route: str, status: int, took_s: float, request_id: str, at: float
+    ) -> None:
         """One answered request's access line (status 0: it ended with no answer, cut
-        off). Whether the logger takes INFO lines is asked as they are written, not
-        once per request."""
+        off), answered at `at` (epoch seconds). Whether the logger takes INFO lines is
+        asked as they are written, not once per request."""
         took_ms = round(took_s * 1000, 3)
-        self._keep((time.time(), method[:16], route, status, took_ms, request_id))
+        self._keep((at, method[:16], route, status, took_ms, request_id))
 
     def info(self, logger: logging.Logger, msg: str, **fields: Any) -> None:
         """An info line of `logger` whose event is over (a job's outcome, recorded), kept
         as an access line is: `msg` formatted already, `fields` among `_EXTRA_FIELDS`,
         the request id the context's now."""
-        self._keep(LaterLine(logger, msg, REQUEST_ID.get(), fields))
+        self._keep(LaterLine(self.clock.wall(), logger, msg, REQUEST_ID.get(), fields))
 
     def _keep(self, entry: AccessEntry | LaterLine) -> None:
         """Written `flush_after_s` later with the lines kept meanwhile (at once outside
@@ -160,7 +175,7 @@ class LaterLines:
         if self._loop is not loop:
             # No window open here: none yet, or one whose loop ended before its timer.
             self._loop = loop
-            self._timer = loop.call_later(self.flush_after_s, self.flush)
+            self._timer = self.clock.call_later(self.flush_after_s, self.flush)
 
     def flush(self) -> None:
         """Write every pending line now, in order."""

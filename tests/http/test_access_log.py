@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from runtime.clock import ManualClock
 from runtime.telemetry.logs import LATER, REQUEST_ID, JSONFormatter, JSONLines, LaterLines
 from tests.support import SAFETY_S, ServerProcess
 
@@ -36,6 +37,8 @@ ACCESS_FIELDS = [
     "status_code",
 ]
 PATIENCE_S = 60.0
+# When the lines below were answered (epoch seconds): a caller's wall clock.
+AT = 1_800_000_000.5
 
 
 def access_lines(text: str) -> list[dict[str, Any]]:
@@ -123,9 +126,9 @@ def test_a_batch_written_at_once_is_the_text_the_logger_writes(
     root_handler: list[logging.Handler],
 ) -> None:
     entries = [
-        ("POST", "/invoke/{handler}", 200, 0.0003456, "req-a"),
-        ("GET", "(unmatched)", 404, 1.5, "req-b"),
-        ("PURGE-THIS-METHOD-NAME-IS-LONG", "/jobs/{job_id}", 0, 0.0, "req-c"),
+        ("POST", "/invoke/{handler}", 200, 0.0003456, "req-a", AT),
+        ("GET", "(unmatched)", 404, 1.5, "req-b", AT + 0.25),
+        ("PURGE-THIS-METHOD-NAME-IS-LONG", "/jobs/{job_id}", 0, 0.0, "req-c", AT + 1),
     ]
     texts = []
     for filtered in (False, True):
@@ -151,11 +154,11 @@ async def test_lines_wait_for_the_window_then_are_written_together_in_order(
     _install(stream, filtered=False)
     log = LaterLines(flush_after_s=SAFETY_S)  # a window no test run outlasts
     for index in range(3):
-        log.add("GET", "/healthz", 200, 0.001, f"turn-{index}")
+        log.add("GET", "/healthz", 200, 0.001, f"turn-{index}", AT)
     assert stream.getvalue() == ""  # not on the request's path
     await asyncio.sleep(0)
     assert stream.getvalue() == ""  # nor at the end of its loop turn: the window's end
-    log.add("GET", "/healthz", 200, 0.001, "turn-3")  # a later turn, the same window
+    log.add("GET", "/healthz", 200, 0.001, "turn-3", AT)  # a later turn, the same window
     assert stream.getvalue() == ""
     log.flush()  # as the window's end, or the server's stop, does
     assert [e["request_id"] for e in access_lines(stream.getvalue())] == [
@@ -172,12 +175,14 @@ async def test_lines_wait_for_the_window_then_are_written_together_in_order(
 async def test_the_windows_end_writes_what_is_pending(root_handler: list[logging.Handler]) -> None:
     stream = io.StringIO()
     _install(stream, filtered=False)
-    log = LaterLines(flush_after_s=0.0)
-    log.add("GET", "/healthz", 200, 0.001, "timed")
-    deadline = asyncio.get_running_loop().time() + SAFETY_S
-    while not stream.getvalue() and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.01)
+    clock = ManualClock()
+    log = LaterLines(flush_after_s=0.05, clock=clock)
+    log.add("GET", "/healthz", 200, 0.001, "timed", clock.wall())
+    clock.advance(0.049)
+    assert stream.getvalue() == ""
+    clock.advance(0.001)  # the window's end, on the clock it was opened on
     assert [e["request_id"] for e in access_lines(stream.getvalue())] == ["timed"]
+    assert access_lines(stream.getvalue())[0]["ts"].startswith("2027-01-15T08:00:00.")
 
 
 @pytest.mark.anyio
@@ -186,14 +191,14 @@ async def test_a_full_window_is_written_at_once(root_handler: list[logging.Handl
     _install(stream, filtered=False)
     log = LaterLines(flush_after_s=SAFETY_S, flush_lines=4)
     for index in range(3):
-        log.add("GET", "/healthz", 200, 0.001, f"many-{index}")
+        log.add("GET", "/healthz", 200, 0.001, f"many-{index}", AT)
     assert stream.getvalue() == ""
-    log.add("GET", "/healthz", 200, 0.001, "last")
+    log.add("GET", "/healthz", 200, 0.001, "last", AT)
     written = [e["request_id"] for e in access_lines(stream.getvalue())]
     assert written == ["many-0", "many-1", "many-2", "last"]
     assert stream.getvalue().count("\n") == 4
     # The next line opens a window of its own.
-    log.add("GET", "/healthz", 200, 0.001, "next")
+    log.add("GET", "/healthz", 200, 0.001, "next", AT)
     assert len(access_lines(stream.getvalue())) == 4
     log.flush()
     assert access_lines(stream.getvalue())[-1]["request_id"] == "next"
@@ -207,12 +212,12 @@ def test_a_window_whose_loop_ended_does_not_hold_later_lines(
     log = LaterLines(flush_after_s=SAFETY_S)
 
     async def one_line(request_id: str) -> None:
-        log.add("GET", "/healthz", 200, 0.001, request_id)
+        log.add("GET", "/healthz", 200, 0.001, request_id, AT)
 
     asyncio.run(one_line("first-loop"))  # its loop closes before the window's end
     assert stream.getvalue() == ""
     asyncio.run(one_line("second-loop"))  # a window of its own, on the new loop
-    log.add("GET", "/healthz", 200, 0.001, "no-loop")  # outside any loop: written at once
+    log.add("GET", "/healthz", 200, 0.001, "no-loop", AT)  # outside any loop: written at once
     assert [e["request_id"] for e in access_lines(stream.getvalue())] == [
         "first-loop",
         "second-loop",
@@ -232,7 +237,7 @@ def test_a_later_info_line_is_the_line_its_logger_writes_in_order_with_access_li
         log = LaterLines(flush_after_s=SAFETY_S)
         token = REQUEST_ID.set("req-job")
         try:
-            log.add("POST", "/invoke/{handler}", 202, 0.001, "req-job")
+            log.add("POST", "/invoke/{handler}", 202, 0.001, "req-job", AT)
             log.info(jobs_log, "job j-1 succeeded", **fields)  # outside a loop: at once
         finally:
             REQUEST_ID.reset(token)
@@ -269,7 +274,7 @@ async def test_later_lines_of_a_logger_that_takes_no_info_are_not_written(
     try:
         log = LaterLines(flush_after_s=SAFETY_S)
         log.info(jobs_log, "job j-2 succeeded", job_id="j-2")
-        log.add("GET", "/healthz", 200, 0.001, "still-written")
+        log.add("GET", "/healthz", 200, 0.001, "still-written", AT)
         assert stream.getvalue() == ""  # both wait for one window
         log.flush()
     finally:
@@ -291,7 +296,7 @@ async def test_a_line_kept_outside_any_request_names_none_where_it_is_written(
         assert stream.getvalue() == ""
         token = REQUEST_ID.set("req-flushing")
         try:
-            log.add("GET", "/healthz", 200, 0.001, "req-flushing")  # the second: a flush
+            log.add("GET", "/healthz", 200, 0.001, "req-flushing", AT)  # the second: a flush
         finally:
             REQUEST_ID.reset(token)
         lines = [json.loads(line) for line in stream.getvalue().splitlines()]

@@ -2,9 +2,10 @@
 
 The transport under `OneSendPerTurn` here is `Wire`: an asyncio transport that
 records what reaches it, as the socket would get it, one `write` per send.
-Through the server's own protocol class (uvicorn's h11 protocol, Thaw's
-subclass) and a real ASGI app, the same holds: a lone request's head and body
-are two writes, as uvicorn makes them; with other requests in flight, one.
+Through the server's own protocol class (uvicorn's h11 protocol inside Thaw's
+connection adapter, runtime/http/connections.py) and a real ASGI app, the same
+holds: a lone request's head and body are two writes, as uvicorn makes them;
+with other requests in flight, one.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from runtime.http.server import _h11_protocol
+from runtime.http.connections import Connections
 from runtime.http.writes import JOIN_LIMIT, OneSendPerTurn
 
 pytestmark = pytest.mark.anyio
@@ -165,7 +166,8 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 def _connect(config: uvicorn.Config, state: ServerState) -> tuple[Any, Wire]:
-    protocol = _h11_protocol(30.0)(config=config, server_state=state, app_state={})
+    make = CONNECTIONS.protocol()
+    protocol = make(config=config, server_state=state, app_state={})  # type: ignore[call-arg]
     wire = Wire()
     protocol.connection_made(wire)
     return protocol, wire
@@ -184,9 +186,13 @@ async def _answered(*expected: tuple[Wire, bytes]) -> None:
     raise AssertionError([wire.sent for wire, _ in expected])
 
 
+CONNECTIONS = Connections(keep_alive_s=30.0)
+
+
 @pytest.fixture
 def config() -> uvicorn.Config:
-    config = uvicorn.Config(_app, lifespan="off", log_level="warning", server_header=False)
+    app = CONNECTIONS.app(_app)
+    config = uvicorn.Config(app, lifespan="off", log_level="warning", server_header=False)
     config.load()
     return config
 
