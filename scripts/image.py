@@ -27,6 +27,8 @@ index over them. `build` serves that index on 127.0.0.1 and passes it to the
 Dockerfile as TORCH_INDEX_URL and PIP_INDEX_URL; the build runs in a network
 namespace of its own that holds only a loopback interface (`unshare --net`),
 so nothing in it can reach a network even if something tried.
+The index, its server and that namespace are runtime/cli/wheelhouse.py's,
+which `thaw image build --wheelhouse` (a function project's image) uses too.
 
 buildah runs with `--isolation chroot` on overlay storage, podman and buildah
 with runc, cgroupfs and file events (a containers.conf in the cache, used
@@ -40,25 +42,18 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
-import fcntl
-import functools
 import hashlib
-import html
-import http.server
 import json
 import os
 import re
 import shutil
-import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import tomllib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -68,6 +63,11 @@ if TYPE_CHECKING:
     from runtime.cli.progress import Bars
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `python scripts/image.py` puts scripts/ there, not the root
+    sys.path.insert(0, str(ROOT))
+
+from runtime.cli import wheelhouse  # noqa: E402  (the standard library only)
+
 BASE_TAG = "docker.io/library/python:3.11.9-slim-bookworm"
 DEFAULT_TAG = "localhost/thaw:latest"
 SUITE = "bookworm"
@@ -319,8 +319,7 @@ def constraints() -> list[str]:
     return sorted(pins.values())
 
 
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+_normalize = wheelhouse.normalize
 
 
 def ensure_wheels() -> tuple[Path, str]:
@@ -353,7 +352,7 @@ def ensure_wheels() -> tuple[Path, str]:
             env=dict(os.environ),
         )
         (fresh / "constraints.txt").unlink()
-        _write_index(fresh)
+        wheelhouse.write_index(fresh)
         (fresh / "KEY").write_text(key)
         if house.exists():
             shutil.rmtree(house)
@@ -361,52 +360,6 @@ def ensure_wheels() -> tuple[Path, str]:
     finally:
         shutil.rmtree(fresh, ignore_errors=True)
     return house, "downloaded"
-
-
-def _write_index(house: Path) -> None:
-    """A PEP 503 simple index: simple/<project>/index.html linking ../../<wheel>."""
-    projects: dict[str, list[Path]] = {}
-    for wheel in sorted(house.glob("*.whl")):
-        projects.setdefault(_normalize(wheel.name.split("-", 1)[0]), []).append(wheel)
-    simple = house / "simple"
-    simple.mkdir()
-    links = "".join(f'<a href="{p}/">{p}</a>\n' for p in sorted(projects))
-    (simple / "index.html").write_text(f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n")
-    for project, wheels in projects.items():
-        (simple / project).mkdir()
-        anchors = "".join(
-            f'<a href="../../{html.escape(w.name)}#sha256={_sha256(w)}">{html.escape(w.name)}</a>\n'
-            for w in wheels
-        )
-        page = f"<!DOCTYPE html>\n<html><body>\n{anchors}</body></html>\n"
-        (simple / project / "index.html").write_text(page)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def serve_wheelhouse(house: Path, port: int = 0) -> Iterator[str]:
-    """The wheelhouse over HTTP on 127.0.0.1 (`port`, 0 for any); yields the index URL."""
-    handler = functools.partial(_QuietHandler, directory=str(house))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
-    thread = threading.Thread(target=server.serve_forever, name="wheelhouse", daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/simple"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 # -- the build --------------------------------------------------------------------------
@@ -428,26 +381,6 @@ class Figures:
     base: str = ""
     wheels: str = ""
     network_isolated: bool = False
-
-
-SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
-# The wheelhouse's port inside the build's network namespace, where nothing else listens.
-WHEELHOUSE_PORT = 3141
-
-
-def _loopback_up() -> None:
-    """Bring `lo` up: a fresh network namespace starts with it down."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        request = struct.pack("16sH", b"lo", 0)
-        flags = struct.unpack("16sH", fcntl.ioctl(sock, SIOCGIFFLAGS, request)[:18])[1]
-        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags | IFF_UP))
-
-
-def _can_unshare_net() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(["unshare", "--net", "true"], capture_output=True, check=False)
-    return probe.returncode == 0
 
 
 _STEP = re.compile(r"^STEP (\d+)/(\d+): (.*)$")
@@ -549,7 +482,7 @@ def _build(
         # Followed on a terminal: buildah's STEP lines are what the bar counts.
         "quiet": quiet and live is None,
     }
-    isolated = _can_unshare_net()
+    isolated = wheelhouse.can_unshare_net()
     request["isolated"] = isolated
     inner = [sys.executable, str(Path(__file__).resolve()), "_offline", json.dumps(request)]
     argv = ["unshare", "--net", "--", *inner] if isolated else inner
@@ -568,41 +501,9 @@ def _build(
 
 
 def _offline(request: dict[str, object]) -> int:
-    """In the build's own network namespace: serve the wheelhouse, run buildah."""
-    # The index URL is a build argument, and buildah's cache keys on build arguments:
-    # inside the build's own network namespace the port is always the same, so
-    # layers stay cached across builds. Without one, any free port (and no cache).
-    port = WHEELHOUSE_PORT if request["isolated"] else 0
-    if request["isolated"]:
-        _loopback_up()
-    with serve_wheelhouse(Path(str(request["house"])), port) as index:
-        argv = [
-            "buildah",
-            "bud",
-            "--isolation",
-            "chroot",
-            "--network",
-            "host",
-            "--pull=never",
-            "--layers",
-            # As `docker build` writes it: the OCI format has no HEALTHCHECK.
-            "--format",
-            "docker",
-            "--build-arg",
-            f"TORCH_INDEX_URL={index}",
-            "--build-arg",
-            f"PIP_INDEX_URL={index}",
-        ]
-        for arg in request["build_args"]:  # type: ignore[attr-defined]
-            argv += ["--build-arg", str(arg)]
-        if request["quiet"]:
-            argv.append("--quiet")
-        if request.get("target"):
-            argv += ["--target", str(request["target"])]
-        argv += ["-f", str(request["dockerfile"]), "-t", str(request["tag"])]
-        argv.append(str(request["context"]))
-        done = subprocess.run(argv, env=engine_env(), check=False)
-    return done.returncode
+    """In the build's own network namespace: serve the wheelhouse, run buildah
+    (runtime/cli/wheelhouse.py, as `thaw image build --wheelhouse` does)."""
+    return wheelhouse.run_in_namespace({**request, "pull": "never"})
 
 
 def measure(image: str) -> Figures:

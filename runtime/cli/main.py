@@ -9,6 +9,8 @@
                  [--max-sandboxes N] [--idle-timeout S] [--image IMAGE [--engine podman|docker]]
     thaw coldstart HANDLER [--event JSON] [--runs N] [--json] [--bare [--repeat N]]
                    [--waterfall STEM]
+    thaw init PATH [--example blank|encoder|causal-lm]
+    thaw image build [--tag T] [--wheelhouse DIR] [--gpu] [--http] [--json]
     thaw keys hash < key            print a key-file line (THAW_API_KEYS_FILE or
                                     THAW_OPERATOR_KEYS_FILE) for the key on stdin
     thaw keys new                   print a new random key (256 bits), for a tenant or an operator
@@ -287,6 +289,20 @@ def _cmd_coldstart(args: argparse.Namespace) -> int:
     return code
 
 
+def _cmd_init(args: argparse.Namespace) -> int:
+    from runtime.cli.init import create, next_steps
+
+    create(Path(args.path), args.example)
+    print(next_steps(Path(args.path), args.example))
+    return 0
+
+
+def _cmd_image_build(args: argparse.Namespace) -> int:
+    from runtime.cli.image import build_command
+
+    return build_command(args)
+
+
 def _cmd_keys_hash(args: argparse.Namespace) -> int:
     from runtime.http.auth import print_hash_line
 
@@ -437,6 +453,39 @@ def build_parser() -> argparse.ArgumentParser:
         help="also draw the run as a waterfall: STEM.svg and STEM.html",
     )
     cold.set_defaults(func=_cmd_coldstart)
+
+    init = sub.add_parser("init", help="create a function project (docs/projects.md)")
+    init.add_argument("path", help="the new project's directory (absent or empty)")
+    init.add_argument(
+        "--example",
+        choices=["blank", "encoder", "causal-lm"],
+        default="blank",
+        help="the starting handler: blank (no model), encoder (transformers embeddings), "
+        "causal-lm (transformers generation, streamed); default blank",
+    )
+    init.set_defaults(func=_cmd_init)
+
+    image = sub.add_parser("image", help="build the project's container images")
+    isub = image.add_subparsers(dest="image_command", required=True)
+    ibuild = isub.add_parser(
+        "build",
+        help="lock the project's dependencies (thaw.lock), build its Lambda image and check "
+        "that every handler module imports in it",
+    )
+    ibuild.add_argument("--tag", help="image name (default: localhost/PROJECT:latest)")
+    ibuild.add_argument(
+        "--wheelhouse",
+        metavar="DIR",
+        help="install from the wheels in DIR only: the build reaches no network",
+    )
+    ibuild.add_argument(
+        "--gpu", action="store_true", help="lock and install torch's CUDA build (default: CPU)"
+    )
+    ibuild.add_argument(
+        "--http", action="store_true", help="also build the plain HTTP image (TAG with -http)"
+    )
+    ibuild.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    ibuild.set_defaults(func=_cmd_image_build)
 
     keys = sub.add_parser("keys", help="API key helpers").add_subparsers(required=True)
     keys.add_parser("new", help="print a new random key").set_defaults(func=_cmd_keys_new)
