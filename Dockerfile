@@ -10,7 +10,7 @@
 #
 #   docker build -t thaw .            (sam build does this from template.yaml)
 #   docker build --target http -t thaw-http .   (a plain container, non-root)
-#   python scripts/image.py build [--target http]   (no Docker engine, no registry: see README.md)
+#   python scripts/image.py build [--target http]   (no Docker engine, no registry: docs/containers.md)
 
 FROM python:3.11.9-slim-bookworm AS deps
 

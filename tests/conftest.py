@@ -21,7 +21,7 @@ if str(ROOT) not in sys.path:
 def pytest_configure(config: pytest.Config) -> None:
     """Test processes run side by side (`-n 2` on 2 cores in CI), and the servers
     they start with them: each gets its share of the cores for torch's loops, as
-    several instances on one host should (README, "Configuration"). Past that, each
+    several instances on one host should (docs/configuration.md). Past that, each
     process's OpenMP workers spin for the cores the others need
     (runtime/models/weights/teams.py). Before any test module imports torch."""
     cores = os.cpu_count() or 1

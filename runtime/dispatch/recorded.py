@@ -4,7 +4,7 @@ The deadline rule (dispatcher.py) decides that an invocation is answered with
 a job; this is how it becomes one. The job is recorded before its work starts:
 the answer then waits for nothing the work does first (a cold load imports
 torch, which holds the GIL), a job the store refuses never runs (the caller
-was told it was not taken: RELIABILITY.md), and work queued for the fleet
+was told it was not taken: docs/reliability.md), and work queued for the fleet
 waits for its claim (claims.py).
 
 A job is then followed: its lease renewed while the work runs, each change

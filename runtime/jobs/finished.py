@@ -43,7 +43,7 @@ log = logging.getLogger("thaw.jobs")
 MAX_JOBS = 4096
 # Serialized payload bytes the memory holds at most; as Python objects they take
 # about twice that, well inside the per-process overhead a container is told to
-# leave (README).
+# leave (docs/configuration.md, "Host memory").
 MAX_BYTES = 16 * 1024 * 1024
 # The share of the bound a record may take, at most (see the module's docstring).
 LARGEST_SHARE = 16

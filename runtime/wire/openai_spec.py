@@ -7,7 +7,7 @@
 
 An operation is what the handler's event and output look like, so that
 runtime/http/openai/ can translate OpenAI's request and answer bodies to and
-from them (README, "OpenAI-compatible routes"):
+from them (docs/openai.md):
 
     embeddings    event {"texts": [str, ...]}
                   -> {"embeddings": [[float, ...], ...], "usage"?: {"prompt_tokens"}}

@@ -45,7 +45,7 @@ def test_invoke_model_backed_example(thaw_env: dict[str, str]) -> None:
 
 @pytest.mark.gpu
 def test_invoke_model_backed_example_on_cuda(thaw_env: dict[str, str]) -> None:
-    """The README's handler, as shipped, on a CUDA device: its input goes to the model's."""
+    """docs/handlers.md's handler, as shipped, on a CUDA device: its input goes to the model's."""
     env = {**thaw_env, "THAW_DEVICE": "cuda"}
     result = invoke("fahrenheit", "--event", '{"celsius": [100, -40, 0]}', env=env)
     assert result.returncode == 0, result.stderr

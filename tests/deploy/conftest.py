@@ -1,8 +1,8 @@
 """The container image, built once per session from the checkout, and its figures.
 
-scripts/image.py does the work a human does by hand (see README, "Running it
-three ways"): the tools (apt-get installs missing ones, as root), the stand-in
-base image, the wheelhouse, a build with no network. The base image's tarball
+scripts/image.py does the work a human does by hand (docs/containers.md, "This
+repository's images without Docker"): the tools (apt-get installs missing ones,
+as root), the stand-in base image, the wheelhouse, a build with no network. The base image's tarball
 and the wheelhouse are cached under THAW_IMAGE_CACHE (default .thaw/image), and
 the image store keeps the layers: the second build in a CI run, or on a
 developer's machine, is a cached one. Kept on purpose: the stand-in base image,

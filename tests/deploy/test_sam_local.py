@@ -2,7 +2,7 @@
 
 `sam local invoke` and `sam local start-lambda` (PyPI's aws-sam-cli) talk to
 podman through `podman system service`, its Docker-compatible API, on a socket
-in the test's own directory (DOCKER_HOST), exactly as README.md, "sam local",
+in the test's own directory (DOCKER_HOST), exactly as docs/lambda.md, "sam local",
 tells a user to. They run template.yaml as it ships, the image the session
 built (the Dockerfile's default target, the LocalImage parameter) and
 deploy/sam/env.local.json, the documented --env-vars file: jobs in SQLite,

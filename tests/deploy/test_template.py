@@ -220,7 +220,7 @@ def test_env_wiring_matches_the_store_the_source_and_the_policy(
 
 
 def test_the_sam_local_env_file_overrides_what_names_aws_resources() -> None:
-    """deploy/sam/env.local.json (`sam local --env-vars`, README "sam local"): for each
+    """deploy/sam/env.local.json (`sam local --env-vars`, docs/lambda.md "sam local"): for each
     function SAM runs locally, exactly the variables whose template values name the
     stack's resources (an intrinsic: `${JobsTable}`, `${DataBucket}`, a condition),
     replaced by what works in the container: jobs in SQLite under /tmp, the image's

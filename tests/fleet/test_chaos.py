@@ -1,5 +1,5 @@
 """The fleet's chaos in short, in order rather than at random (bench/fleet.py chaos
-is the long, random one, with its figures in RELIABILITY.md): three instances
+is the long, random one, with its figures in BENCHMARKS.md; docs/reliability.md): three instances
 behind nginx on one PostgreSQL of the test's own, nine held jobs spread over
 them, two instances SIGKILLed one after the other and replaced by new ones (a
 fresh state directory each, as on another machine), PostgreSQL restarted, then

@@ -3,7 +3,7 @@
 Each test runs a fresh `thaw serve` with the shipped handlers and reads the
 server's RSS from /proc (tests/pretrained/host_memory.py): what the container
 counts, not what Thaw's accounting says. The margins are the ones
-docs/architecture.md ("Host memory") documents.
+docs/internals/models.md ("Host memory") documents.
 
 Before runtime/models/weights/host.py, glibc kept every freed weight: three
 load/unload cycles of SmolLM2 left 1.7 GiB resident with nothing loaded
@@ -37,7 +37,7 @@ from tests.support import ServerProcess
 FIRST_USE_MARGIN_BYTES = 128 * MIB
 # A cycle after the first may leave no more than this (measured: 0-4 MiB).
 CYCLE_MARGIN_BYTES = 16 * MIB
-# The per-process overhead beyond idle baseline + budget that the README tells
+# The per-process overhead beyond idle baseline + budget that docs/configuration.md tells
 # containers to leave: the first-use state above, and allocator slack.
 PROCESS_OVERHEAD_BYTES = 128 * MIB
 CYCLES = 3

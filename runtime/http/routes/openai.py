@@ -1,5 +1,5 @@
 """The OpenAI-compatible routes: `/v1/embeddings`, `/v1/chat/completions`,
-`/v1/completions`, `/v1/models` (README, "OpenAI-compatible routes").
+`/v1/completions`, `/v1/models` (docs/openai.md).
 
 Each request is translated (runtime/http/openai/requests.py) into an invocation
 of the handler its `model` names and runs as every invocation runs, through
