@@ -1,7 +1,20 @@
-"""The baseline server: a bare Starlette app on uvicorn, the same uvicorn
-settings as `thaw serve` (runtime/http/server.py), serving the same `echo` function.
+"""The peers Thaw's server is measured against: a bare Starlette app on uvicorn,
+with the same uvicorn settings as `thaw serve` (runtime/http/server.py), serving
+the same `echo` function; and RunPod's worker (`--runpod`).
 
     python bench/bare_app.py PORT
+    /path/to/python-with-runpod bench/bare_app.py --runpod PORT
+
+With `--runpod`, the peer instead: RunPod's serverless worker (the `runpod`
+package's own local API server, what `python handler.py --rp_serve_api` starts:
+runpod.serverless.start with that flag builds its `WorkerAPI` and runs it on
+uvicorn), serving the same no-op handler, plus `GET /healthz` for the
+benchmark's start-up poll. Its routes: `POST /runsync {"input": ...}` runs the
+handler and answers its output; `POST /run` keeps the job in memory and answers
+its id; `POST /status/{id}` runs a kept job and answers its output (the local
+server's simulation of RunPod's queue). Not a dependency of Thaw: it runs under
+a Python that has `runpod` installed (bench/overhead.py `--runpod-python`), and
+imports nothing of this repository.
 
 Routes:
     GET  /healthz          200, like the runtime's
@@ -20,25 +33,47 @@ Routes:
 
 from __future__ import annotations
 
-import asyncio
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-import orjson
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
+
+def runpod_main(port: int) -> None:
+    """RunPod's worker on `port`: the one mode that imports nothing of Thaw's."""
+    from runpod.serverless.modules.rp_fastapi import WorkerAPI  # type: ignore[import-not-found]
+
+    async def echo(job: dict[str, Any]) -> Any:
+        """`handlers.echo`'s work: the input back."""
+        return job["input"]
+
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    api = WorkerAPI({"handler": echo})
+    api.rp_app.add_api_route("/healthz", healthz, methods=["GET"])
+    api.start_uvicorn(api_host="127.0.0.1", api_port=port)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--runpod"]:
+    runpod_main(int(sys.argv[2]))
+    sys.exit(0)
+
+import asyncio  # noqa: E402
+import time  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import orjson  # noqa: E402
+import uvicorn  # noqa: E402
+from starlette.applications import Starlette  # noqa: E402
+from starlette.requests import Request  # noqa: E402
+from starlette.responses import Response  # noqa: E402
+from starlette.routing import Route  # noqa: E402
 
 # `python bench/bare_app.py` puts bench/ on sys.path, not the repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.fixtures import echo_sync
-from handlers.echo import echo as echo_fn
+from bench.fixtures import echo_sync  # noqa: E402
+from handlers.echo import echo as echo_fn  # noqa: E402
 
 _fanout: dict[str, Any] = {}
 # As many threads as Thaw's handler threads (runtime/dispatch/calls.py, sized in

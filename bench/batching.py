@@ -5,9 +5,9 @@
 One run, side by side, the same client and the same MiniLM files:
 
 - Thaw batched: `thaw serve` with `handlers.embed` (`batch=Batch(32, 5 ms)`);
-- Thaw unbatched: `embed_unbatched` (bench/unbatched_embed.py: the handler as
-  it was before batching, one forward pass per request) in the same server
-  process, on the same loaded model;
+- Thaw unbatched: `embed_unbatched` (below: the shipped `embed` function called
+  with one event a call, so one forward pass per request, on the handler
+  threads) in the same server process, on the same loaded model;
 - Infinity (`infinity-emb`, its torch engine, batch size 32) serving a
   directory whose weights and tokenizer are symlinks to the bundle's own
   `model.safetensors` and `tokenizer.json` (the configuration files it also
@@ -41,7 +41,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -63,6 +63,12 @@ from bench.common import (  # noqa: E402
     stopping,
     thaw_serve_argv,
 )
+from handlers import embed as shipped_embed  # noqa: E402
+from handlers.embed import build_minilm  # noqa: E402, F401  (the registry collects it)
+from runtime import Context, handler  # noqa: E402
+
+if TYPE_CHECKING:
+    from handlers.models.minilm import MiniLM
 
 INFINITY_VENV = ROOT / "bench" / ".venv-infinity"
 INFINITY_START_S = 240.0
@@ -105,6 +111,17 @@ SENTENCES = (
     "He fixed the bug before the release.",
     "A dog is running on the beach.",
 )
+
+
+# The baseline, served beside `embed` (THAW_HANDLERS=handlers.embed,bench.batching): the
+# shipped function itself, not a copy of it, handed one event per call.
+@handler("embed_unbatched", uses=["minilm"], warmup=[{"texts": ["hi"]}])
+def embed_unbatched(event: Any, minilm: MiniLM, ctx: Context) -> Any:
+    """The shipped `embed`, one event a call: one forward pass per request."""
+    (output,) = shipped_embed.embed([event], minilm, [ctx])
+    if isinstance(output, Exception):
+        raise output
+    return output
 
 
 @dataclass(frozen=True)
@@ -381,9 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp_dir)
         with stopping([]) as procs:
             port = free_port()
-            env = runtime_env(
-                tmp, handlers="handlers.embed,bench.unbatched_embed", prewarm="minilm"
-            )
+            env = runtime_env(tmp, handlers="handlers.embed,bench.batching", prewarm="minilm")
             thaw = Proc(thaw_serve_argv(port), env, port, tmp / "thaw.log").start()
             procs.append(thaw)
             asyncio.run(_wait_http_ok(port, "/readyz", thaw, 300.0))

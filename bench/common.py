@@ -388,3 +388,14 @@ def lambda_client(port: int) -> Any:
         aws_secret_access_key="x",
         config=Config(retries={"max_attempts": 1}, read_timeout=600),
     )
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime of `pid`, seconds (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def minor_faults(pid: int) -> int:
+    """Minor page faults of `pid` so far: pages the allocator handed back and took again."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])

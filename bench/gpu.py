@@ -16,11 +16,11 @@ Where CUDA is absent it prints one line saying so and exits 0.
 - Unload: `gpu-synthetic` loaded and `DELETE /models/gpu-synthetic`ed 10
   times; after each DELETE the server's allocator (`memory_allocated`,
   `memory_reserved`) and the driver (`mem_get_info`) are read inside the
-  server process (bench/gpu_probe.py's `device_memory` handler).
+  server process (bench/fixtures.py's `device_memory` handler).
 - First request after READY against steady state (every timed request after
-  `idle_s` idle), per shipped handler, in a fresh process each: with the
-  accelerator warm-up (the shipped handlers) and without it
-  (bench/gpu_plain.py).
+  `idle_s` idle), per shipped handler, in a fresh process each, with the
+  accelerator warm-up the handler declares (what it saves on a device:
+  docs/decisions/0009-accelerator-warm-up.md).
 - Throughput: batched `embed` at 32 keep-alive clients against one, and
   `generate` tokens/s at 8 concurrent callers against one.
 - Peak device memory of each handler's largest request
@@ -44,16 +44,32 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import Any
+
+import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.common import Row, fmt_bw, fmt_s, fmt_x, median, percentile, render  # noqa: E402
-from bench.gpu_server import Server, load_average  # noqa: E402
+from bench.common import (  # noqa: E402
+    Conn,
+    Proc,
+    Row,
+    fmt_bw,
+    fmt_s,
+    fmt_x,
+    free_port,
+    median,
+    percentile,
+    render,
+    request,
+    runtime_env,
+    thaw_serve_argv,
+)
 
 GIB = 1024**3
 MIB = 1024**2
@@ -70,6 +86,156 @@ THROUGHPUT = {
     "generate": "`generate`, {plan.generate_callers} concurrent callers",
 }
 STORY = "Write a long story about a lighthouse keeper and a storm."
+
+
+# ---- one `thaw serve` process, and what the check asks of it over HTTP ----
+
+LOAD_TIMEOUT_S = 300.0
+POLL_S = 0.01
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def driver_used_bytes(pid: int) -> int | None:
+    """Device memory the driver accounts to process `pid` (nvidia-smi), or None where
+    nvidia-smi is absent or does not list it (no device; another PID namespace)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    query = ["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+    done = subprocess.run([exe, *query], capture_output=True, text=True, timeout=60)
+    for line in done.stdout.splitlines() if done.returncode == 0 else []:
+        found, _, used_mib = line.partition(",")
+        if found.strip() == str(pid):
+            return int(used_mib.strip()) * 1024 * 1024
+    return None
+
+
+@dataclass
+class Loop:
+    """A closed loop's outcome: each client sent its next request when its answer came."""
+
+    seconds: float
+    latencies: list[float] = field(default_factory=list)
+    completion_tokens: int = 0
+
+    @property
+    def rate(self) -> float:
+        return len(self.latencies) / self.seconds
+
+    @property
+    def tokens_rate(self) -> float:
+        return self.completion_tokens / self.seconds
+
+
+class Server:
+    """`thaw serve` on a free port, serving `modules` from `source` on `device`; its
+    log is `node/{name}.log`."""
+
+    def __init__(self, node: Path, name: str, source: Path, modules: str, device: str) -> None:
+        self.device = device
+        self.port = free_port()
+        # One node for every server of a run, one after another (as restarts on one
+        # machine): its cache and stamps spare each later start the files' hashing.
+        env = runtime_env(
+            node,
+            HANDLERS=modules,
+            BUNDLE_SOURCE=str(source),
+            DEVICE=device,
+            # Every answer is awaited: the largest requests must not become jobs.
+            WAIT_S="600",
+            MAX_WAIT_S="600",
+        )
+        self.proc = Proc(thaw_serve_argv(self.port), env, self.port, node / f"{name}.log")
+
+    async def __aenter__(self) -> Server:
+        self.proc.start()
+        await asyncio.to_thread(self.proc.wait_healthy, 120.0)
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await asyncio.to_thread(self.proc.stop)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc.proc is not None
+        return self.proc.proc.pid
+
+    async def driver_used(self) -> int | None:
+        """What nvidia-smi says this server holds on the device (None: it cannot say)."""
+        return await asyncio.to_thread(driver_used_bytes, self.pid)
+
+    def _fail(self, what: str) -> RuntimeError:
+        return RuntimeError(f"{what}\n--- server log ---\n{self.proc.log()}")
+
+    async def invoke(self, handler: str, event: Any) -> tuple[float, Any]:
+        """(seconds from before the connect to the last byte, output) of one invocation."""
+        reply = await request(self.port, "POST", f"/invoke/{handler}", orjson.dumps(event))
+        if reply.status != 200:
+            raise self._fail(f"{handler}: {reply.status} {reply.body[:500]!r}")
+        return reply.wall_s, orjson.loads(reply.body)
+
+    async def view(self, bundle: str) -> dict[str, Any]:
+        reply = await request(self.port, "GET", "/models")
+        models = orjson.loads(reply.body)["models"]
+        found: dict[str, Any] = next(m for m in models if m["name"] == bundle)
+        return found
+
+    async def load(self, bundle: str) -> dict[str, Any]:
+        """Ask for a load (`POST /models/{bundle}/load`) and wait until it is READY."""
+        reply = await request(self.port, "POST", f"/models/{bundle}/load")
+        if reply.status != 202:
+            raise self._fail(f"load {bundle}: {reply.status} {reply.body[:500]!r}")
+        deadline = time.monotonic() + LOAD_TIMEOUT_S
+        while time.monotonic() < deadline:
+            view = await self.view(bundle)
+            if view["state"] == "ready":
+                return view
+            if view["state"] == "failed":
+                raise self._fail(f"load {bundle} failed: {view['error']}")
+            await asyncio.sleep(POLL_S)
+        raise self._fail(f"{bundle} not ready after {LOAD_TIMEOUT_S} s")
+
+    async def unload(self, bundle: str) -> None:
+        """`DELETE /models/{bundle}`: answers once the memory was released."""
+        reply = await request(self.port, "DELETE", f"/models/{bundle}")
+        if reply.status != 200:
+            raise self._fail(f"unload {bundle}: {reply.status} {reply.body[:500]!r}")
+
+    async def memory(self, *, reset_peak: bool = False) -> dict[str, Any]:
+        """The server process's device memory (bench/gpu_probe.py), in bytes."""
+        event = {"device": self.device, "reset_peak": reset_peak}
+        figures: dict[str, Any] = (await self.invoke("device_memory", event))[1]
+        return figures
+
+    async def closed_loop(self, handler: str, event: Any, clients: int, each: int) -> Loop:
+        """`clients` keep-alive connections, `each` requests apiece, back to back."""
+        body = orjson.dumps(event)
+        conns = [await Conn(self.port).open() for _ in range(clients)]
+        loop = Loop(0.0)
+
+        async def client(conn: Conn) -> None:
+            for _ in range(each):
+                reply = await conn.request("POST", f"/invoke/{handler}", body)
+                if reply.status != 200:
+                    raise self._fail(f"{handler}: {reply.status} {reply.body[:500]!r}")
+                loop.latencies.append(reply.wall_s)
+                usage = orjson.loads(reply.body).get("usage") if handler == "generate" else None
+                if usage:
+                    loop.completion_tokens += int(usage["completion_tokens"])
+
+        started = time.perf_counter()
+        try:
+            await asyncio.gather(*(client(c) for c in conns))
+        finally:
+            loop.seconds = time.perf_counter() - started
+            for conn in conns:
+                await conn.close()
+        return loop
 
 
 @dataclass(frozen=True)
@@ -251,7 +417,7 @@ async def load_and_unload(table: Table, tmp: Path, source: Path, present: set[st
     copies = {SYNTHETIC: host_copy_bps(synthetic_files, plan)}
     if smollm2:
         copies["smollm2"] = host_copy_bps(safetensors_of(source / "smollm2"), plan)
-    modules = "bench.gpu_probe" + (",handlers.generate" if smollm2 else "")
+    modules = "bench.fixtures" + (",handlers.generate" if smollm2 else "")
     async with Server(tmp / "node", "memory", source, modules, plan.device) as server:
         before = await server.memory()
         load_ms: list[float] = []
@@ -415,33 +581,26 @@ async def per_handler(table: Table, tmp: Path, source: Path, present: set[str]) 
             table.skip(f"peak {table.unit} memory of the largest `{handler}` request", why)
             if handler in THROUGHPUT:
                 table.skip(THROUGHPUT[handler].format(plan=plan), why)
-            table.skip(f"`{handler}` first request after READY, accelerator warm-up off", why)
             continue
-        for warm in (True, False):
-            modules = f"handlers.{handler}" if warm else "bench.gpu_plain"
-            name = f"{handler}-{'on' if warm else 'off'}"
-            modules += ",bench.gpu_probe"
-            async with Server(tmp / "node", name, source, modules, plan.device) as server:
-                view = await server.load(bundle_name)
-                first, steady = await first_and_steady(server, handler, plan)
-                warmup_s = view["phase_ms"].get("warmup", 0.0) / 1000
-                mode = "on" if warm else "off (the CPU warm-up only)"
-                table.add(
-                    f"`{handler}` first request after READY vs steady (median of {len(steady)}), "
-                    f"accelerator warm-up {mode}; warm-up {warmup_s:.2f} s at load",
-                    fmt_s(first),
-                    fmt_s(median(steady)),
-                    first / median(steady),
-                    f"<= {FIRST_TARGET}x" if warm else "—",
-                    first / median(steady) <= FIRST_TARGET if warm else None,
-                )
-                if not warm:
-                    continue
-                await peak_memory(table, server, handler, view["memory"]["per_request_bytes"])
-                if handler == "embed":
-                    await embed_throughput(table, server)
-                elif handler == "generate":
-                    await generate_throughput(table, server)
+        modules = f"handlers.{handler},bench.fixtures"
+        async with Server(tmp / "node", handler, source, modules, plan.device) as server:
+            view = await server.load(bundle_name)
+            first, steady = await first_and_steady(server, handler, plan)
+            warmup_s = view["phase_ms"].get("warmup", 0.0) / 1000
+            table.add(
+                f"`{handler}` first request after READY vs steady (median of {len(steady)}), "
+                f"accelerator warm-up on; warm-up {warmup_s:.2f} s at load",
+                fmt_s(first),
+                fmt_s(median(steady)),
+                first / median(steady),
+                f"<= {FIRST_TARGET}x",
+                first / median(steady) <= FIRST_TARGET,
+            )
+            await peak_memory(table, server, handler, view["memory"]["per_request_bytes"])
+            if handler == "embed":
+                await embed_throughput(table, server)
+            elif handler == "generate":
+                await generate_throughput(table, server)
 
 
 def build_shipped(bundles: Path) -> None:

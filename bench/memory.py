@@ -43,8 +43,16 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.common import Row, fmt_s, fmt_x, median, render, runtime_env, verdict  # noqa: E402
-from bench.server_cpu import minor_faults  # noqa: E402
+from bench.common import (  # noqa: E402
+    Row,
+    fmt_s,
+    fmt_x,
+    median,
+    minor_faults,
+    render,
+    runtime_env,
+    verdict,
+)
 from runtime.bundles.manifest import read_manifest  # noqa: E402
 from tests.pretrained.host_memory import (  # noqa: E402
     MIB,

@@ -73,7 +73,7 @@ def _warmup() -> list[dict[str, Any]]:
     """One RGBA PNG: the first forward pass (kernel and allocator set-up: 62 ms
     against 25-27 ms after) and PIL's first image (17-21 ms: it imports its
     PNG, JPEG, GIF, BMP and PPM plugins together, so the first JPEG after it
-    costs 0.3 ms) are the one-time costs on a CPU (bench/RESULTS-warmup.md).
+    costs 0.3 ms) are the one-time costs on a CPU (BENCHMARKS.md, warmup).
     RGBA, so the alpha conversion path is warm too. A second example (a JPEG)
     warmed nothing more: it was one more forward pass, 27 ms of every cold
     start. Made on first use, not at import (discovery runs before the server

@@ -64,7 +64,7 @@ def _texts_of_tokens(tokens: int) -> list[str]:
 # On a CPU the one-time costs of a request (the tokenizer's first encode, the
 # first forward pass's kernel and allocator set-up) are paid by the smallest
 # one: a full batch of long texts first costs within noise of its steady state
-# with or without warm-up (bench/RESULTS-warmup.md), and warming it took 1.7-2.2
+# with or without warm-up (BENCHMARKS.md, warmup), and warming it took 1.7-2.2
 # s of every cold start. On a GPU a kernel is loaded on its first use (CUDA's
 # lazy module loading), and which GEMM kernel runs changes with the rows of the
 # linear layers (the real tokens of a pass): on an H200 a first request of two

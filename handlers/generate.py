@@ -59,7 +59,7 @@ _LONG_PROMPT = "Thaw loads a model once and keeps it warm for the requests that 
 # On a CPU a first request pays nothing a later one does not: the builder already
 # touches every weight, and MKL's float32 GEMM and attention have no per-shape
 # set-up. With no warm-up at all, first requests ran at 0.94x (a sampled chat
-# request) and 1.03x (a greedy prompt) of steady (bench/RESULTS-warmup.md,
+# request) and 1.03x (a greedy prompt) of steady (BENCHMARKS.md, warmup,
 # 2026-12-04), where the one sampled chat example warmed before cost 0.2 s of every
 # cold start (issue 29): so a CPU load warms nothing. An accelerator selects (and
 # may autotune) kernels on the first call of each shape: there a load warms a

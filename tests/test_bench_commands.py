@@ -1,16 +1,18 @@
-"""Every benchmark starts as the docs run it: `.venv/bin/python bench/NAME.py`, from the
-repository root, no PYTHONPATH (which puts bench/, not the root, on sys.path), and
-every module a benchmark serves as handlers imports and registers.
+"""Every registered benchmark (bench/run.py's `BENCHMARKS`) starts as the docs run it:
+`.venv/bin/python bench/NAME.py`, from the repository root, no PYTHONPATH (which puts
+bench/, not the root, on sys.path), and every module a benchmark serves as handlers
+imports and registers. BENCHMARKS.md holds one section per registered benchmark,
+which `bench/run.py --write` rewrites.
 
 A benchmark that no longer starts is found here, not by the next person who needs
-its figures (bench/overhead.py and bench/generation.py once did not).
+its figures (bench/overhead.py and bench/generation.py once did not). Scripts under
+bench/experiments/ are not run here: each measured one decision (docs/decisions/).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -19,32 +21,15 @@ import httpx
 import pytest
 
 from bench.common import fmt_s
+from bench.run import BENCHMARKS, markers, registered, write_section
 from tests.support import free_port, until
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-# Servers a benchmark starts with a port, not commands: bare_app.py is started
-# below; runpod_worker.py runs under a Python with `runpod` (BENCHMARKS.md).
-SERVERS = {"bare_app.py", "runpod_worker.py"}
-
-
-def commands() -> list[str]:
-    """The bench scripts that run as commands: every one with a main block."""
-    return sorted(
-        path.name
-        for path in BENCH.glob("*.py")
-        if 'if __name__ == "__main__":' in path.read_text() and path.name not in SERVERS
-    )
-
-
-def documented() -> set[str]:
-    """The bench scripts the docs and the scripts' own docstrings tell users to run."""
-    texts = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *ROOT.glob("docs/*.md")]
-    texts += BENCH.glob("*.py")
-    found: set[str] = set()
-    for text in texts:
-        found |= set(re.findall(r"python[\w-]* bench/([a-z_]+\.py)", text.read_text()))
-    return found
+# What bench/ holds beside the registered benchmarks: shared code, the servers and
+# handlers the benchmarks measure against, and the package marker.
+SUPPORT = {"__init__.py", "run.py", "common.py", "fixtures.py", "bare_app.py", "bare_lambda.py"}
+MAX_SCRIPTS = 25
 
 
 def run_as_user(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -55,15 +40,58 @@ def run_as_user(*argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_every_documented_benchmark_is_a_command() -> None:
-    assert documented() - SERVERS <= set(commands())
+def test_bench_holds_the_registered_benchmarks_and_their_support_only() -> None:
+    scripts = {path.name for path in BENCH.glob("*.py")}
+    commands = {b.script.name for b in BENCHMARKS}
+    assert scripts - SUPPORT <= commands, "register it in bench/run.py or move it to experiments/"
+    assert len(scripts) <= MAX_SCRIPTS, sorted(scripts)
 
 
-@pytest.mark.parametrize("script", commands())
-def test_the_benchmark_answers_help_as_the_docs_run_it(script: str) -> None:
-    done = run_as_user(f"bench/{script}", "--help")
+@pytest.mark.parametrize("name", sorted({b.argv[0] for b in registered()}))
+def test_the_benchmark_answers_help_as_the_docs_run_it(name: str) -> None:
+    done = run_as_user(name, "--help")
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("usage:"), done.stdout[:500]
+
+
+def test_the_runner_lists_every_benchmark() -> None:
+    done = run_as_user("bench/run.py", "--list")
+    assert done.returncode == 0, done.stderr[-2000:]
+    for bench in BENCHMARKS:
+        assert f"{bench.name} (" in done.stdout
+        assert bench.command in done.stdout
+
+
+def test_benchmarks_md_has_a_section_for_every_benchmark() -> None:
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    for bench in BENCHMARKS:
+        begin, end = markers(bench.name)
+        assert text.count(begin) == 1 and text.count(end) == 1, bench.name
+        assert text.index(begin) < text.index(end), bench.name
+    assert len(text.splitlines()) <= 600
+    # Current figures, not a diary of work periods.
+    assert not re.search(r"^#.*(session|round's)", text, re.MULTILINE)
+
+
+def test_write_rewrites_one_section_and_leaves_the_rest(tmp_path: Path) -> None:
+    doc = tmp_path / "B.md"
+    doc.write_text(
+        "# Title\n\n<!-- bench:a -->\nold a\n<!-- /bench:a -->\n\n"
+        "text between\n\n<!-- bench:b -->\nold b\n<!-- /bench:b -->\n"
+    )
+    write_section(doc, "a", "new a\n| x |")
+    assert doc.read_text() == (
+        "# Title\n\n<!-- bench:a -->\nnew a\n| x |\n<!-- /bench:a -->\n\n"
+        "text between\n\n<!-- bench:b -->\nold b\n<!-- /bench:b -->\n"
+    )
+    with pytest.raises(SystemExit, match="no section"):
+        write_section(doc, "c", "anything")
+
+
+def test_the_runner_refuses_what_is_not_registered() -> None:
+    done = run_as_user("bench/run.py", "--only", "gemm_layout")
+    assert done.returncode == 2
+    assert "unknown benchmark" in done.stderr
 
 
 def handler_modules() -> list[str]:
@@ -72,13 +100,13 @@ def handler_modules() -> list[str]:
     return sorted(
         f"bench.{path.stem}"
         for path in BENCH.glob("*.py")
-        if re.search(r"^@(handler|builder)\(", path.read_text(), re.MULTILINE)
+        if re.search(r"^@(handler|builder|bundle)\(", path.read_text(), re.MULTILINE)
     )
 
 
 def test_every_benchmark_handler_module_registers() -> None:
     modules = handler_modules()
-    assert {"bench.fixtures", "bench.private_generate", "bench.unbatched_embed"} <= set(modules)
+    assert {"bench.fixtures", "bench.batching", "bench.generation"} <= set(modules)
     # In a process of its own: some import the models' code.
     probe = (
         "import sys\n"
@@ -91,7 +119,8 @@ def test_every_benchmark_handler_module_registers() -> None:
     )
     done = run_as_user("-c", probe, *modules)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "generate_private" in done.stdout, done.stdout
+    for name in ("generate_private", "embed_unbatched", "device_memory", "echo_sync"):
+        assert name in done.stdout, done.stdout
 
 
 def test_the_bare_app_serves_the_baseline(tmp_path: Path) -> None:
@@ -121,36 +150,6 @@ def test_the_bare_app_serves_the_baseline(tmp_path: Path) -> None:
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
-
-
-@pytest.mark.parametrize("what", ["job-cycle", "two-invokes"])
-def test_the_instruction_counts_job_driver_runs_its_cycles(tmp_path: Path, what: str) -> None:
-    """`bench/instructions.py --jobs` counts what its driver runs under callgrind: the
-    driver itself, run plainly, submits and long-polls real jobs (it checks each
-    ends succeeded) or invokes, in the real app on a SQLite file."""
-    from bench.common import runtime_env
-
-    env = runtime_env(tmp_path, handlers="handlers.echo,bench.fixtures", max_jobs="1000")
-    env.pop("PYTHONPATH")  # as a user runs it: the script puts the root on sys.path
-    done = subprocess.run(
-        [sys.executable, "bench/instructions.py", "--drive", "thaw", what, "3"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    # The driver warms up with 200 of them, then runs the 3 asked for.
-    with sqlite3.connect(tmp_path / "jobs.sqlite3") as db:
-        stored = db.execute("SELECT status, count(*) FROM jobs GROUP BY status").fetchall()
-    assert stored == ([] if what == "two-invokes" else [("succeeded", 203)])
-
-
-def test_the_job_cycle_cpu_comparison_needs_another_checkout() -> None:
-    done = run_as_user("bench/server_cpu.py", "--jobs")
-    assert done.returncode == 2
-    assert "--jobs needs --against" in done.stderr
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
-"""bench/gpu.py, the GPU check (run on a lent H200, BENCHMARKS.md), and
-bench/gpu_attention.py run where there is no GPU, as in CI: without CUDA each
-says so in one line and exits 0, and `--smoke` drives every measurement's code
-path on the CPU (for gpu.py: real servers, real bundles) into one table.
+"""bench/gpu.py, the GPU check (run on a lent H200, BENCHMARKS.md), run where
+there is no GPU, as in CI: without CUDA it says so in one line and exits 0, and
+`--smoke` drives every measurement's code path on the CPU (real servers, real
+bundles) into one table.
 
 The smoke run shares this session's built bundles (conftest's `bundles_dir`);
 the bench builds any that are missing itself, and a shipped bundle whose
@@ -24,7 +24,6 @@ from tests.support import SAFETY_S
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu.py"
-ATTENTION = ROOT / "bench" / "gpu_attention.py"
 
 # Each row the table must hold, as a pattern of its first cell, and the shipped
 # bundle it needs (None: the synthetic bundle only).
@@ -35,14 +34,11 @@ ROWS: list[tuple[str, str | None]] = [
     (r"^unload x\d+: reserved by the caching allocator after each DELETE", None),
     (r"^unload x\d+: driver's used memory \(mem_get_info\)", None),
     (r"^`embed` first request after READY.*accelerator warm-up on", "minilm"),
-    (r"^`embed` first request after READY.*accelerator warm-up off", "minilm"),
     (r"^peak RSS, smoke memory of the largest `embed` request", "minilm"),
     (r"^`embed` batched, 32 keep-alive clients: requests/s", "minilm"),
     (r"^`classify` first request after READY.*accelerator warm-up on", "efficientnet"),
-    (r"^`classify` first request after READY.*accelerator warm-up off", "efficientnet"),
     (r"^peak RSS, smoke memory of the largest `classify` request", "efficientnet"),
     (r"^`generate` first request after READY.*accelerator warm-up on", "smollm2"),
-    (r"^`generate` first request after READY.*accelerator warm-up off", "smollm2"),
     (r"^peak RSS, smoke memory of the largest `generate` request", "smollm2"),
     (r"^`generate`, 8 concurrent callers", "smollm2"),
 ]
@@ -83,28 +79,6 @@ def test_without_cuda_it_skips_in_one_line_and_exits_0() -> None:
     assert "|" not in done.stdout  # no table
 
 
-def test_the_attention_check_skips_in_one_line_without_cuda() -> None:
-    done = run_bench(cuda=False, script=ATTENTION)
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert len(lines) == 1, done.stdout
-    assert lines[0].startswith("bench/gpu_attention.py: skipped: no CUDA device"), lines[0]
-    assert "|" not in done.stdout
-
-
-def test_the_attention_check_measures_both_backends_in_its_smoke_run() -> None:
-    done = run_bench("--smoke", cuda=False, script=ATTENTION)
-    assert done.returncode == 0, done.stderr
-    rows = table_rows(done.stdout)
-    names = [row[0] for row in rows]
-    for backend in ("cuDNN on", "cuDNN off"):
-        assert any(n.startswith(f"{backend}: decode attention, first call") for n in names), names
-        assert f"{backend}: first attention on a new thread" in names, names
-    assert names[-1].startswith("cuDNN plans per shape"), names
-    for row in rows:  # every figure measured: a duration, never n/a
-        assert re.fullmatch(r"[\d.]+ (µs|ms|s)", row[1]), row
-
-
 @pytest.mark.slow
 def test_smoke_runs_every_measurement_on_the_cpu(bundles_dir: Path) -> None:
     done = run_bench("--smoke", "--bundles", str(bundles_dir), cuda=False)
@@ -127,27 +101,3 @@ def test_smoke_runs_every_measurement_on_the_cpu(bundles_dir: Path) -> None:
     assert re.search(r"[\d.]+ [MG]B/s", load[1]) and "host copy" in load[2], load
     allocated = next(r for r in rows if "allocated after each DELETE" in r[0])
     assert allocated[2].startswith("+") and allocated[2].endswith("while loaded"), allocated
-
-
-def test_the_plain_handlers_are_the_shipped_ones_without_accelerator_warmup() -> None:
-    """What bench/gpu.py's "warm-up off" rows serve differs from the shipped handlers
-    in the accelerator warm-up alone."""
-    from runtime.registry import discover
-
-    shipped = discover(["handlers.embed", "handlers.classify", "handlers.generate"])
-    plain = discover(["bench.gpu_plain"])
-    assert set(plain.handlers) == set(shipped.handlers) == {"embed", "classify", "generate"}
-    assert {b: s.fn for b, s in plain.builders.items()} == {
-        b: s.fn for b, s in shipped.builders.items()
-    }
-    for name, ours in plain.handlers.items():
-        theirs = shipped.handler(name)
-        assert theirs.accelerator_warmup, f"{name} ships no accelerator warm-up to leave out"
-        assert list(ours.accelerator_warmup) == []
-        assert ours.warmup_for("cuda") == list(theirs.warmup) == ours.warmup_for("cpu")
-        assert (ours.uses, ours.batch, ours.join, ours.streams) == (
-            theirs.uses,
-            theirs.batch,
-            theirs.join,
-            theirs.streams,
-        )

@@ -4,7 +4,7 @@
 
 In one process, no server: `runtime.registry.alone(GenerateSteps)` (what the
 decode scheduler runs for a lone sequence: `prefill`, then `step` after `step`)
-against `ChatLM.stream` (the per-request loop of `bench/private_generate.py`),
+against `ChatLM.stream` (the per-request loop `bench/generation.py` serves as `generate_private`),
 the same 64-token greedy counting request (it never stops early), alternating
 who goes first, pair by pair. Prints each pair's times and the median ratio.
 """
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.common import ROOT
 from bench.generation import build_bundle

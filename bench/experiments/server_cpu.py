@@ -30,20 +30,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402
     Proc,
     bare_argv,
+    cpu_s,
     fmt_x,
     free_port,
     median,
@@ -52,20 +52,8 @@ from bench.common import (  # noqa: E402
 )
 from bench.overhead import measure, measure_jobs  # noqa: E402
 
-TICK = os.sysconf("SC_CLK_TCK")
 # `--jobs`: the "path" of a window that runs job cycles.
 JOBS = "job cycle"
-
-
-def cpu_s(pid: int) -> float:
-    """utime + stime of `pid`, seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def minor_faults(pid: int) -> int:
-    """Minor page faults of `pid` so far: pages the allocator handed back and took again."""
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
 
 
 @dataclass

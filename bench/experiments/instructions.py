@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 # `python bench/instructions.py` puts bench/ on sys.path, not the repository root.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.common import HOST, ROOT, bare_argv, free_port, runtime_env, thaw_serve_argv
 

@@ -27,19 +27,21 @@ from pathlib import Path
 
 import orjson
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.common import (  # noqa: E402
+from bench.common import (  # noqa: E402  # noqa: E402
     Conn,
     Proc,
     Row,
     bare_argv,
+    cpu_s,
     fmt_s,
     fmt_x,
     free_port,
     median,
+    minor_faults,
     render,
     round_ratio,
     runtime_env,
@@ -47,7 +49,6 @@ from bench.common import (  # noqa: E402
     thaw_serve_argv,
     verdict,
 )
-from bench.server_cpu import cpu_s, minor_faults  # noqa: E402
 
 P50_TARGET = 1.25
 WINDOW_S = 1.0

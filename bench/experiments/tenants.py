@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 # `python bench/tenants.py` puts bench/ on sys.path, not the repository root.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.common import (
     HOST,

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import orjson
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -40,6 +40,7 @@ from bench.common import (  # noqa: E402
     Conn,
     Proc,
     Row,
+    cpu_s,
     fmt_s,
     fmt_x,
     free_port,
@@ -50,7 +51,6 @@ from bench.common import (  # noqa: E402
     verdict,
 )
 from bench.overhead import thaw_job_cycle  # noqa: E402
-from bench.server_cpu import cpu_s  # noqa: E402
 from tests.pretrained.host_memory import MIB, status_bytes  # noqa: E402
 
 GROWTH_TARGET = 48 * MIB
