@@ -1,5 +1,5 @@
 # `make demo` and `make test` are the two entry points (see README.md).
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test test-fast lint bench
 
 setup:
 	./scripts/setup.sh
@@ -9,6 +9,11 @@ demo: setup
 
 test: setup
 	.venv/bin/python -m pytest -q -n 2 --dist loadscope
+
+# In-process tests only: no process, server, image or PostgreSQL (tests/conftest.py).
+test-fast: setup
+	THAW_TESTS_IN_PROCESS=1 .venv/bin/python -m pytest -q -n 2 --dist loadscope \
+		-m "not process and not image and not slow"
 
 lint: setup
 	.venv/bin/ruff check runtime handlers tests bench scripts

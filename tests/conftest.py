@@ -1,10 +1,20 @@
-"""Shared fixtures. Area-specific fixtures live in each area's own conftest.py."""
+"""Shared fixtures. Area-specific fixtures live in each area's own conftest.py.
+
+Two tiers: `make test` runs everything; `make test-fast` only what runs in this
+process (`-m "not process and not image and not slow"`). A test that starts a
+process (a server, the emulator, PostgreSQL, moto, a mount) is marked `process`:
+by `pytestmark` or its own mark, or here, for using one of `PROCESS_FIXTURES`.
+Under `make test-fast` (THAW_TESTS_IN_PROCESS=1) a test that starts a process
+anyway fails, naming what it started, so the fast tier stays what it says.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +26,59 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+# Fixtures that start a process, or stand for one (its environment): a test that
+# uses one, directly or through another fixture, is marked `process`. Names
+# that mean a process in one module and an in-process app in another (`server`,
+# `emulator`, `dsn`) are left to those modules' own marks.
+PROCESS_FIXTURES = frozenset(
+    {
+        "thaw_env",  # the environment of a runtime process
+        "server_env",
+        "servers",
+        "serve",
+        "serve_at",
+        "start_runtime",
+        "emulator_env",
+        "state_env",
+        "lambda_client",
+        "clean_env",
+        "launch",
+        "launch_module",
+        "start_servers",
+        "moto_endpoint",
+        "aws_env",
+        "postgres_cluster",
+        "postgres_database",
+        "pgbouncer",
+        "own_cluster",
+        "fleet_dsn",
+        "fleet_env",
+        "make_fleet",
+        "read_only_fs",  # mount(8)
+        "bundle_fs",
+        "engine",  # buildah / podman
+        "session_images",
+        "built_images",
+        "built_image",
+        "http_image",
+    }
+)
+
+# Audit events of starting a process (sys.addaudithook), watched under `make test-fast`.
+_SPAWN_EVENTS = frozenset(
+    {"subprocess.Popen", "os.posix_spawn", "os.spawn", "os.exec", "os.fork", "os.system"}
+)
+IN_PROCESS_ONLY = os.environ.get("THAW_TESTS_IN_PROCESS") == "1"
+# What was started since the last test's end (`in_process_only`).
+_started: list[str] = []
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if event in _SPAWN_EVENTS:
+        what = args[1] if event == "subprocess.Popen" else args[:1]
+        _started.append(f"{event} {str(what)[:160]}")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -32,6 +95,23 @@ def pytest_configure(config: pytest.Config) -> None:
         asked = getattr(config.option, "numprocesses", None)  # xdist's -n: a count, or 'auto'
         processes = asked if isinstance(asked, int) and asked > 0 else cores if asked else 1
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // processes)))
+    if IN_PROCESS_ONLY:
+        sys.addaudithook(_audit)
+
+
+@pytest.fixture(autouse=True)
+def in_process_only() -> Iterator[None]:
+    """Under `make test-fast`: fail a test that started a process (in its own set-up,
+    a shared fixture's made for it, its body or its teardown) unmarked `process`."""
+    yield
+    if IN_PROCESS_ONLY and _started:
+        started = list(_started)
+        _started.clear()
+        pytest.fail(
+            f"started a process ({started[0]}; {len(started)} in all) in the in-process "
+            "tier: mark the test `process` (tests/conftest.py)",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -64,10 +144,15 @@ def _has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by the marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `gpu` are skipped where no CUDA device is (they run on a device
-    machine: `pytest -m gpu`). Container image tests run last, and their image
-    builds from the start of the run, in the background (tests/deploy/conftest.py)."""
+    """Tests that use a process's fixture are marked `process`. Tests marked `gpu`
+    are skipped where no CUDA device is (they run on a device machine: `pytest -m
+    gpu`). Container image tests run last, and their image builds from the start
+    of the run, in the background (tests/deploy/conftest.py)."""
+    for item in items:
+        if not PROCESS_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.process)
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if gpu and not _has_cuda():  # torch is imported only when a gpu test is collected
         skip = pytest.mark.skip(reason="needs a CUDA device (runs on a device machine)")
