@@ -7,22 +7,34 @@ JSON line; the joined output is not printed again.
 On a terminal (stderr a TTY), a cold invocation shows each bundle's load as
 it goes: the phase it is in, with bytes for fetch and load, read from the
 instance's /models view (runtime/cli/progress.py); piped, nothing extra.
+
+Stdout carries the answer only: for the call, anything else written there (a
+handler's or builder's `print`, a library's output, at the file-descriptor
+level too) goes to stderr, so `thaw invoke ... > out.json` holds valid JSON.
+When user code raises, its traceback (user frames only, as a Lambda error's
+stackTrace) is printed on stderr before `thaw`'s one error line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
+import os
 import sys
 import tempfile
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
 
 from runtime.dispatch.answers import Completed
 from runtime.dispatch.streams import Stream, Streaming
+from runtime.errors import HandlerError, LoadFailed
 from runtime.instance import Instance
 from runtime.settings import Settings
+from runtime.wire.render import user_traceback
 
 if TYPE_CHECKING:
     from runtime.cli.progress import Bars
@@ -66,7 +78,12 @@ async def _watch_loads(instance: Instance, live: Bars) -> None:
 
 
 async def _invoke(
-    settings: Settings, handler: str, event: Any, stream: bool, live: Bars | None = None
+    settings: Settings,
+    handler: str,
+    event: Any,
+    stream: bool,
+    live: Bars | None = None,
+    out: TextIO | None = None,
 ) -> Completed:
     instance = Instance.create(settings)
     if handler in instance.registry.handlers:
@@ -87,7 +104,7 @@ async def _invoke(
                 assert live is not None
                 live.close()  # off the screen before the output
         if isinstance(outcome, Streaming):
-            await _print_items(outcome.stream)
+            await _print_items(outcome.stream, out or sys.stdout)
             return Completed(None, outcome.timings_ms)
         assert isinstance(outcome, Completed)  # no deadline: never turned into a job
         return outcome
@@ -95,32 +112,72 @@ async def _invoke(
         await instance.stop()
 
 
-async def _print_items(stream: Stream) -> None:
-    """Each item as it comes; the stream's error raised once the items are out."""
+async def _print_items(stream: Stream, out: TextIO) -> None:
+    """Each item as it comes, on `out`; the stream's error raised once the items are out."""
     texts = True
     async for batch in stream.follow(0, 3600.0):
         for item in batch:
             if isinstance(item, dict) and isinstance(item.get("text"), str):
-                sys.stdout.write(item["text"])
+                out.write(item["text"])
             else:
                 texts = False
-                sys.stdout.write(orjson.dumps(item, option=orjson.OPT_SERIALIZE_NUMPY).decode())
-                sys.stdout.write("\n")
-        sys.stdout.flush()
+                out.write(orjson.dumps(item, option=orjson.OPT_SERIALIZE_NUMPY).decode())
+                out.write("\n")
+        out.flush()
     if texts:
-        sys.stdout.write("\n")
+        out.write("\n")
+        out.flush()
     if stream.error is not None:
         raise stream.error
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[TextIO]:
+    """For the block, stdout (sys.stdout and file descriptor 1) writes to stderr;
+    yields a stream to the real stdout, for the answer's streamed items."""
+    sys.stdout.flush()
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):  # not a file (a test's capture)
+        real = sys.stdout
+        with contextlib.redirect_stdout(sys.stderr):
+            yield real
+        return
+    saved = os.dup(fd)
+    answer = open(saved, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+    sys.stderr.flush()
+    os.dup2(sys.stderr.fileno(), fd)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield answer
+    finally:
+        sys.stdout.flush()  # what user code left in its buffer: to stderr still
+        answer.flush()
+        os.dup2(saved, fd)
+        answer.close()
+        os.close(saved)
+
+
 def invoke_once(handler: str, event: Any, *, stream: bool = False) -> int:
-    """Output on stdout and phases on stderr; what fails is raised (`thaw` renders it)."""
+    """Output on stdout and phases on stderr; what fails is raised (`thaw` renders it),
+    after the traceback of the user code that raised it, on stderr."""
     from runtime.cli.progress import bars
 
-    with tempfile.TemporaryDirectory(prefix="thaw-invoke-") as tmp, bars() as live:
-        # An in-process invocation never creates jobs; keep their store out of the cwd.
-        settings = Settings.from_env(job_store=f"sqlite:///{tmp}/jobs.sqlite3", prewarm=())
-        outcome = asyncio.run(_invoke(settings, handler, event, stream, live))
+    with _stdout_to_stderr() as out:
+        try:
+            with tempfile.TemporaryDirectory(prefix="thaw-invoke-") as tmp, bars() as live:
+                # An in-process invocation never creates jobs; keep their store out of the cwd.
+                settings = Settings.from_env(job_store=f"sqlite:///{tmp}/jobs.sqlite3", prewarm=())
+                outcome = asyncio.run(_invoke(settings, handler, event, stream, live, out))
+        except (HandlerError, LoadFailed) as exc:
+            # User code that raised: a handler's exception, or a builder's (a load that
+            # failed in its init phase). A refusal (InvalidInput) is its one line only.
+            user_code = isinstance(exc, HandlerError) or exc.extra.get("phase") == "init"
+            trace = user_traceback(exc) if user_code else ""
+            if trace:
+                sys.stderr.write(trace)
+                sys.stderr.flush()
+            raise
     if not stream:
         sys.stdout.write(
             orjson.dumps(outcome.output, option=orjson.OPT_SERIALIZE_NUMPY).decode() + "\n"

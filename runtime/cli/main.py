@@ -108,7 +108,7 @@ def _cmd_bundle_build(args: argparse.Namespace) -> int:
         )
     pretrained = None
     if src.is_dir():
-        from runtime.bundles.convert import pretrained_config
+        from runtime.bundles.pretrained import pretrained_config
 
         pretrained = pretrained_config(src)
     with bars(args.json) as live:
@@ -161,7 +161,7 @@ def _cmd_bundle_build(args: argparse.Namespace) -> int:
                 )
         elif pretrained is not None:
             # A save_pretrained folder: config.json is the config, the rest its files.
-            from runtime.bundles.convert import build_pretrained
+            from runtime.bundles.pretrained import build_pretrained
 
             out = Path(args.out) if args.out else Path("bundles") / args.name
             manifest = build_pretrained(

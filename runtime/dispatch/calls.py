@@ -38,6 +38,7 @@ from runtime.errors import Draining, HandlerError, ThawError
 from runtime.models import weights as weights_mod
 from runtime.models.weights import host
 from runtime.registry import HandlerSpec
+from runtime.wire.render import user_traceback
 
 log = logging.getLogger("thaw.dispatch")
 
@@ -62,13 +63,18 @@ def user_error(
         return exc
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-    log.warning(
+    log.error(
         "handler %s raised %s%s",
         spec.name,
         type(exc).__name__,
         where,
-        # Named as every other line about the request is (a caller's correlation id).
-        extra={"request_id": ctx.correlation_id or ctx.request_id, "handler": spec.name},
+        # Named as every other line about the request is (a caller's correlation id);
+        # the user's frames only, as a Lambda error's stackTrace (runtime/wire/render.py).
+        extra={
+            "request_id": ctx.correlation_id or ctx.request_id,
+            "handler": spec.name,
+            "traceback": user_traceback(exc, message=False) or None,
+        },
     )
     error = HandlerError(f"{type(exc).__name__}: {exc}", handler=spec.name)
     error.__cause__ = exc

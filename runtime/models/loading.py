@@ -50,7 +50,7 @@ from runtime.models.weights import host
 from runtime.registry import HandlerSpec, Registry
 from runtime.telemetry.health import Health
 from runtime.telemetry.metrics import Metrics
-from runtime.wire.render import job_error
+from runtime.wire.render import job_error, user_traceback
 
 log = logging.getLogger("thaw.cache")
 
@@ -210,6 +210,7 @@ class Loader:
         # Waits a reload would not repeat (the framework import) or that are not
         # the bundle's own (memory held by others); left out of its reload cost.
         waited_s = 0.0
+        builder_raised = False  # the failure is the builder's own exception (user code)
         # From the fetch to the end of the warm-up, or of the failure's release: the
         # memory this bundle keeps is made in it (host.bundle_window).
         window = ExitStack()
@@ -286,8 +287,9 @@ class Loader:
                 # them alive for as long as anyone holds the error (and forever
                 # when a frame of this load was frozen with the framework).
                 traceback.clear_frames(exc.__traceback__)
-                raise HandlerError(
-                    f"builder for {entry.name!r} raised {type(exc).__name__}: {exc}"
+                builder_raised = True
+                raise LoadFailed(
+                    f"builder for {entry.name!r} raised {type(exc).__name__}: {exc}", phase="init"
                 ) from exc
             entry.weights_read = loaded.how
             if loaded.how == "mapped":
@@ -333,7 +335,15 @@ class Loader:
                 entry.failures += 1
                 doublings = min(entry.failures - 1, MAX_BACKOFF_DOUBLINGS)
                 entry.retry_at = self.clock.monotonic() + self.retry_backoff_s * 2**doublings
-                log.warning("load of %s failed: %s", entry.name, error["message"])
+                # A builder's exception is logged once, here, at ERROR with its traceback.
+                trace = user_traceback(exc, message=False) if builder_raised else ""
+                log.log(
+                    logging.ERROR if trace else logging.WARNING,
+                    "load of %s failed: %s",
+                    entry.name,
+                    error["message"],
+                    extra={"bundle": entry.name, "traceback": trace or None},
+                )
             raise
         finally:
             window.close()

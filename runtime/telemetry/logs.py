@@ -1,8 +1,8 @@
 """Logging as JSON lines: one object per event, never request bodies or secrets.
 
 Fields: ts, level, logger, msg, and any of request_id, handler, bundle, phase,
-duration_ms, job_id, status, method, route passed through `extra=`. Message
-arguments are formatted by us, so the only way a payload reaches a log line is
+duration_ms, job_id, status, method, route, traceback passed through `extra=`.
+Message arguments are formatted by us, so the only way a payload reaches a log line is
 a deliberate `%s` of it, which the runtime never does.
 
 `request_id` is also taken from `REQUEST_ID`, a context variable the app sets
@@ -50,6 +50,9 @@ _EXTRA_FIELDS = (
     "method",
     "route",
     "status_code",
+    # User code's traceback (runtime/wire/render.py's user_traceback): on the one
+    # ERROR record of a handler's or builder's exception.
+    "traceback",
 )
 
 # The request (or job) being served in this context; None outside any.

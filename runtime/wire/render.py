@@ -6,6 +6,7 @@
     job_error(exc)              a job record's `error`: type, message[, retryable]  (runtime/jobs)
     lambda_error(exc)           the Runtime API's error payload           (runtime/aws)
     cli_line(exc)               the one line `thaw` prints on stderr       (runtime/cli)
+    user_traceback(exc)         user code's frames: `thaw invoke`'s stderr, the log's ERROR record
     cli_exit_code(exc)          and the code it exits with
 
 The problem type slug names an error on every surface: the problem's `type`,
@@ -191,3 +192,22 @@ def user_frames(exc: BaseException) -> list[str]:
         ] + frames
         current = current.__cause__ or current.__context__
     return traceback.format_list(frames)
+
+
+def user_traceback(exc: BaseException, *, message: bool = True) -> str:
+    """`exc`'s traceback as Python prints it, its user frames only (`user_frames`), ending
+    with the user's own exception (the cause a HandlerError or LoadFailed wraps); ""
+    when no frame of user code is in it (a fault of the runtime or of a bundle's files).
+    Without `message`, the last line names the exception's class only: its message may
+    hold the caller's input, which a log never does."""
+    frames = user_frames(exc)
+    if not frames:
+        return ""
+    origin: BaseException = exc
+    while isinstance(origin, ThawError) and origin.__cause__ is not None:
+        origin = origin.__cause__
+    if message:
+        last = "".join(traceback.format_exception_only(type(origin), origin))
+    else:
+        last = f"{type(origin).__module__}.{type(origin).__qualname__}\n".removeprefix("builtins.")
+    return "Traceback (most recent call last):\n" + "".join(frames) + last

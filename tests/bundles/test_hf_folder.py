@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from runtime.bundles.convert import pretrained_request_bytes
+from runtime.bundles.pretrained import pretrained_request_bytes
 from runtime.bundles.manifest import read_manifest, verify_bundle
 from tests.inproc import serving, settings_for
 
