@@ -13,6 +13,7 @@ dependency (pyproject.toml), imported in the builder only.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,9 @@ class LM:
     def __init__(self, model: Any, tokenizer: Any) -> None:
         self.model = model
         self.tokenizer = tokenizer
+        # The KV cache's argument: `cache` in newer transformers, `past_key_values` before.
+        takes = inspect.signature(model.forward).parameters
+        self.cache_arg = "cache" if "cache" in takes else "past_key_values"
 
     def prompt_ids(self, event: Mapping[str, Any]) -> list[int]:
         if "input_ids" in event:
@@ -46,8 +50,8 @@ class LM:
         eos = self.model.config.eos_token_id
         with torch.inference_mode():
             for _ in range(max_new_tokens):
-                out = self.model(input_ids=step, past_key_values=past, use_cache=True)
-                past = out.past_key_values
+                out = self.model(input_ids=step, use_cache=True, **{self.cache_arg: past})
+                past = out["cache"] if "cache" in out else out.past_key_values
                 token = int(out.logits[0, -1].argmax())
                 yield token
                 if token == eos:
