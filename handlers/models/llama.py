@@ -78,7 +78,7 @@ class KVCache:
     layer made once: a step writes a sequence's new keys and values of a layer
     in one copy and reads both in one indexing. (What a sequence adds to a
     decode step is mostly its attention kernel, ~45 us a layer on this CPU, not
-    these Python calls: halving them measured no faster, bench/model_steps.py.)
+    these Python calls: halving them measured no faster, bench/experiments/model_steps.py.)
     """
 
     def __init__(self, cfg: LlamaConfig, capacity_tokens: int, like: torch.Tensor) -> None:
@@ -107,7 +107,7 @@ def plan_free_attention(device: str) -> None:
     step's attention at a key length not seen before took 119 ms against 3.3 ms
     with cuDNN's backend off; a lone 128-token completion ran at 85 ms a token
     until every length had its plan, 22 ms after; and the first attention on a
-    new thread took 62-74 ms, against 0.2 (bench/gpu_attention.py;
+    new thread took 62-74 ms, against 0.2 (bench/experiments/gpu_attention.py;
     docs/generation.md, "On a GPU"). Flash and memory-efficient attention,
     which PyTorch picks instead, plan nothing. The choice is PyTorch's
     process-wide flag, so it holds for every model in the instance.
@@ -123,7 +123,7 @@ def packed_bf16(device: str) -> bool:
     weights reordered once into oneDNN's blocked layout costs about the same for
     1 to 16 rows and reads half float32's bytes. Over SmolLM2-135M, one thread:
     a decode step of one sequence takes 0.79x float32's time, of 8 sequences
-    0.49x, and a 128-token prefill 0.36x (bench/model_steps.py). Each output row
+    0.49x, and a 128-token prefill 0.36x (bench/experiments/model_steps.py). Each output row
     is bit-identical whatever the number of rows, which float32's MKL kernels are
     not (docs/generation.md). The cost is precision: bfloat16 keeps 8 significant
     bits against the bundle's float16 11, and perplexity rises by about 0.5%
@@ -213,7 +213,7 @@ class Llama:
     `x @ w`: MKL's GEMM of a few rows (a decode step of 2-15 sequences) runs up to
     2x faster against a row-major right operand than against `F.linear`'s
     transposed one, and no slower for one row or a prefill chunk
-    (bench/gemm_layout.py, docs/generation.md)."""
+    (bench/experiments/gemm_layout.py, docs/generation.md)."""
 
     def __init__(
         self,

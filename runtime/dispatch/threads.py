@@ -22,7 +22,7 @@ awake where there are any. When each call was handed to a thread of its own as
 it came, a server's threads slept and woke 4.6 times per no-op call at 8
 clients (voluntary context switches; the bare app's `ThreadPoolExecutor` 2.2),
 and the server answered 0.82x the bare app's requests/s. Now 1.4-1.7 times, and
-0.92-0.95x (bench/handler_threads.py; BENCHMARKS.md, issue 29's tenth session).
+0.92-0.95x (docs/decisions/0005-one-queue-for-the-handler-threads.md).
 
 Model calls (a handler that uses models, a prefill, a decode thread's steps)
 leave an OpenMP team on their thread, and two teams alive slow every parallel

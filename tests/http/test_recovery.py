@@ -116,7 +116,7 @@ def test_a_clean_stop_leaves_no_dead_owner_behind(
 
 @pytest.mark.slow
 def test_chaos_kill_9_at_random_points_loses_and_recomputes_nothing(tmp_path: Path) -> None:
-    """bench/chaos.py, 30 cycles: fast, slow and failing jobs and sync calls against
+    """bench/experiments/chaos.py, 30 cycles: fast, slow and failing jobs and sync calls against
     a server SIGKILLed at random points and restarted; then every job is final."""
     config = chaos.Config(cycles=30, seed=15, min_uptime_s=0.3, max_uptime_s=1.2, clients=2)
     figures = chaos.run(config, tmp_path)

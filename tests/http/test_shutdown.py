@@ -3,7 +3,7 @@ while user code never returns, serving through the grace, and stopping now.
 
 Handlers that never return (tests.handlers.hangs) block for a day: a process
 that exits within a test's generous wait did not wait for them. No test here
-bounds a duration; the figures are in bench/shutdown.py.
+bounds a duration; the figures are in bench/experiments/shutdown.py.
 """
 
 from __future__ import annotations

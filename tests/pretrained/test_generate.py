@@ -120,7 +120,7 @@ def test_max_tokens_gives_length(smollm2: ChatLM) -> None:
 
 
 def test_every_warmup_example_runs_its_path(smollm2: ChatLM) -> None:
-    """CPU: none (no first-call cost to pay: bench/RESULTS-warmup.md). Accelerator: a
+    """CPU: none (no first-call cost to pay: BENCHMARKS.md, warmup). Accelerator: a
     short prompt, a short sampled chat request (chat template, prefill, a decode
     step, the sampler, stop strings), chunked prefill of a long prompt and a
     64-step decode that grows the KV cache."""
