@@ -206,9 +206,18 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(
         "fleet",
         "jobs across instances on PostgreSQL behind nginx: submit -> result, polls/s, "
-        "cross-instance long-poll wake-up and stream follow, a burst of submissions",
+        "cross-instance long-poll wake-up and stream follow",
         ("bench/fleet.py", "bench"),
         "SQLite on one instance; wake-up p99 <= 100 ms",
+        owner="LEAD",
+    ),
+    Benchmark(
+        "fleet_burst",
+        "a burst of jobs submitted to one instance of 2 or 3, a handler declared one call at "
+        "a time: the wall time, the runs per instance, the queue gauge, runs above capacity",
+        ("bench/fleet.py", "burst"),
+        "the ideal, jobs x run / instances (>= 0.8x of it); no run above capacity",
+        quick=("--bursts", "10", "--instances", "2"),
         owner="LEAD",
     ),
     Benchmark(
