@@ -13,8 +13,10 @@ and that holds their liveness (PostgreSQL, docs/fleet.md).
   it: first of the handlers whose models are READY here, and of the others
   only once a job has waited `cold_wait_s` (a cold instance would add a load
   to the job's wait, a warm one may take it meanwhile). Woken by a `queued`
-  notification, and every `recheck_s` all the same (jobs queued before this
-  instance listened, notifications lost in a gap).
+  notification, as soon as this instance is idle again after work of its own
+  (a backlog queued while it was busy sends no new notification), and every
+  `recheck_s` all the same (jobs queued before this instance listened,
+  notifications lost in a gap).
 - Liveness (runtime/jobs/liveness.py): this instance pings `thaw_owners` every
   `ping_s` from a thread of its own; every `ping_s` it also asks which owners
   have been silent for `dead_after_s` while holding running jobs, and takes
@@ -45,6 +47,9 @@ DEAD_AFTER_S = 5.0
 # How long a queued job waits for a warm instance before a cold one takes it.
 COLD_WAIT_S = 10.0
 RECHECK_S = 5.0
+# How often a busy instance looks whether it is idle again, to claim the fleet's
+# backlog as soon as it frees (a local check: no query while busy).
+BUSY_RECHECK_S = 0.05
 
 
 class Work(Protocol):
@@ -136,7 +141,12 @@ class Fleet:
             self._queued.set()
 
     async def take_queued(
-        self, work: Work, *, cold_wait_s: float = COLD_WAIT_S, recheck_s: float = RECHECK_S
+        self,
+        work: Work,
+        *,
+        cold_wait_s: float = COLD_WAIT_S,
+        recheck_s: float = RECHECK_S,
+        busy_recheck_s: float = BUSY_RECHECK_S,
     ) -> None:
         """While idle, claim and run the fleet's queued jobs (a background task)."""
         claim_next = getattr(self._store, "claim_next", None)
@@ -156,6 +166,12 @@ class Fleet:
                 pass
             except Exception:
                 log.exception("taking queued jobs failed")
+            if not work.idle():
+                # Busy: nothing can be claimed, and no notification will come for the
+                # backlog queued already, so look again as soon as the work here may
+                # have ended (a cheap local check), not a recheck later.
+                await clock.sleep(busy_recheck_s)
+                continue
             waiter = asyncio.ensure_future(self._queued.wait())
             try:
                 await clock.wait_until(waiter, clock.monotonic() + recheck_s)
