@@ -1,1 +1,2 @@
-"""Benchmarks against physical limits; run all with `.venv/bin/python bench/run.py`."""
+"""Benchmarks: the registered ones in bench/run.py (`bench/run.py --list`), their
+shared code, the peers they measure against; experiments under bench/experiments/."""

@@ -1,4 +1,4 @@
-"""Warm invocation overhead: a no-op handler over HTTP, Thaw vs a bare Starlette+uvicorn app.
+"""Warm invocation overhead (a no-op over HTTP, Thaw vs a bare Starlette app); single flight.
 
 Both are real processes on 127.0.0.1 with the same uvicorn settings, serving
 the same function the same way, in two pairs:

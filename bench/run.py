@@ -312,7 +312,10 @@ def markers(name: str) -> tuple[str, str]:
 def section(bench: Benchmark, table: str, quick: bool) -> str:
     """What --write puts between a benchmark's markers."""
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    command = bench.command + (" " + " ".join(bench.quick) if quick and bench.quick else "")
+    if bench.suite:  # run in this process: its rounds are the runner's
+        command = f".venv/bin/python bench/run.py --only {bench.name}" + (" --quick" * quick)
+    else:
+        command = bench.command + (" " + " ".join(bench.quick) if quick and bench.quick else "")
     return f"Measured {now}, commit {commit()}, {machine()}:\n`{command}`\n\n{table}"
 
 

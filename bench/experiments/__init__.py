@@ -20,6 +20,6 @@ second checkout (`--against`) to mean anything. Run one by its path:
 | invoke_payloads.py | warm invocations with 60 KB-1.5 MB bodies vs the bare app | 0015, 0017 |
 | job_payloads.py | RSS and cost of jobs with large payloads | 0018 |
 | tenants.py | one tenant at its limits against another's latency | 0019 |
-| chaos.py | a job mix against a server killed with SIGKILL and restarted | (tests/http/test_recovery.py) |
-| shutdown.py | seconds from the signal to the exit, against the drain grace | (tests/http/test_shutdown.py) |
+| chaos.py | jobs against a server SIGKILLed and restarted | (test_recovery.py) |
+| shutdown.py | signal to exit, against the drain grace | (test_shutdown.py) |
 """
