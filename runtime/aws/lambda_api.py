@@ -8,6 +8,11 @@
 `AWS_LAMBDA_RUNTIME_API` is a plain `host:port`, on Lambda and under `thaw
 emulate` alike (the emulator gives every sandbox a listener of its own), and
 URLs are built by appending the API's paths to it.
+
+`next` answered 410 Gone (the environment is being stopped: `thaw emulate`
+stopping, an image's container whose PID 1 ignores SIGTERM) raises
+`RuntimeAPIGone`, which the loop takes as the end of its work, as it takes a
+Runtime API that no longer answers: the process exits quietly, no traceback.
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ from runtime.wire.render import LambdaError
 
 VERSION = "2018-06-01"
 ERROR_TYPE_HEADER = "Lambda-Runtime-Function-Error-Type"
+
+
+class RuntimeAPIGone(Exception):
+    """The Runtime API hands out no more invocations (410 Gone): time to exit."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,8 @@ class RuntimeAPI:
 
     async def next(self) -> Invocation:
         response = await self._client.get("/invocation/next")
+        if response.status_code == 410:
+            raise RuntimeAPIGone(f"GET /runtime/invocation/next: 410 Gone {response.text[:200]}")
         response.raise_for_status()
         headers = response.headers
         return Invocation(

@@ -71,7 +71,7 @@ from runtime import process
 from runtime.aws import limits
 from runtime.aws.events import HttpRequest, HttpResponse, is_http_event, request_from_event
 from runtime.aws.events import result_from_response as proxy_result
-from runtime.aws.lambda_api import RuntimeAPI
+from runtime.aws.lambda_api import RuntimeAPI, RuntimeAPIGone
 from runtime.aws.streaming import Streamer
 from runtime.clock import Clock
 from runtime.context import CLIENT_CONTEXT
@@ -378,8 +378,9 @@ async def run(address: str, concurrency: int = 1, environ: Mapping[str, str] | N
         instance.exit_hook = workers.cancel
         try:
             await workers
-        except httpx.TransportError as exc:
-            log.info("runtime API unreachable (%s); exiting", exc)
+        except (httpx.TransportError, RuntimeAPIGone) as exc:
+            # Stopped (410) or gone: the environment's end, not a fault.
+            log.info("runtime API unreachable or stopping (%s); exiting", exc)
             return 0
         except asyncio.CancelledError:
             log.warning("drained; exiting so the platform starts a fresh environment")

@@ -73,6 +73,12 @@ class FakeRuntimeAPI:
     def init_error(self, timeout_s: float = 30.0) -> Posted:
         return self._init.result(timeout_s)
 
+    def gone(self) -> None:
+        """Answer the open long-poll for the next event 410 Gone, as `thaw emulate`
+        answers a sandbox it stops."""
+        assert self._loop is not None and self._queue is not None
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
+
     # -- the server side ------------------------------------------------------
 
     async def _next(self, request: Request) -> Response:
