@@ -22,8 +22,10 @@ from runtime.clock import ManualClock
 from runtime.jobs.job import Job, JobStatus, new_job_id
 from runtime.jobs.manager import JobManager
 from runtime.jobs.stores.postgres import PostgresJobStore
+from runtime.jobs.wakeups import Event
 from runtime.telemetry.metrics import Metrics
 from tests.fleet.conftest import MakeFleet
+from tests.inproc import until as until_async
 from tests.support import SAFETY_S, until
 
 # Far longer than any test waits: only the fleet's own signals can explain what happens.
@@ -33,28 +35,48 @@ LEASE_S = "600"
 assert float(LEASE_S) / 3 > SAFETY_S
 
 
+class ReadsCounted(PostgresJobStore):
+    """A store that counts the reads of a job that have returned."""
+
+    reads = 0
+
+    def get(self, job_id: str) -> Job | None:
+        try:
+            return super().get(job_id)
+        finally:
+            self.reads += 1
+
+
+async def turns(n: int = 5) -> None:
+    """Let the loop run what is ready (a woken waiter resumes in the next turn)."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
 @pytest.mark.anyio
 async def test_a_long_poll_wakes_on_the_notification_of_another_instances_write(
     fleet_dsn: str,
 ) -> None:
     clock = ManualClock()  # never advanced: no timer can wake anything
-    here = PostgresJobStore(fleet_dsn, ttl_s=3600, clock=clock)
+    here = ReadsCounted(fleet_dsn, ttl_s=3600, clock=clock)
     there = PostgresJobStore(fleet_dsn, ttl_s=3600, clock=clock)
     manager = JobManager(
         here, owner="here", lease_s=30, max_attempts=3, metrics=Metrics(), clock=clock
     )
     try:
+        heard: list[Event | None] = []
+        manager.wakeups.subscribe(heard.append)
         manager.wakeups.start(here)
         assert await asyncio.to_thread(here._listeners[0].listening.wait, 30)
         job = Job(id=new_job_id(), handler="echo", input={"x": 1})
         await asyncio.to_thread(there.create, job)
+        await until_async(lambda: any(e and e.job_id == job.id for e in heard), "the create heard")
         poll = asyncio.ensure_future(manager.get(job.id, key_id=None, wait_s=60))
-        for _ in range(1000):  # until the poll watches the job
-            if manager.wakeups.waiting(job.id):
-                break
-            await asyncio.sleep(0.01)
+        await until_async(lambda: here.reads == 1, "the poll's first read")
         assert await asyncio.to_thread(there.claim, job.id, "there", 30, 3) is not None
-        await asyncio.sleep(0.3)
+        # The claim's notification wakes the poll, which reads the job again: running.
+        await until_async(lambda: here.reads == 2, "the poll's read on the claim")
+        await turns()
         assert not poll.done()  # running is not final: the poll waits on
         assert await asyncio.to_thread(there.finish, job.id, "there", JobStatus.SUCCEEDED, {"y": 2})
         found = await asyncio.wait_for(poll, 30)
@@ -201,7 +223,7 @@ async def test_a_cancel_committed_before_the_instance_listened_still_stops_the_w
         manager.follow(job, work, lambda: ("running", None))
         cancelled = await asyncio.to_thread(there.cancel, job.id)
         assert cancelled is not None and cancelled.status is JobStatus.CANCELLED
-        await asyncio.sleep(0.3)
+        await turns()
         assert not work.done()  # nobody listens yet: nothing has told the owner
         manager.wakeups.start(here)
         await stopped(work)  # by the first LISTEN's re-read

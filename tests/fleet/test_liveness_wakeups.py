@@ -166,7 +166,16 @@ async def test_a_wait_wakes_when_the_job_changes_through_another_store(dsn: str)
         await asyncio.sleep(0)
         assert wakeups.waiting(target.id) == 1
         await asyncio.to_thread(there.claim, other.id, "there", LEASE_S, 3)
-        await asyncio.sleep(0.2)
+        # Heard once its waiters were woken (`Wakeups.deliver`): a wrong wake is
+        # done by then, and the waiting task resumes on the loop's next turns.
+        for _ in range(int(SAFETY_S / 0.01)):
+            if (other.id, "running") in {(e.job_id, e.status) for e in heard if e is not None}:
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError(f"the claim was never heard: {heard}")
+        for _ in range(5):
+            await asyncio.sleep(0)
         assert not waiting.done()  # another job's change wakes nobody here
         await asyncio.to_thread(there.cancel, target.id)
         assert await waiting is True
