@@ -24,8 +24,8 @@ from typing import Any
 from runtime.bundles.sources import open_source
 from runtime.clock import SYSTEM, Clock
 from runtime.dispatch.answers import Accepted, Completed
-from runtime.dispatch.calls import HandlerCalls
 from runtime.dispatch.dispatcher import Dispatcher
+from runtime.dispatch.executor import Executor
 from runtime.dispatch.streams import Stream, Streaming
 from runtime.errors import Draining, ThawError, UnknownBundle
 from runtime.jobs.fleet import Fleet
@@ -47,7 +47,7 @@ from runtime.telemetry.metrics import Metrics, RequestStats
 log = logging.getLogger("thaw.instance")
 
 # Blocking work (hashing, tensor reads, store calls) runs in threads, and sync
-# handlers in threads of their own (runtime/dispatch/calls.py); the default pool
+# handlers in threads of their own (runtime/dispatch/executor.py); the default pool
 # (cpu + 4) is too small for 64 waiting requests.
 _THREADS = 64
 
@@ -62,7 +62,7 @@ class Instance:
     store: DeferredStore
     jobs: JobManager
     dispatcher: Dispatcher
-    calls: HandlerCalls
+    executor: Executor
     health: Health
     id: str
     # The one clock every component reads (runtime/clock.py).
@@ -91,7 +91,7 @@ class Instance:
         registry = registry if registry is not None else discover(settings.handlers)
         metrics = Metrics()
         health = Health(clock)
-        calls = HandlerCalls(_THREADS)
+        executor = Executor(_THREADS)
         estimator = Estimator(
             settings.state_path,
             default_bandwidth_bytes_s=settings.default_bandwidth_bytes_s,
@@ -102,7 +102,7 @@ class Instance:
             registry=registry,
             estimator=estimator,
             metrics=metrics,
-            warm_up=calls.warm_up,
+            warm_up=executor.warm_up,
             device=settings.device,
             memory_budget=settings.memory_budget,
             retry_backoff_s=settings.retry_backoff_s,
@@ -145,7 +145,7 @@ class Instance:
             jobs=jobs,
             estimator=estimator,
             metrics=metrics,
-            calls=calls,
+            executor=executor,
             health=health,
             clock=clock,
         )
@@ -158,7 +158,7 @@ class Instance:
             store,
             dispatcher.jobs,
             dispatcher,
-            calls,
+            executor,
             health,
             instance_id,
             clock,
@@ -282,7 +282,7 @@ class Instance:
             await asyncio.shield(self._drain)
         else:
             await self.dispatcher.drain(self.settings.drain_grace_s)
-        self.calls.shutdown()
+        self.executor.shutdown()
         for task in list(self._background):
             task.cancel()
         if self.fleet is not None:

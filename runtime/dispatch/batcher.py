@@ -43,22 +43,16 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from runtime.clock import Clock, Timer
 from runtime.dispatch import eager
-from runtime.dispatch.calls import (
-    HandlerCalls,
-    ThreadOutcome,
-    batch_outputs,
-    copy_outcome,
-    user_error,
-)
+from runtime.dispatch.executor import Executor, Outcome, batch_outputs, user_error
 from runtime.dispatch.work import Work
-from runtime.errors import Draining, HandlerError
+from runtime.errors import HandlerError
 from runtime.registry import Batch, HandlerSpec
 
 
@@ -111,12 +105,12 @@ def due_at(policy: Batch, waiting: Sequence[Member], running: int, expected: int
 
 
 class Batcher:
-    """One queue per batched handler; runs batches on the handler threads or the loop."""
+    """One queue per batched handler; hands each batch, when due, to the executor."""
 
     def __init__(
         self,
         *,
-        calls: HandlerCalls,
+        executor: Executor,
         run_estimate_s: Callable[[str], float],
         margin_s: float,
         clock: Clock,
@@ -125,7 +119,7 @@ class Batcher:
         started no later than its deadline less `margin_s` and that (at least
         `margin_s` again). `clock` is the instance's, the one `Context.deadline_at`
         is on; the queues' timers are armed through it."""
-        self._calls = calls
+        self._executor = executor
         self._run_estimate_s = run_estimate_s
         self._margin_s = margin_s
         self._clock = clock
@@ -240,38 +234,27 @@ class Batcher:
         size = len(members)
         started = self._clock.monotonic()
         for index, member in enumerate(members):
-            member.work.batch_started(started, member.queued_at, size, leader=index == 0)
+            member.work.started(started, member.queued_at, size, leader=index == 0)
         events = [m.event for m in members]
         ctxs = [m.work.ctx for m in members]
         # Every member leased the same model objects; the batch uses the first's.
         models = members[0].models
         ended = partial(self._ended, queue, members, started)
-        if spec.is_async:
-            outcome = eager.start(_exit_as_value(spec.fn(events, *models, ctxs)))
-            if outcome.done():
-                ended(outcome)
-                return
-            outcome.add_done_callback(ended)
-
-            def abandon(_: asyncio.Future[Any]) -> None:
-                # Every member cut off (the run limit, a drain, a job's lost lease):
-                # nobody waits for this batch. Cancelled, it ends, and its slot of
-                # `max_concurrent` is free again; left running, it would hold that
-                # slot for as long as it ran, forever if it hangs.
-                if not outcome.done() and all(m.ended for m in members):
-                    outcome.cancel()
-
-            for member in members:
-                member.work.outcome.add_done_callback(abandon)
+        running = self._executor.run(spec, partial(spec.fn, events, *models, ctxs), ended)
+        if running is None or running.done():
             return
-        try:
-            self._calls.submit_call(
-                spec, partial(spec.fn, events, *models, ctxs), partial(_on_loop, ended)
-            )
-        except Draining as exc:
-            failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            failed.set_exception(exc)
-            ended(failed)
+
+        def abandon(_: asyncio.Future[Any]) -> None:
+            # Every member cut off (the run limit, a drain, a job's lost lease):
+            # nobody waits for this batch. Cancelled, an async batch ends, and its
+            # slot of `max_concurrent` is free again once it has (left running, it
+            # would hold that slot for as long as it ran, forever if it hangs). A
+            # thread's batch cannot be stopped: it holds its slot until it returns.
+            if not running.done() and all(m.ended for m in members):
+                running.cancel()
+
+        for member in members:
+            member.work.outcome.add_done_callback(abandon)
 
     # ---- sharing out the outcome -------------------------------------------------
 
@@ -280,7 +263,7 @@ class Batcher:
         queue: _Queue,
         members: list[Member],
         started: float,
-        outcome: asyncio.Future[Any],
+        outcome: Outcome,
     ) -> None:
         queue.running -= 1
         try:
@@ -304,14 +287,12 @@ class Batcher:
         spec: HandlerSpec,
         members: list[Member],
         started: float,
-        outcome: asyncio.Future[Any],
+        outcome: Outcome,
     ) -> list[_Value | _Failed | None]:
         """One result per member (None: cancelled, the handler threads shut down)."""
         if outcome.cancelled():
             return [None] * len(members)
         exc = outcome.exception()
-        if exc is None and isinstance(outcome.result(), _Exited):
-            exc = outcome.result().exc
         if exc is None:
             try:
                 items = batch_outputs(spec, outcome.result(), len(members))
@@ -320,7 +301,7 @@ class Batcher:
             else:
                 run_s = self._clock.monotonic() - started
                 for index, member in enumerate(members):
-                    member.work.batch_ran(run_s, leader=index == 0)
+                    member.work.ran(run_s, leader=index == 0)
                 return [
                     _Failed(user_error(spec, m.work.ctx, item))
                     if isinstance(item, BaseException)
@@ -354,24 +335,3 @@ def _batch_errors(
         error.__cause__ = exc
         errors.append(error)
     return errors
-
-
-@dataclass(slots=True)
-class _Exited:
-    exc: SystemExit
-
-
-async def _exit_as_value(call: Awaitable[Any]) -> Any:
-    """An async batch that calls sys.exit() (code built on argparse or click) fails its
-    batch; raised from the first step of an eager start it would stop the event loop."""
-    try:
-        return await call
-    except SystemExit as exc:
-        return _Exited(exc)
-
-
-def _on_loop(ended: Callable[[asyncio.Future[Any]], None], done: ThreadOutcome) -> None:
-    """A sync batch's thread outcome, on the loop, as the future `_ended` takes."""
-    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    copy_outcome(future, done)
-    ended(future)

@@ -24,7 +24,7 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from runtime.dispatch.calls import HandlerCalls
+from runtime.dispatch.executor import Executor
 from runtime.dispatch.streams import Streams
 from runtime.dispatch.work import Work
 from runtime.jobs.job import Job
@@ -33,7 +33,7 @@ from runtime.models.cache import ModelCache
 from runtime.registry import HandlerSpec
 
 
-def waits(spec: HandlerSpec, calls: HandlerCalls, cache: ModelCache, busy: bool) -> bool:
+def waits(spec: HandlerSpec, executor: Executor, cache: ModelCache, busy: bool) -> bool:
     """Whether `spec` would not start at once: for a load (its models are cold), for
     memory (their budget is full: its memory limit), for its declared concurrency
     (`busy`: the batcher's or decode lanes' say) or, a sync handler, for a handler
@@ -41,7 +41,7 @@ def waits(spec: HandlerSpec, calls: HandlerCalls, cache: ModelCache, busy: bool)
     uses = spec.uses
     if busy or not all(map(cache.is_ready, uses)) or not all(map(cache.budget.admits_now, uses)):
         return True
-    return not spec.is_async and spec.batch is None and spec.decode is None and calls.saturated()
+    return not spec.is_async and spec.batch is None and spec.decode is None and executor.saturated()
 
 
 async def claim_job(jobs: JobManager, streams: Streams, job_id: str, work: Work) -> bool:

@@ -10,7 +10,7 @@ sequences take the next step and tells each work what happened to it.
     loop                                 prefill call            decode thread
     join(work) -> waiting (arrival order)                        (one per model, while
     _pump: a free slot, no prefill in      a handler thread:      any sequence is held)
-      flight -> decode_started(), ------>  prefill([one]),        loop:
+      flight -> started(), ------------->  prefill([one]),        loop:
       submit the prefill call              step([one]) (its         take the ready ones
     _begun: its first items delivered <--  first token)             drop those ended from
       still running -> ready ------------------------------------>    outside: release()
@@ -46,7 +46,7 @@ from functools import partial
 from typing import Any
 
 from runtime.clock import Clock
-from runtime.dispatch.calls import HandlerCalls, ThreadOutcome, user_error
+from runtime.dispatch.executor import Executor, Outcome, user_error
 from runtime.dispatch.work import Work
 from runtime.errors import Draining
 from runtime.registry import Decode, HandlerSpec, Steps
@@ -59,7 +59,8 @@ class _Member:
     event: Any
     # Its sequence, once prefilled (set on the handler thread).
     sequence: Any = None
-    # When the handler thread gave it a slot (on the instance's clock).
+    # When it joined the lane, and when it was given a slot (on the instance's clock).
+    queued_at: float = 0.0
     admitted_at: float = 0.0
     # Every item it yielded, for the output of a caller that asked for no stream.
     items: list[Any] = field(default_factory=list)
@@ -105,7 +106,7 @@ class _Lane:
     running: bool = False
     held: int = 0
     # Clear while a prefill call runs; its handler thread sets it as the call ends.
-    no_prefill: threading.Event = field(default_factory=_set_event)
+    prefill_idle: threading.Event = field(default_factory=_set_event)
 
     def idle(self) -> bool:
         with self.lock:
@@ -115,8 +116,8 @@ class _Lane:
 class Decoder:
     """One lane per step-level handler and model; runs their steps on handler threads."""
 
-    def __init__(self, *, calls: HandlerCalls, clock: Clock) -> None:
-        self._calls = calls
+    def __init__(self, *, executor: Executor, clock: Clock) -> None:
+        self._executor = executor
         self._clock = clock
         self._lanes: dict[tuple[str, tuple[int, ...]], _Lane] = {}
 
@@ -155,7 +156,7 @@ class Decoder:
         if lane is None:
             steps = spec.make_steps(*models)
             lane = self._lanes[key] = _Lane(key, spec, spec.decode, steps)
-        member = _Member(work, event)
+        member = _Member(work, event, queued_at=self._clock.monotonic())
         lane.members.add(member)
         lane.waiting.append(member)
         self._pump(lane)
@@ -175,24 +176,18 @@ class Decoder:
             with lane.lock:
                 lane.slots += 1
             lane.prefilling = True
-            lane.no_prefill.clear()
+            lane.prefill_idle.clear()
             member.admitted_at = self._clock.monotonic()
-            member.work.decode_started(member.admitted_at)
-            try:
-                self._calls.submit_call(
-                    lane.spec,
-                    partial(_begin, lane, member),
-                    partial(self._begun, lane, member),
-                )
-            except Draining as exc:
-                lane.no_prefill.set()
-                self._fail_all(lane, exc)
+            member.work.started(member.admitted_at, member.queued_at)
+            self._executor.run(
+                lane.spec, partial(_begin, lane, member), partial(self._begun, lane, member)
+            )
 
-    def _begun(self, lane: _Lane, member: _Member, done: ThreadOutcome) -> None:
+    def _begun(self, lane: _Lane, member: _Member, done: Outcome) -> None:
         """A prefill call returned: its first items delivered; still running, it joins
         the decode thread's next step."""
         lane.prefilling = False
-        lane.no_prefill.set()  # already, unless the call never ran
+        lane.prefill_idle.set()  # already, unless the call never ran
         exc = None if done.cancelled() else done.exception()
         if exc is not None or done.cancelled():  # a failure outside the handler's calls
             with lane.lock:
@@ -220,14 +215,9 @@ class Decoder:
         def post(outs: list[_Out]) -> None:  # from the decode thread
             loop.call_soon_threadsafe(self._stepped, lane, outs)
 
-        try:
-            self._calls.submit_call(
-                lane.spec,
-                partial(_run_steps, lane, post, self._clock),
-                partial(self._stopped, lane),
-            )
-        except Draining as exc:
-            self._fail_all(lane, exc)
+        self._executor.run(
+            lane.spec, partial(_run_steps, lane, post, self._clock), partial(self._stopped, lane)
+        )
 
     def _stepped(self, lane: _Lane, outs: list[_Out]) -> None:
         """One decode step's outcome: slots may be free for the waiting."""
@@ -263,7 +253,7 @@ class Decoder:
         if not member.work.outcome.done():
             member.work.fail(user_error(lane.spec, member.work.ctx, error))
 
-    def _stopped(self, lane: _Lane, done: ThreadOutcome) -> None:
+    def _stopped(self, lane: _Lane, done: Outcome) -> None:
         """The decode thread returned: nothing was left to step, or it failed outside a step."""
         exc = None if done.cancelled() else done.exception()
         if exc is not None or done.cancelled():
@@ -297,7 +287,7 @@ def _begin(lane: _Lane, member: _Member) -> list[_Out]:
         if began:
             _step(lane.steps, began, outs)
     finally:
-        lane.no_prefill.set()  # the paused step may go (see `_run_steps`)
+        lane.prefill_idle.set()  # the paused step may go (see `_run_steps`)
     return outs
 
 
@@ -319,8 +309,8 @@ def _run_steps(lane: _Lane, post: Any, clock: Clock) -> None:
                 # Before the drop below, so that a caller gone during the pause
                 # takes no step after it.
                 pause = last_step_s if fixed_pause is None else fixed_pause
-                if pause > 0 and not lane.no_prefill.is_set():
-                    lane.no_prefill.wait(pause)
+                if pause > 0 and not lane.prefill_idle.is_set():
+                    lane.prefill_idle.wait(pause)
             with lane.lock:
                 held += lane.ready
                 lane.ready.clear()

@@ -13,8 +13,10 @@ idle warm instance, and claimed by id as it starts here (claims.py). The work
 of every invocation is started once, at admission, and a request
 that becomes a job keeps that same work, so nothing runs twice. Every kind of
 work takes one path (`_start`, then `_run` once its models are leased): a
-sync handler to a handler thread, an async one on the loop, a batched one to
-its queue (batcher.py), a step-level one to the decode steps (decode.py). It
+batched one to its queue (batcher.py), a step-level one to the decode steps
+(decode.py), any other to the executor at once (executor.py: a sync handler
+on a handler thread, an async one on the loop); the executor runs all user
+code, the dispatcher and the schedulers only decide when. It
 costs a task only where it must wait on the loop: work that needs a load, or
 an async handler that suspends (eager.py). Each piece of work is a `Work`
 (runtime/dispatch/work.py), which records its own progress and ends through
@@ -38,9 +40,9 @@ from runtime.context import CLIENT_CONTEXT, Context
 from runtime.dispatch import claims, eager
 from runtime.dispatch.answers import Accepted, Completed
 from runtime.dispatch.batcher import Batcher
-from runtime.dispatch.calls import HandlerCalls, user_error
 from runtime.dispatch.deadlines import Deadlines
 from runtime.dispatch.decode import Decoder
+from runtime.dispatch.executor import Executor
 from runtime.dispatch.recorded import Recorder
 from runtime.dispatch.streams import Stream, Streaming, Streams
 from runtime.dispatch.warming import Warming
@@ -79,7 +81,7 @@ class Dispatcher:
         jobs: Callable[[JobRunner], JobManager],
         estimator: Estimator,
         metrics: Metrics,
-        calls: HandlerCalls,
+        executor: Executor,
         health: Health,
         clock: Clock,
     ) -> None:
@@ -94,7 +96,7 @@ class Dispatcher:
         self.jobs = jobs(self)
         self.estimator = estimator
         self.metrics = metrics
-        self.calls = calls
+        self.executor = executor
         self.clock = clock
         self._now = clock.monotonic
         self.draining = False
@@ -110,15 +112,15 @@ class Dispatcher:
         self.in_flight = self.books.in_flight
         self.deadlines = Deadlines(clock)
         self.batcher = Batcher(
-            calls=calls,
+            executor=executor,
             run_estimate_s=estimator.run_s,
             margin_s=settings.deadline_margin_s,
             clock=clock,
         )
-        self.decoder = Decoder(calls=calls, clock=clock)
+        self.decoder = Decoder(executor=executor, clock=clock)
         self.streams = Streams()
         self.recorder = Recorder(
-            self.jobs, self.streams, cache, calls, self.handler_stats, self._busy
+            self.jobs, self.streams, cache, executor, self.handler_stats, self._busy
         )
         self.warming = Warming(cache)
         for name in registry.handlers:
@@ -293,10 +295,11 @@ class Dispatcher:
     def _run(
         self, work: Work, event: Any, models: list[Any], started: float, load_ms: dict[str, float]
     ) -> Coroutine[Any, Any, None] | None:
-        """Run the work, its models leased (queued since `started`, `load_ms` loading):
-        a batched handler joins its queue, a sync one goes to a handler thread
-        (whose callback settles it), and an async one is the coroutine returned,
-        for the caller to drive."""
+        """Schedule the work, its models leased (queued since `started`, `load_ms`
+        loading): a batched handler joins its batch queue, a step-level one its
+        decode lane, and any other is handed to the executor now (its outcome
+        settles the work). A coroutine is returned, for the caller to drive, only
+        where a queued job's claim must be won first (claims.py)."""
         spec = work.spec
         # A batched member is claimed as its batch is about to run (batcher.py).
         if (
@@ -309,39 +312,22 @@ class Dispatcher:
         if work.stream is not None:  # models leased: a READY stream answers now, never a job
             work.stream.begin()
         if spec.decode is not None:
-            # Its sequence waits for a slot of the decode steps (decode.py) from here.
-            work.run_started = work.mark_queued(started, load_ms)
+            work.queued(started, load_ms)
             self.decoder.join(work, event, models)
             return None
         if spec.batch is not None:
-            work.mark_queued(started, load_ms)
+            work.queued(started, load_ms)
             work.phase = "batching"
             self.batcher.join(work, event, models)
             return None
-        work.mark_running(started, load_ms)
-        if spec.is_async:
-            return self._run_async(work, event, models)
+        work.started(work.queued(started, load_ms))
         gate, work.claim = work.claim, None  # a queued job's claim, on its thread (claims.py)
-        try:
-            self.calls.submit(spec, event, models, work.ctx, work.ran_in_thread, gate)
-        except Draining as exc:
-            work.fail(exc)
+        running = self.executor.run(
+            spec, partial(spec.fn, event, *models, work.ctx), work.ended_with, gate
+        )
+        if running is not None and not running.done():
+            work.task = running  # an async call that waits: stopped if the work is cut off
         return None
-
-    async def _run_async(self, work: Work, event: Any, models: list[Any]) -> None:
-        spec = work.spec
-        try:
-            output = await spec.fn(event, *models, work.ctx)
-        except asyncio.CancelledError:
-            work.cancel()  # settled already where the work was cut off, or overran
-            raise
-        except (Exception, SystemExit) as exc:
-            # SystemExit too: an async handler calling sys.exit() (as argparse
-            # and click do) must not stop the event loop and the server with it.
-            work.fail(user_error(spec, work.ctx, exc))
-            return
-        work.ran()
-        work.succeed(output)
 
     async def _load_then_run(self, work: Work, event: Any) -> None:
         """Work that must wait for its models: load (single flight) and lease them, then run."""

@@ -24,7 +24,7 @@ from functools import partial
 from typing import Any
 
 from runtime.dispatch import claims
-from runtime.dispatch.calls import HandlerCalls
+from runtime.dispatch.executor import Executor
 from runtime.dispatch.streams import Streams
 from runtime.dispatch.work import Work
 from runtime.jobs.job import Job, JobStatus
@@ -42,7 +42,7 @@ class Recorder:
         jobs: JobManager,
         streams: Streams,
         cache: ModelCache,
-        calls: HandlerCalls,
+        executor: Executor,
         stats: Callable[[str], HandlerStats],
         busy: Callable[[HandlerSpec], bool],
     ) -> None:
@@ -51,7 +51,7 @@ class Recorder:
         self.jobs = jobs
         self.streams = streams
         self.cache = cache
-        self.calls = calls
+        self.executor = executor
         self.stats = stats
 
     async def submit(
@@ -64,7 +64,7 @@ class Recorder:
     ) -> Job:
         """`work`, not started yet, as a job: recorded, then `start`ed and followed."""
         queued = self.jobs.shared_queue and claims.waits(
-            spec, self.calls, self.cache, self.busy(spec)
+            spec, self.executor, self.cache, self.busy(spec)
         )
         job = await self.record(spec, event, work, key_id, queued=queued)
         if queued:

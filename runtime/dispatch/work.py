@@ -1,19 +1,21 @@
 """One piece of work, from admission to settlement, and the books it is kept in.
 
 Every invocation (a request, a job recovered from the store) is one `Work`.
-Whatever runs it (a handler thread, the loop, a batch), its life is told
+Whichever scheduler starts it (the dispatcher alone, a batch, the decode steps)
+and wherever the executor runs it (a handler thread, the loop), its life is told
 through the work's own methods:
 
     admitted      Work(...)       its outcome future; a queue slot, taken by the
                                   dispatcher before the first await
-    queued        mark_queued()   queue (and load) times recorded
-    running       mark_running()  phase, and its run watched for THAW_RUN_TIMEOUT_S
-                  batch_started() the same for a member of a batch, with its wait
-                  decode_started() the same for a sequence admitted to the decode steps
+    queued        queued()        queue (and load) times recorded
+    started       started()       its handler's call began: phase, its wait for a
+                                  batch or a decode slot, its run watched for
+                                  THAW_RUN_TIMEOUT_S
     ran           ran()           run time: Server-Timing, estimator, stats
-                  batch_ran()
-    ended         succeed() / fail() / cancel(), or its outcome cancelled from
-                  outside (a drain, a job's lost lease, a streaming client gone)
+    ended         ended_with()    the executor's outcome of its own call, or
+                  succeed() / fail() / cancel() (a batch's or a decode lane's
+                  share of theirs), or its outcome cancelled from outside (a
+                  drain, a job's lost lease, a streaming client gone)
     settled       settle()        the one end of every piece of work
 
 `settle` is the only place that lets go of the work's models, wakes its
@@ -34,7 +36,7 @@ from typing import Any
 
 from runtime.clock import Clock
 from runtime.context import Context
-from runtime.dispatch.calls import Gate, ThreadOutcome, user_error
+from runtime.dispatch.executor import Gate, Outcome, user_error
 from runtime.dispatch.overruns import Overruns
 from runtime.dispatch.streams import Stream
 from runtime.errors import Draining, HandlerTimeout, ThawError
@@ -179,9 +181,9 @@ class Work:
         self.outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         # Made by a request that waits for the work; set when the work settles.
         self.waiter: asyncio.Future[None] | None = None
-        # The task driving it, where it had to wait on the loop (a load, an async
-        # handler that suspends); cancelled if the work ends before it does.
-        self.task: asyncio.Task[None] | None = None
+        # What drives it where it had to wait on the loop (a load's task, an async
+        # handler's call that suspended); cancelled if the work ends before it does.
+        self.task: asyncio.Future[Any] | None = None
         # Settled: nothing left to let go of or count (see `settle`).
         self.settled = False
         # Requests in the batch it ran in (runtime/dispatch/batcher.py); None: unbatched.
@@ -206,68 +208,58 @@ class Work:
 
     # ---- on its way ---------------------------------------------------------------
 
-    def mark_queued(self, started: float, load_ms: dict[str, float]) -> float:
-        """Record its queue and load times since `started`, up to now (returned)."""
+    def queued(self, since: float, load_ms: dict[str, float]) -> float:
+        """Record its queue and load times since `since`, up to now (returned)."""
         now = self.books.now()
         timings = self.timings_ms
-        queue_ms = max(0.0, (now - started) * 1000 - sum(load_ms.values()))
+        queue_ms = max(0.0, (now - since) * 1000 - sum(load_ms.values()))
         timings["queue"] = queue_ms
         if load_ms:
             timings.update(load_ms)
         self.stats.observe_queue(queue_ms / 1000)
         return now
 
-    def mark_running(self, started: float, load_ms: dict[str, float]) -> None:
-        """Its handler starts now: queue and load times recorded, its run watched."""
-        self.run_started = self.mark_queued(started, load_ms)
+    def started(
+        self,
+        at: float,
+        waited_since: float | None = None,
+        batch_size: int | None = None,
+        leader: bool = True,
+    ) -> None:
+        """Its handler's call began at `at`: it runs from there, its run watched.
+
+        `waited_since`: it waited for a place in a call (a batch's, a decode
+        slot) from then, shown as Server-Timing's `batch`. `batch_size`: the
+        batch it runs in, whose `leader` (its first member) records what is the
+        batch's own."""
+        if batch_size is not None:
+            batches = self.books.metrics.batch(self.handler)
+            if leader:
+                batches.observe_size(batch_size)
+            assert waited_since is not None
+            batches.observe_wait(max(0.0, at - waited_since))
+            self.batch_size = batch_size
+        if waited_since is not None:
+            self.timings_ms["batch"] = max(0.0, at - waited_since) * 1000
         if self.on_phase is None:  # no job to tell: the setter's call spared
             self._phase = "running"
         else:
             self.phase = "running"
         self.running = True
-        self.books.overruns.watch(self, self.run_started)
+        self.run_started = at
+        self.books.overruns.watch(self, at)
 
-    def decode_started(self, started: float) -> None:
-        """Its sequence was admitted to the decode steps (runtime/dispatch/decode.py) at
-        `started`: it runs from there, its run watched (its stream began when its
-        models were leased). Its wait for a slot shows as Server-Timing's `batch`."""
-        self.timings_ms["batch"] = max(0.0, started - self.run_started) * 1000
-        self.phase = "running"
-        self.running = True
-        self.run_started = started
-        self.books.overruns.watch(self, started)
-
-    def ran(self) -> None:
-        """Its own handler call returned: the run's time, for Server-Timing, the
-        estimate and the stats."""
+    def ran(self, run_s: float | None = None, leader: bool = True) -> None:
+        """Its call returned (after `run_s`; None: since it started), for Server-Timing,
+        the estimate and the stats: one run per call for the estimate (what a
+        request waits for: a batch's recorded by its `leader`), one per member in
+        the stats."""
         books = self.books
-        run_s = books.now() - self.run_started
+        if run_s is None:
+            run_s = books.now() - self.run_started
         self.timings_ms["run"] = run_s * 1000
-        books.estimator.record_run(self.handler, run_s)
-        self.stats.observe_run(run_s)
-
-    def batch_started(self, started: float, queued_at: float, size: int, leader: bool) -> None:
-        """It runs from `started` in a batch of `size`, having queued from `queued_at`.
-        The `leader` (the batch's first member) records what is the batch's own."""
-        batches = self.books.metrics.batch(self.handler)
         if leader:
-            batches.observe_size(size)
-        wait_s = max(0.0, started - queued_at)
-        batches.observe_wait(wait_s)
-        self.phase = "running"
-        self.running = True
-        self.batch_size = size
-        self.timings_ms["batch"] = wait_s * 1000
-        self.run_started = started
-        self.books.overruns.watch(self, started)
-
-    def batch_ran(self, run_s: float, leader: bool) -> None:
-        """Its batch's handler call returned after `run_s`: one run per batch for the
-        estimate (what a request waits for, recorded by the `leader`), one per
-        member in the stats."""
-        if leader:
-            self.books.estimator.record_run(self.handler, run_s)
-        self.timings_ms["run"] = run_s * 1000
+            books.estimator.record_run(self.handler, run_s)
         self.stats.observe_run(run_s)
 
     # ---- ending -------------------------------------------------------------------
@@ -278,7 +270,7 @@ class Work:
         self.settle()
 
     def fail(self, error: BaseException) -> None:
-        """It failed with `error`, Thaw's error already (see `calls.user_error`)."""
+        """It failed with `error`, Thaw's error already (see `executor.user_error`)."""
         if not self.outcome.done():
             self.outcome.set_exception(error)
         self.settle()
@@ -288,11 +280,11 @@ class Work:
         self.outcome.cancel()
         self.settle()
 
-    def ran_in_thread(self, done: ThreadOutcome) -> None:
-        """A sync handler's thread returned (on the loop): the work ends with its outcome."""
+    def ended_with(self, done: Outcome) -> None:
+        """Its own call ended (the executor's outcome, on the loop): the work ends with it."""
         if self.outcome.done():  # cut off (a drain, a job's lost lease, its run limit)
             return
-        if done.cancelled():  # never ran: the handler threads were shut down
+        if done.cancelled():  # never ran (the handler threads were shut down), or stopped
             self.cancel()
         elif (exc := done.exception()) is not None:
             self.fail(user_error(self.spec, self.ctx, exc))

@@ -19,7 +19,7 @@ import pytest
 from runtime.clock import ManualClock
 from runtime.context import Context
 from runtime.dispatch.batcher import Batcher
-from runtime.dispatch.calls import HandlerCalls
+from runtime.dispatch.executor import Executor
 from runtime.dispatch.work import Books, Work
 from runtime.models.estimate import Estimator
 from runtime.registry import discover
@@ -32,8 +32,8 @@ MARGIN_S = 0.1
 
 
 @pytest.fixture
-def calls() -> Iterator[HandlerCalls]:
-    calls = HandlerCalls(1)
+def calls() -> Iterator[Executor]:
+    calls = Executor(1)
     yield calls
     calls.shutdown()
 
@@ -44,7 +44,7 @@ async def turns(n: int = 3) -> None:
 
 
 async def test_a_member_held_behind_a_running_batch_waits_past_its_start_by_time(
-    tmp_path: Path, calls: HandlerCalls
+    tmp_path: Path, calls: Executor
 ) -> None:
     from tests.handlers import stuck
 
@@ -59,7 +59,7 @@ async def test_a_member_held_behind_a_running_batch_waits_past_its_start_by_time
         health=Health(),
         run_timeout_s=600.0,
     )
-    batcher = Batcher(calls=calls, run_estimate_s=lambda _: 0.0, margin_s=MARGIN_S, clock=clock)
+    batcher = Batcher(executor=calls, run_estimate_s=lambda _: 0.0, margin_s=MARGIN_S, clock=clock)
 
     def work(request_id: str, deadline_in_s: float | None) -> Work:
         deadline = None if deadline_in_s is None else clock.monotonic() + deadline_in_s

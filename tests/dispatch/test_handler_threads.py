@@ -149,7 +149,7 @@ async def test_a_sync_call_admitted_as_the_handler_threads_shut_down_is_refused_
     # still holding its model, and stopping the instance waited for it forever.
     if not cold:
         await call(instance, "alpha")
-    instance.calls.shutdown()
+    instance.executor.shutdown()
     with pytest.raises(Draining):
         await instance.dispatcher.invoke("alpha", {}, wait_s=60.0, request_id="late")
     await until(lambda: not instance.dispatcher.in_flight)

@@ -1,24 +1,36 @@
-"""Calling user code: async handlers on the loop, sync ones on threads of their own,
-and the one boundary where what user code raised becomes Thaw's error.
+"""The executor: the one place user code runs, and the one boundary where what it
+raised becomes Thaw's error.
 
-Sync handlers run on the handler threads (runtime/dispatch/threads.py: the
-thread idle last takes the next call, so warm threads serve), not on the
-loop's default pool.
-That pool carries the runtime's own blocking work (job records, manifest
-reads, fetches), and 64 slow handlers must not hold up a 202's job record
-behind them.
+The schedulers decide what runs when: the dispatcher a lone call
+(runtime/dispatch/dispatcher.py), the batcher a batch (batcher.py), the
+decode lanes a prefill or a decode thread's steps (decode.py); warm-up runs an
+example (runtime/models/loading.py). Each hands the call to `Executor.run`,
+which runs it the way its handler is declared, and gets its outcome back on
+the loop in a callback it names, as a done future: its result, its exception
+(what user code raised, as it is: mapped by `user_error`), or cancelled.
 
-A thread's outcome comes back to the loop in a single `call_soon_threadsafe`,
-straight to a callback the submitter names: the work's own
-(`Work.ran_in_thread`, runtime/dispatch/work.py), which settles it there, with
-no task in between. Its request wakes one loop turn after the thread ends, as
-it would after `await loop.run_in_executor(...)`. Awaiting `asyncio.to_thread`
-inside the work's task takes two more turns: one to wake the task, one to
-wake the request.
+    sync handler    a handler thread (threads.py: the thread idle last takes the
+                    next call, so warm threads serve), in a copy of the
+                    submitter's context, under torch.inference_mode where it
+                    uses models; the outcome comes back in one
+                    `call_soon_threadsafe`, straight to the callback
+    async handler   on the loop, started eagerly (eager.py): a call that never
+                    waits ends in its first step, and its callback runs at once
+    sys.exit()      (argparse and click call it) ends that call only, never the
+                    loop or a handler thread: its outcome is a failure
+    shut down       the threads stopped after the call was admitted: its outcome
+                    is `drained`, one loop turn later, as a thread's would be
 
-`user_error` is the one boundary: every outcome of user code comes back to
-one place per kind of work (a thread's callback, an async handler's await, a
-batch's end, a warm-up example), and each maps its exception there.
+Sync handlers do not run on the loop's default pool. That pool carries the
+runtime's own blocking work (job records, manifest reads, fetches), and 64
+slow handlers must not hold up a 202's job record behind them. And a thread's
+outcome goes to the callback with no task in between: its request wakes one
+loop turn after the thread ends, as it would after `await
+loop.run_in_executor(...)`; awaiting `asyncio.to_thread` inside a task takes
+two more turns.
+
+The run-limit watch (overruns.py) is the work's: it is watched from the
+moment the scheduler says it started (`Work.started`) until it settles.
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ from functools import partial
 from typing import Any
 
 from runtime.context import Context
+from runtime.dispatch import eager
 from runtime.dispatch.threads import HandlerThreads
 from runtime.errors import Draining, HandlerError, ThawError
 from runtime.models import weights as weights_mod
@@ -43,6 +56,9 @@ from runtime.wire.render import user_traceback
 log = logging.getLogger("thaw.dispatch")
 
 ThreadOutcome = concurrent.futures.Future[Any]
+# What a call's callback gets: a done future (a thread's, or the loop's for async code).
+Outcome = concurrent.futures.Future[Any] | asyncio.Future[Any]
+Then = Callable[[Outcome], object]
 # Awaited on the loop before a handler runs: whether it may (a queued job's claim).
 Gate = Callable[[], Coroutine[Any, Any, bool]]
 
@@ -59,6 +75,8 @@ def user_error(
     the runtime's own errors pass: a handler's 4xx raised for a whole batch
     names no member, so it is a handler error too.
     """
+    if isinstance(exc, _Exited):
+        exc = exc.exit
     if isinstance(exc, Draining | HandlerError) or (isinstance(exc, ThawError) and not whole_batch):
         return exc
     frames = traceback.extract_tb(exc.__traceback__)
@@ -81,6 +99,22 @@ def user_error(
     return error
 
 
+class _Exited(Exception):
+    """sys.exit() in async user code, carried as an ordinary failure: raised out of a
+    task (or an eager first step) it would stop the event loop, and the server with it."""
+
+    def __init__(self, exit: SystemExit) -> None:
+        super().__init__(f"SystemExit: {exit}")
+        self.exit = exit
+
+
+async def _exits_caught(call: Coroutine[Any, Any, Any]) -> Any:
+    try:
+        return await call
+    except SystemExit as exc:
+        raise _Exited(exc) from exc
+
+
 def _gated(loop: asyncio.AbstractEventLoop, gate: Gate, call: Callable[[], Any]) -> Any:
     # On the handler thread: a refused gate ended the work on the loop already.
     if asyncio.run_coroutine_threadsafe(gate(), loop).result():
@@ -94,9 +128,7 @@ def _with_inference_mode(call: Callable[[], Any]) -> Any:
         return call()
 
 
-def _back_to_loop(
-    loop: asyncio.AbstractEventLoop, then: Callable[[ThreadOutcome], None], done: ThreadOutcome
-) -> None:
+def _back_to_loop(loop: asyncio.AbstractEventLoop, then: Then, done: ThreadOutcome) -> None:
     # Not contextlib.suppress: this runs once per sync call, and a bare `try`
     # here (with no is_closed() check before it) measured ~4k instructions less.
     try:  # noqa: SIM105
@@ -105,7 +137,7 @@ def _back_to_loop(
         pass
 
 
-def copy_outcome(future: asyncio.Future[Any], done: ThreadOutcome) -> None:
+def copy_outcome(future: asyncio.Future[Any], done: Outcome) -> None:
     """`done`'s outcome onto `future` (unless its awaiter was cancelled and it is
     settled already)."""
     if future.done():
@@ -135,41 +167,37 @@ def batch_outputs(spec: HandlerSpec, result: Any, size: int) -> list[Any]:
     return list(result)
 
 
-class HandlerCalls:
-    """Calls handler code: sync handlers on the handler threads (`submit`,
-    `submit_call`), async ones on the loop; `warm_up` runs one warm-up example."""
+class Executor:
+    """Runs user code (`run`): sync handlers on the handler threads, async ones on the
+    loop; `warm_up` runs one warm-up example the way a request runs."""
 
     def __init__(self, threads: int) -> None:
         self._pool = HandlerThreads(threads, "thaw-handler")
 
-    def submit(
-        self,
-        spec: HandlerSpec,
-        event: Any,
-        models: list[Any],
-        ctx: Context,
-        then: Callable[[ThreadOutcome], None],
-        gate: Gate | None = None,
-    ) -> None:
-        """Run sync handler `spec` on a handler thread; `then(outcome)` runs on the loop after.
-        With a `gate`, the thread first awaits it on the loop, and runs the handler only
-        if it says True (a queued job's claim: made when a thread is free for it).
-
-        The handler runs in a copy of the submitter's context, as under
-        `asyncio.to_thread`; handlers that use models run under
-        torch.inference_mode, and model-less ones never touch torch. Raises
-        Draining once the handler threads are shut down.
-        """
-        self.submit_call(spec, partial(spec.fn, event, *models, ctx), then, gate)
-
-    def submit_call(
+    def run(
         self,
         spec: HandlerSpec,
         call: Callable[[], Any],
-        then: Callable[[ThreadOutcome], None],
+        then: Then,
         gate: Gate | None = None,
-    ) -> None:
-        """`submit` for a call made already (a batch: runtime/dispatch/batcher.py)."""
+    ) -> asyncio.Future[Any] | None:
+        """Run `call()`, user code of handler `spec` (for an async handler, `call()` makes
+        its coroutine); `then(outcome)` runs on the loop once it ends.
+
+        An async call's future is returned (done, if it ended in its first step:
+        `then` ran already); cancelling it stops the call at its next await. A
+        sync call runs on a handler thread and returns None: a thread cannot be
+        stopped. With a `gate`, the thread first awaits it on the loop, and runs
+        the call only if it says True (a queued job's claim, made when a thread is
+        free for it: claims.py).
+        """
+        if spec.is_async:
+            outcome = eager.start(_exits_caught(call()))
+            if outcome.done():
+                then(outcome)
+            else:
+                outcome.add_done_callback(then)
+            return outcome
         loop = asyncio.get_running_loop()
         models = bool(spec.uses)
         if models:
@@ -179,8 +207,14 @@ class HandlerCalls:
         try:
             done = self._pool.submit(partial(contextvars.copy_context().run, call), models=models)
         except RuntimeError:  # shut down: the instance stopped after admitting this call
-            raise Draining("this instance is shutting down and runs no more handlers") from None
+            refused: ThreadOutcome = concurrent.futures.Future()
+            refused.set_exception(
+                Draining("this instance is shutting down and runs no more handlers")
+            )
+            loop.call_soon(then, refused)
+            return None
         done.add_done_callback(partial(_back_to_loop, loop, then))
+        return None
 
     async def warm_up(
         self, spec: HandlerSpec, example: dict[str, Any], models: list[Any], ctx: Context
@@ -192,20 +226,23 @@ class HandlerCalls:
         handler raises becomes Thaw's error (`user_error`)."""
         batched = spec.batch is not None
         args = ([example], *models, [ctx]) if batched else (example, *models, ctx)
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if spec.is_async:
+            call = partial(spec.fn, *args)
+        else:
+            # In a bundle window of its own, as the load's other threads are: a
+            # warm-up that stalled the load goes on allocating in one (host.py).
+            call = partial(host.within_window, spec.fn, *args)
+        running = self.run(spec, call, partial(copy_outcome, done))
         try:
-            if spec.is_async:
-                output = await spec.fn(*args)
-            else:
-                done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-                # In a bundle window of its own, as the load's other threads are: a
-                # warm-up that stalled the load goes on allocating in one (host.py).
-                call = partial(host.within_window, spec.fn, *args)
-                self.submit_call(spec, call, partial(copy_outcome, done))
-                output = await done
+            output = await done
             if batched:
                 [output] = batch_outputs(spec, output, 1)
-        except (Exception, SystemExit) as exc:
-            # SystemExit too: out of this task it would stop the event loop.
+        except asyncio.CancelledError:
+            if running is not None:
+                running.cancel()
+            raise
+        except Exception as exc:
             raise user_error(spec, ctx, exc, whole_batch=batched)  # noqa: B904 (chained inside)
         if isinstance(output, BaseException):
             # An exception in its item's place: InvalidInput is a 400, as it is.
