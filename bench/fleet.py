@@ -39,7 +39,9 @@ one call at a time (tests/handlers/serial.py: `Batch(max_size=1,
 max_concurrent=1)`, sleeping `--run-s`, 2 s by default), and bursts of 10 and
 30 jobs all submitted to instance 0. Reported per row: the wall time from the
 first submission to the last run's end against the ideal (jobs x run-s /
-instances; target >= 0.8 of ideal), the jobs each instance ran, the peak of
+instances; target >= 0.8 of ideal; beside it the floor of whole runs,
+ceil(jobs / instances) x run-s), the jobs each instance ran, the median idle
+gap between two runs of one instance (the claim's cost), the peak of
 `thaw_fleet_jobs_queued` while the burst waited and its value at the end, and
 the runs above capacity (two runs of one instance that overlapped, from the
 handler's own log of start and end times; target 0).
@@ -53,6 +55,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
+import math
 import os
 import random
 import sys
@@ -327,14 +331,23 @@ def one_burst(running: Any, jobs: int, run_s: float, log: Path) -> Row:
     for run in record:
         per_pid[run.pid] = per_pid.get(run.pid, 0) + 1
     above = len(overlaps(log))
+    # The idle time of an instance between two of its runs: the claim's cost.
+    gaps = [
+        later.start - earlier.end
+        for pid in per_pid
+        for earlier, later in itertools.pairwise([r for r in record if r.pid == pid])
+        if earlier.end is not None
+    ]
+    # Whole runs: no instance can run part of one, so this is the best a fleet can do.
+    floor = math.ceil(jobs / count) * run_s
     ok = ratio >= 0.8 and above == 0 and statuses.count("succeeded") == jobs and left == 0
     spread = "/".join(str(per_pid.get(s.proc.pid, 0)) for s in running.instances if s.proc)
     return Row(
         f"burst of {jobs} x {run_s:g} s jobs to one of {count} instances: wall"
-        f" (runs per instance {spread}; gauge peak {peak[0]:.0f}, end {left:.0f};"
-        f" runs above capacity {above})",
+        f" (runs per instance {spread}; gap between runs p50 {fmt_s(percentile(gaps, 50))};"
+        f" gauge peak {peak[0]:.0f}, end {left:.0f}; runs above capacity {above})",
         fmt_s(wall),
-        baseline=f"ideal {fmt_s(ideal)}",
+        baseline=f"ideal {fmt_s(ideal)} (whole runs: {fmt_s(floor)})",
         ratio=f"{ratio:.2f} of ideal",
         target=">= 0.8 of ideal, 0 above capacity",
         verdict="pass" if ok else "FAIL",
