@@ -207,7 +207,7 @@ class Server:
             raise self._fail(f"unload {bundle}: {reply.status} {reply.body[:500]!r}")
 
     async def memory(self, *, reset_peak: bool = False) -> dict[str, Any]:
-        """The server process's device memory (bench/gpu_probe.py), in bytes."""
+        """The server process's device memory (bench/fixtures.py's probe), in bytes."""
         event = {"device": self.device, "reset_peak": reset_peak}
         figures: dict[str, Any] = (await self.invoke("device_memory", event))[1]
         return figures

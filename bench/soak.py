@@ -10,7 +10,7 @@ Every answer's status is checked against what its kind must get. The server's
 RSS is read from /proc after a warm-up share of the requests and at the end.
 
 Pass: growth under 5 %, zero 5xx, zero unexpected statuses, the server alive.
-Prints a markdown table and writes it with the command to bench/RESULTS-soak.md.
+Prints a markdown table (bench/run.py --write records it in BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from bench.common import (  # noqa: E402
 
 MAX_BODY_BYTES = 64 * 1024
 GROWTH_LIMIT = 0.05
-RESULTS = ROOT / "bench" / "RESULTS-soak.md"
 Row = tuple[str, str]
 
 
@@ -243,7 +242,6 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=0.05, help="share of requests before RSS")
     parser.add_argument("--max-seconds", type=float, default=300.0)
     parser.add_argument("--seed", type=int, default=8)
-    parser.add_argument("--no-write", action="store_true", help="do not write RESULTS-soak.md")
     args = parser.parse_args()
     tally = Tally()
     out = soak(args, tally)
@@ -252,12 +250,6 @@ def main() -> int:
     print(table)
     if not out.alive:
         print(out.log_tail, file=sys.stderr)
-    if not args.no_write:
-        command = " ".join([".venv/bin/python bench/soak.py", *sys.argv[1:]])
-        RESULTS.write_text(
-            "# Soak: valid, invalid and oversized requests against one `thaw serve`\n\n"
-            f"    {command}\n\n{table}\n"
-        )
     return 0 if ok else 1
 
 

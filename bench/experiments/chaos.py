@@ -1,6 +1,6 @@
 """Chaos: a job mix against a `thaw serve` killed with SIGKILL at random points and restarted.
 
-    .venv/bin/python bench/chaos.py [--cycles 30] [--seed 15] [--max-uptime 2.0]
+    .venv/bin/python bench/experiments/chaos.py [--cycles 30] [--seed 15] [--max-uptime 2.0]
 
 Each cycle starts a server on the same state dir and SQLite file (lease 600 s,
 so nothing here waits for a lease), sends a seeded random mix for a random

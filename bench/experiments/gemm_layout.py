@@ -1,6 +1,6 @@
 """Why `Llama` stores its weights as it does: a decode step's GEMMs in each layout.
 
-    .venv/bin/python bench/gemm_layout.py [--threads 1] [--rows 1,8,16]
+    .venv/bin/python bench/experiments/gemm_layout.py [--threads 1] [--rows 1,8,16]
 
 SmolLM2-135M's matrices (hidden 576, intermediate 1536, vocab 49,152; 30 layers),
 random float32 values (the kernels' times do not depend on them): for M rows (a

@@ -1,7 +1,9 @@
 """Why SmolLM2 keeps attention off cuDNN on CUDA (handlers/models/llama.py, `plan_free_attention`).
 
-    .venv/bin/python bench/gpu_attention.py          # seconds on one GPU; one line without CUDA
-    .venv/bin/python bench/gpu_attention.py --smoke  # its code on the CPU (figures mean nothing)
+    .venv/bin/python bench/experiments/gpu_attention.py          # seconds on one GPU
+    .venv/bin/python bench/experiments/gpu_attention.py --smoke  # its code on the CPU
+
+Without CUDA it prints one line and exits 0; `--smoke` figures mean nothing.
 
 A decode step's attention, with cuDNN's backend on and off: its first call at
 each of 10 key lengths not seen before (the keys are a view of a KV cache of
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="its code on the CPU")
     args = parser.parse_args(argv)
-    if skipped_without_cuda("bench/gpu_attention.py", args.smoke):
+    if skipped_without_cuda("bench/experiments/gpu_attention.py", args.smoke):
         return 0
     import torch
 

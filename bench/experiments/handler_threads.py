@@ -1,6 +1,6 @@
 """The handler threads' hand-off: Thaw's pool against `ThreadPoolExecutor` (issue 29, part 1).
 
-    .venv/bin/python bench/handler_threads.py [--rounds 5] [--calls 3000] [--callers 8]
+    .venv/bin/python bench/experiments/handler_threads.py [--rounds 5] [--calls 3000] [--callers 8]
 
 In one process: an event loop runs `--callers` coroutines, each submitting a
 no-op call to the pool and awaiting its answer (brought back to the loop with

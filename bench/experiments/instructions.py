@@ -1,8 +1,8 @@
 """Instructions per warm request, counted by callgrind: Thaw against the bare app.
 
-    python bench/instructions.py            # the ASGI apps driven in-process (~2 minutes)
-    python bench/instructions.py --server   # also the real servers over HTTP (~9 minutes)
-    python bench/instructions.py --jobs     # Thaw's durable job cycle alone, in-process (~1 minute)
+    python bench/experiments/instructions.py           # the ASGI apps in-process (~2 min)
+    python bench/experiments/instructions.py --server  # also the real servers (~9 min)
+    python bench/experiments/instructions.py --jobs    # the durable job cycle (~1 min)
 
 Over HTTP the warm path's differences are tens of microseconds under noise
 of the same size; instruction counts are exact and do not move with the
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# `python bench/instructions.py` puts bench/ on sys.path, not the repository root.
+# `python bench/experiments/instructions.py` puts bench/ on sys.path, not the repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.common import HOST, ROOT, bare_argv, free_port, runtime_env, thaw_serve_argv

@@ -1,7 +1,7 @@
 """Warm invocations with large bodies: Thaw against the bare app, body sizes and shapes.
 
-    .venv/bin/python bench/invoke_payloads.py [--rounds 5]
-    .venv/bin/python bench/invoke_payloads.py --against /path/to/an/older/checkout
+    .venv/bin/python bench/experiments/invoke_payloads.py [--rounds 5]
+    .venv/bin/python bench/experiments/invoke_payloads.py --against /path/to/an/older/checkout
 
 `bench/overhead.py` measures a 34-byte event; this measures the same warm
 `POST /invoke/echo` (the event back as the output) with the bodies inference

@@ -1,7 +1,7 @@
 """Large job payloads: what a finished job costs the process, and its cycle.
 
-    .venv/bin/python bench/job_payloads.py [--jobs 300] [--cycles 30]
-    .venv/bin/python bench/job_payloads.py --against /path/to/an/older/checkout
+    .venv/bin/python bench/experiments/job_payloads.py [--jobs 300] [--cycles 30]
+    .venv/bin/python bench/experiments/job_payloads.py --against /path/to/an/older/checkout
 
 Every figure is from a real `thaw serve` over HTTP: `echo` jobs whose input (and
 so output) is a JSON list of floats, the shape of an embedding or a batch of

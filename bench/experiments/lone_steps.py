@@ -1,6 +1,6 @@
 """A lone `generate` call's handler side: its decode steps against the per-request loop.
 
-    .venv/bin/python bench/lone_steps.py [--pairs 6] [--threads 1] [--bundles DIR]
+    .venv/bin/python bench/experiments/lone_steps.py [--pairs 6] [--threads 1] [--bundles DIR]
 
 In one process, no server: `runtime.registry.alone(GenerateSteps)` (what the
 decode scheduler runs for a lone sequence: `prefill`, then `step` after `step`)

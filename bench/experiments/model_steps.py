@@ -1,6 +1,6 @@
 """SmolLM2's decode steps and prefills with each matmul setting, in one process.
 
-    .venv/bin/python bench/model_steps.py [--threads 1] [--reps 8] [--bundles DIR]
+    .venv/bin/python bench/experiments/model_steps.py [--threads 1] [--reps 8] [--bundles DIR]
 
 The shipped bundle's weights, built twice: `matmul: auto` (bfloat16 matrices
 prepacked for AMX where the CPU has it, `handlers.models.llama.packed_bf16`)

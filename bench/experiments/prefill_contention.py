@@ -1,6 +1,7 @@
 """Why a decode step waits for a prompt in flight: a prefill beside the steps.
 
-    .venv/bin/python bench/prefill_contention.py [--sequences 7] [--reps 5] [--bundles DIR]
+    .venv/bin/python bench/experiments/prefill_contention.py [--sequences 7] [--reps 5]
+                                                             [--bundles DIR]
 
 SmolLM2's shipped weights, one intra-op thread per computing thread (as
 `bench/generation.py --threads 1` serves). Prompts of 8 to 330 tokens are

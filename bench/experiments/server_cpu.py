@@ -1,8 +1,8 @@
 """Server CPU per warm request: Thaw against the bare app (or another Thaw tree).
 
-    .venv/bin/python bench/server_cpu.py [--clients 8] [--rounds 10] [--seconds 2]
-    .venv/bin/python bench/server_cpu.py --against /path/to/an/older/checkout
-    .venv/bin/python bench/server_cpu.py --jobs --against /path/to/an/older/checkout
+    .venv/bin/python bench/experiments/server_cpu.py [--clients 8] [--rounds 10] [--seconds 2]
+    .venv/bin/python bench/experiments/server_cpu.py --against /path/to/an/older/checkout
+    .venv/bin/python bench/experiments/server_cpu.py --jobs --against /path/to/an/older/checkout
 
 With several keep-alive clients the server is one event loop at 100 % of a
 core, so its requests/s is the inverse of its CPU per request: this measures

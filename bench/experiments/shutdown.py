@@ -1,6 +1,6 @@
 """Shutdown: seconds from the signal to the process's exit, against the drain grace.
 
-    .venv/bin/python bench/shutdown.py [--grace S] [--callers N]
+    .venv/bin/python bench/experiments/shutdown.py [--grace S] [--callers N]
 
 For each scenario a fresh `thaw serve` process gets its callers in flight
 (every handler entered, or the load under way), then a signal; the row gives

@@ -1,6 +1,6 @@
 """OpenMP teams: torch's loops with one team alive against two (runtime/models/weights/teams.py).
 
-    .venv/bin/python bench/teams.py [--rounds 5]
+    .venv/bin/python bench/experiments/teams.py [--rounds 5]
 
 In one process, on threads of its own (the main thread runs no torch), the
 same work measured three ways in turn, medians of `--rounds`:

@@ -1,6 +1,6 @@
 """One tenant at its limits against another's latency: a probe-style table.
 
-    python bench/tenants.py [--requests 1000]
+    python bench/experiments/tenants.py [--requests 1000]
 
 A real `thaw serve` on 127.0.0.1 with two tenant keys. The victim sends
 sequential `POST /invoke/echo` calls on one keep-alive connection and its p50
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-# `python bench/tenants.py` puts bench/ on sys.path, not the repository root.
+# `python bench/experiments/tenants.py` puts bench/ on sys.path, not the repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.common import (
