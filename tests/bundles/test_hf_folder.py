@@ -6,16 +6,18 @@ in this process. Pickle is still refused."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import subprocess
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from runtime.bundles.manifest import read_manifest
 from runtime.bundles.pretrained import pretrained_request_bytes
-from runtime.bundles.manifest import read_manifest, verify_bundle
+from runtime.cli.main import main
 from tests.inproc import serving, settings_for
 
 pytest.importorskip("transformers")
@@ -26,14 +28,20 @@ WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "world", "thaw",
 TOLERANCE = 1e-5
 
 
-def thaw(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "runtime.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-    )
+@dataclass
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def thaw(*args: str, cwd: Path) -> Ran:
+    """`thaw ARGS` run in this process (the command's own code, its streams captured)
+    from directory `cwd`."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return Ran(code, out.getvalue(), err.getvalue())
 
 
 def save_bert(folder: Path) -> None:
@@ -119,7 +127,9 @@ def test_the_bundle_holds_config_json_as_config_and_every_other_file(
         result = built["bert" if folder == "bert" else "llama"]
         assert result.returncode == 0, result.stderr
         bundle_dir = root / "bundles" / name
-        manifest = verify_bundle(bundle_dir)
+        verified = thaw("bundle", "verify", str(bundle_dir), cwd=root)
+        assert verified.returncode == 0, verified.stderr
+        manifest = read_manifest(bundle_dir)
         source = json.loads((root / folder / "config.json").read_text())
         assert manifest.config == source  # verbatim: its own "dtype" key included
         assert "dtype" in source and manifest.load_dtype is None
