@@ -160,8 +160,11 @@ class Fleet:
                     claimed = await asyncio.to_thread(self._claim, claim_next, work, cold_wait_s)
                     if claimed is None:
                         break
-                    jobs.recovery.run_claimed(claimed)
-                    await asyncio.sleep(0)  # let its work start before judging idleness
+                    outcome = jobs.recovery.run_claimed(claimed)
+                    if outcome is not None:
+                        # One claimed job at a time: another is claimed once this one
+                        # has ended, whenever its work counts as in flight here.
+                        await asyncio.wait([outcome])
             except StorageUnavailable:
                 pass
             except Exception:

@@ -90,16 +90,19 @@ class Recovery:
             self._run_recovered(claimed)
         return claimed
 
-    def run_claimed(self, claimed: Job) -> None:
-        """Run a job this instance just claimed from the fleet's queue."""
-        self._run_recovered(claimed, what="running queued job")
+    def run_claimed(self, claimed: Job) -> asyncio.Future[Any] | None:
+        """Run a job this instance just claimed from the fleet's queue: the future of
+        its work's outcome (None: nothing runs jobs here)."""
+        return self._run_recovered(claimed, what="running queued job")
 
     def _can_run(self, handler: str) -> bool:
         return self.runner is None or self.runner.can_run(handler)
 
-    def _run_recovered(self, claimed: Job, *, what: str = "recovering job") -> None:
+    def _run_recovered(
+        self, claimed: Job, *, what: str = "recovering job"
+    ) -> asyncio.Future[Any] | None:
         if self.runner is None:
-            return
+            return None
         # Its first request's id is not kept with the job: a recovered run is known by
         # the job's id (the request id its handler sees too), not by the poll or sweep
         # that claimed it.
@@ -108,6 +111,7 @@ class Recovery:
             log.info("%s %s (attempt %d)", what, claimed.id, claimed.attempts)
             work = self.runner.run_job(claimed)
             self.follow(claimed, work, lambda: ("running", None), self.runner.items_of(claimed.id))
+            return work
         finally:
             REQUEST_ID.reset(token)
 
