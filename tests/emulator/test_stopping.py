@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.emulator.conftest import Emulator, emulator_env, wait_for
 
 
+@pytest.mark.process
 def test_stopping_the_emulator_with_instances_running_prints_no_traceback(
     tmp_path: Path,
 ) -> None:
