@@ -22,7 +22,6 @@ import logging
 import socket
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -35,25 +34,11 @@ from runtime.http.app import create_app
 from runtime.instance import Instance
 from runtime.settings import Settings
 from runtime.telemetry.logs import JSONFormatter
+from tests.support import settings_for as settings_for  # the one way tests make settings
 
 BASE_URL = "http://thaw.test"
 # Loggers of the test's side of the connection, left out of a captured server log.
 CLIENT_LOGGERS = ("httpx", "httpcore")
-
-
-def settings_for(root: Path, **overrides: Any) -> Settings:
-    """Settings with every piece of state under `root` (bundles from `root/bundles`
-    unless overridden); never read from os.environ."""
-    values: dict[str, Any] = {
-        "cache_dir": str(root / "cache"),
-        "state_dir": str(root / "state"),
-        "job_store": f"sqlite:///{root / 'jobs.sqlite3'}",
-        "bundle_source": str(root / "bundles"),
-    }
-    values.update(overrides)
-    settings = Settings(**values)
-    settings.validate()
-    return settings
 
 
 @contextlib.asynccontextmanager

@@ -62,6 +62,23 @@ def make_bundle(
     return manifest
 
 
+def settings_for(root: Path, **overrides: Any) -> Settings:
+    """The one way a test makes an in-process instance's settings: every piece of
+    state under `root` (bundles from `root/bundles` unless overridden), `overrides`
+    on top, validated as the environment's are; never read from os.environ. (A
+    process under test reads its own: `thaw_env`, tests/conftest.py.)"""
+    values: dict[str, Any] = {
+        "cache_dir": str(root / "cache"),
+        "state_dir": str(root / "state"),
+        "job_store": f"sqlite:///{root / 'jobs.sqlite3'}",
+        "bundle_source": str(root / "bundles"),
+    }
+    values.update(overrides)
+    settings = Settings(**values)
+    settings.validate()
+    return settings
+
+
 # How long a test waits for a real thread, process or server to do what it
 # must before calling it hung: a safety limit against hangs, far past anything
 # a loaded 2-core machine needs, never an assertion on how fast it happens.

@@ -21,20 +21,19 @@ from runtime.jobs.job import JobStatus
 from runtime.jobs.store import DeferredStore
 from runtime.registry import discover
 from runtime.settings import Settings
+from tests.support import settings_for
 
 pytestmark = pytest.mark.anyio
 
 
-def settings_for(tmp_path: Path, **overrides: Any) -> Settings:
+def echo_settings(tmp_path: Path, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
-        "bundle_source": str(tmp_path / "bundles"),
-        "cache_dir": str(tmp_path / "cache"),
-        "state_dir": str(tmp_path / "state"),
+        # In a directory of its own: `held_open` holds its lock.
         "job_store": f"sqlite:///{tmp_path / 'jobs' / 'jobs.sqlite3'}",
         "handlers": ("tests.handlers.echo",),
         **overrides,
     }
-    return Settings(**values)
+    return settings_for(tmp_path, **values)
 
 
 @pytest.fixture
@@ -61,7 +60,7 @@ def held_open(tmp_path: Path) -> Iterator[Callable[[], None]]:
 
 
 async def test_creating_an_instance_opens_no_store(tmp_path: Path) -> None:
-    settings = settings_for(tmp_path)
+    settings = echo_settings(tmp_path)
     instance = Instance.create(settings, discover(settings.handlers))
     assert not instance.store.opened
     assert not (tmp_path / "jobs" / "jobs.sqlite3").exists()
@@ -74,7 +73,7 @@ async def test_creating_an_instance_opens_no_store(tmp_path: Path) -> None:
 
 def test_one_clock_reaches_every_component_that_reads_time(tmp_path: Path) -> None:
     clock = ManualClock()
-    settings = settings_for(tmp_path)
+    settings = echo_settings(tmp_path)
     instance = Instance.create(settings, discover(settings.handlers), clock=clock)
     cache, jobs = instance.cache, instance.jobs
     source = cache.source
@@ -96,7 +95,7 @@ def test_one_clock_reaches_every_component_that_reads_time(tmp_path: Path) -> No
 async def test_requests_during_background_start_are_served(
     tmp_path: Path, held_open: Callable[[], None]
 ) -> None:
-    settings = settings_for(tmp_path)
+    settings = echo_settings(tmp_path)
     instance = Instance.create(settings, discover(settings.handlers))
     await instance.start(background=False)  # as the server's lifespan does
     errors: list[Exception] = []
@@ -146,7 +145,7 @@ def _unopenable_store(tmp_path: Path) -> Instance:
     """An instance whose SQLite job store lies under a regular file: opening it fails."""
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
-    settings = settings_for(tmp_path, job_store=f"sqlite:///{blocker / 'jobs.sqlite3'}")
+    settings = echo_settings(tmp_path, job_store=f"sqlite:///{blocker / 'jobs.sqlite3'}")
     return Instance.create(settings, discover(settings.handlers))
 
 

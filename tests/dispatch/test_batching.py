@@ -24,9 +24,8 @@ from runtime.errors import HandlerError, InvalidInput
 from runtime.instance import Instance
 from runtime.jobs.job import JobStatus
 from runtime.registry import Batch
-from runtime.settings import Settings
 from tests.handlers import batched
-from tests.support import make_bundle, running_instance
+from tests.support import make_bundle, running_instance, settings_for
 
 pytestmark = pytest.mark.anyio
 
@@ -47,11 +46,8 @@ def gate() -> Iterator[None]:
 async def instance(tmp_path: Path) -> AsyncIterator[Instance]:
     root = tmp_path / "bundles"
     make_bundle(root, "ledger", per_request_bytes=PER_REQUEST_BYTES, weights_bytes=WEIGHTS_BYTES)
-    settings = Settings(
-        bundle_source=str(root),
-        cache_dir=str(tmp_path / "cache"),
-        state_dir=str(tmp_path / "state"),
-        job_store=f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
+    settings = settings_for(
+        tmp_path,
         handlers=("tests.handlers.batched",),
         memory_budget=WEIGHTS_BYTES + SLOTS * PER_REQUEST_BYTES,
     )

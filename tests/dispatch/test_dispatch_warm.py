@@ -17,19 +17,15 @@ from runtime.dispatch.answers import Accepted, Completed
 from runtime.errors import Draining, HandlerError
 from runtime.instance import Instance
 from runtime.jobs.job import JobStatus
-from runtime.settings import Settings
-from tests.support import running_instance
+from tests.support import running_instance, settings_for
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
 async def instance(tmp_path: Path) -> AsyncIterator[Instance]:
-    settings = Settings(
-        bundle_source=str(tmp_path / "bundles"),
-        cache_dir=str(tmp_path / "cache"),
-        state_dir=str(tmp_path / "state"),
-        job_store=f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
+    settings = settings_for(
+        tmp_path,
         handlers=("tests.handlers.sleepy", "tests.handlers.raises", "handlers.echo"),
     )
     async with running_instance(settings) as inst:

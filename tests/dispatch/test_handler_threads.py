@@ -26,9 +26,8 @@ from runtime.errors import Draining, HandlerError
 from runtime.instance import Instance
 from runtime.jobs.job import JobStatus
 from runtime.models.lifecycle import State
-from runtime.settings import Settings
 from tests.handlers import gated, loadlog
-from tests.support import SAFETY_S, make_bundle, running_instance
+from tests.support import SAFETY_S, make_bundle, running_instance, settings_for
 
 pytestmark = pytest.mark.anyio
 
@@ -47,11 +46,8 @@ def gate() -> Iterator[None]:
 async def instance(tmp_path: Path) -> AsyncIterator[Instance]:
     for name in ("alpha", "beta"):
         make_bundle(tmp_path / "bundles", name)
-    settings = Settings(
-        bundle_source=str(tmp_path / "bundles"),
-        cache_dir=str(tmp_path / "cache"),
-        state_dir=str(tmp_path / "state"),
-        job_store=f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
+    settings = settings_for(
+        tmp_path,
         handlers=(
             "tests.handlers.gated",
             "tests.handlers.loadlog",

@@ -23,9 +23,8 @@ import pytest
 from runtime.dispatch.answers import Accepted, Completed
 from runtime.dispatch.streams import Streaming
 from runtime.instance import Instance
-from runtime.settings import Settings
 from tests.handlers import batched, gated, stepped
-from tests.support import make_bundle, running_instance
+from tests.support import make_bundle, running_instance, settings_for
 
 pytestmark = pytest.mark.anyio
 
@@ -49,11 +48,8 @@ def gates() -> Iterator[None]:
 @pytest.fixture
 async def instance(tmp_path: Path) -> AsyncIterator[Instance]:
     make_bundle(tmp_path / "bundles", "ledger")
-    settings = Settings(
-        bundle_source=str(tmp_path / "bundles"),
-        cache_dir=str(tmp_path / "cache"),
-        state_dir=str(tmp_path / "state"),
-        job_store=f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
+    settings = settings_for(
+        tmp_path,
         handlers=(
             "tests.handlers.batched",
             "tests.handlers.gated",
@@ -112,7 +108,7 @@ async def test_a_batched_handler_streams_at_once_whoever_made_its_queue(
     # The first request creates the handler's batch queue, and holds its batch.
     first = call(instance, "batch_gated", {"id": "h", "hold": True}, "h", stream=first_streams)
     await settle(lambda: batcher.running("batch_gated") == 1, "the first batch runs")
-    # A stream whose own batch holds too (its deadline starts it beside the first).
+    # A stream whose batch waits for the run slot (never started beside the first).
     answer = await call(
         instance, "batch_gated", {"id": "s", "hold": True}, "s", stream=True, wait_s=SHORT_WAIT_S
     )

@@ -21,8 +21,7 @@ import pytest
 
 from runtime.dispatch.answers import Completed
 from runtime.dispatch.threads import HandlerThreads
-from runtime.settings import Settings
-from tests.support import make_bundle, running_instance
+from tests.support import make_bundle, running_instance, settings_for
 from tests.support import until as wait_for
 
 WAIT_S = 10.0  # a safety limit only
@@ -162,11 +161,8 @@ def test_a_cancelled_call_never_runs_and_its_thread_goes_on() -> None:
 @pytest.mark.anyio
 async def test_the_first_requests_after_ready_run_on_the_warm_up_thread(tmp_path: Path) -> None:
     make_bundle(tmp_path / "bundles", "paths")
-    settings = Settings(
-        bundle_source=str(tmp_path / "bundles"),
-        cache_dir=str(tmp_path / "cache"),
-        state_dir=str(tmp_path / "state"),
-        job_store=f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
+    settings = settings_for(
+        tmp_path,
         handlers=("tests.handlers.warmed",),
         prewarm=("paths",),
     )

@@ -18,8 +18,7 @@ import pytest
 
 from runtime.dispatch.answers import Accepted
 from runtime.jobs.job import Job, JobStatus
-from runtime.settings import Settings
-from tests.support import SAFETY_S, make_bundle, running_instance
+from tests.support import SAFETY_S, make_bundle, running_instance, settings_for
 
 pytestmark = pytest.mark.anyio
 
@@ -41,10 +40,8 @@ async def test_a_claimed_queued_job_shows_running_while_it_streams(
     load_hold.touch()
     run_hold.touch()
     make_bundle(tmp_path / "bundles", "tick-model", config={"hold": str(load_hold)})
-    settings = Settings(
-        bundle_source=str(tmp_path / "bundles"),
-        cache_dir=str(tmp_path / "cache"),
-        state_dir=str(tmp_path / "state"),
+    settings = settings_for(
+        tmp_path,
         job_store=fleet_dsn,
         handlers=("tests.handlers.ticks",),
         job_lease_s=600.0,

@@ -21,10 +21,9 @@ import pytest
 
 from runtime.dispatch.answers import Accepted
 from runtime.jobs.job import JobStatus
-from runtime.settings import Settings
 from tests.fleet.conftest import MakeFleet
 from tests.sse import SSE, collect
-from tests.support import SAFETY_S, make_bundle, running_instance, until
+from tests.support import SAFETY_S, make_bundle, running_instance, settings_for, until
 
 LEASE_S = "600"
 
@@ -87,10 +86,8 @@ async def test_a_queued_job_nobody_else_takes_is_claimed_and_run_by_its_own_inst
     """One instance in-process: its cold job is recorded queued, and once its model
     is loaded it wins its own claim (on the handler thread) and runs the job once."""
     make_bundle(tmp_path / "bundles", "tick-model", config={"sleep_s": 0.2})
-    settings = Settings(
-        bundle_source=str(tmp_path / "bundles"),
-        cache_dir=str(tmp_path / "cache"),
-        state_dir=str(tmp_path / "state"),
+    settings = settings_for(
+        tmp_path,
         job_store=fleet_dsn,
         handlers=("tests.handlers.ticks",),
     )

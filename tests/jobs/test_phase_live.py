@@ -22,8 +22,7 @@ from runtime.dispatch.answers import Accepted
 from runtime.instance import Instance
 from runtime.jobs.job import Job, JobStatus
 from runtime.registry import discover
-from runtime.settings import Settings
-from tests.support import SAFETY_S, make_bundle
+from tests.support import SAFETY_S, make_bundle, settings_for
 
 pytestmark = pytest.mark.anyio
 
@@ -46,11 +45,8 @@ async def test_the_stored_phase_follows_the_work_without_a_heartbeat(
     load_hold.touch()
     run_hold.touch()
     make_bundle(tmp_path / "bundles", "tick-model", config={"hold": str(load_hold)})
-    settings = Settings(
-        bundle_source=str(tmp_path / "bundles"),
-        cache_dir=str(tmp_path / "cache"),
-        state_dir=str(tmp_path / "state"),
-        job_store=f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
+    settings = settings_for(
+        tmp_path,
         handlers=("tests.handlers.ticks",),
     )
     clock = ManualClock()

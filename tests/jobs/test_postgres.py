@@ -34,7 +34,7 @@ from tests.jobs.postgres_fixtures import (
     started_cluster,
     store_dsn,
 )
-from tests.support import running_instance
+from tests.support import running_instance, settings_for
 
 TTL_S = 3600.0
 
@@ -494,10 +494,9 @@ async def test_an_instance_keeps_its_jobs_in_postgres_where_another_reads_them(
     url = store_dsn(request, True)
 
     def settings(name: str) -> Settings:
-        return Settings(
+        return settings_for(
+            tmp_path / name,
             bundle_source=str(tmp_path / "bundles"),
-            cache_dir=str(tmp_path / name / "cache"),
-            state_dir=str(tmp_path / name / "state"),
             job_store=url,
             handlers=("tests.handlers.sleepy",),
         )

@@ -25,7 +25,7 @@ from runtime.instance import Instance
 from runtime.jobs.job import JobStatus
 from runtime.registry import discover
 from runtime.settings import Settings
-from tests.support import ServerProcess, make_bundle
+from tests.support import ServerProcess, make_bundle, settings_for
 
 pytestmark = pytest.mark.anyio
 
@@ -37,18 +37,14 @@ def budget_for(slots: int) -> int:
     return WEIGHTS + slots * PER_REQUEST + 100
 
 
-def settings_for(tmp_path: Path, **overrides: Any) -> Settings:
+def slot_settings(tmp_path: Path, **overrides: Any) -> Settings:
     make_bundle(tmp_path / "bundles", "slot", weights_bytes=WEIGHTS, per_request_bytes=PER_REQUEST)
     values: dict[str, Any] = {
-        "bundle_source": str(tmp_path / "bundles"),
-        "cache_dir": str(tmp_path / "cache"),
-        "state_dir": str(tmp_path / "state"),
-        "job_store": f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
         "handlers": ("tests.handlers.ordered", "tests.handlers.gated", "tests.handlers.loadlog"),
         "job_lease_s": 3.0,
         **overrides,
     }
-    return Settings(**values)
+    return settings_for(tmp_path, **values)
 
 
 async def started(settings: Settings) -> Instance:
@@ -61,7 +57,7 @@ async def started(settings: Settings) -> Instance:
 async def test_waiters_for_a_memory_slot_are_all_served_in_arrival_order(
     tmp_path: Path, slots: int, callers: int
 ) -> None:
-    instance = await started(settings_for(tmp_path, memory_budget=budget_for(slots)))
+    instance = await started(slot_settings(tmp_path, memory_budget=budget_for(slots)))
     try:
         await instance.dispatcher.invoke("slot", {}, wait_s=60.0, request_id="load")
         outcomes = await asyncio.gather(
@@ -97,7 +93,7 @@ async def test_the_queue_limit_holds_under_any_concurrency(tmp_path: Path) -> No
     from tests.handlers import gated
 
     gated.GATE.clear()
-    instance = await started(settings_for(tmp_path, max_queue=64))
+    instance = await started(slot_settings(tmp_path, max_queue=64))
     try:
         results = await asyncio.gather(
             *(

@@ -21,17 +21,14 @@ from runtime.models.lifecycle import State
 from runtime.registry import discover
 from runtime.settings import Settings
 from tests.handlers import loadlog
-from tests.support import make_bundle
+from tests.support import make_bundle, settings_for
 
 pytestmark = pytest.mark.anyio
 
 
-def settings_for(tmp_path: Path, **overrides: Any) -> Settings:
-    return Settings(
-        bundle_source=str(tmp_path / "bundles"),
-        cache_dir=str(tmp_path / "cache"),
-        state_dir=str(tmp_path / "state"),
-        job_store=f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
+def loadlog_settings(tmp_path: Path, **overrides: Any) -> Settings:
+    return settings_for(
+        tmp_path,
         handlers=("tests.handlers.loadlog",),
         **{"retry_backoff_s": 0.2, **overrides},
     )
@@ -52,7 +49,7 @@ async def started(settings: Settings, clock: Clock = SYSTEM) -> Instance:
 async def test_32_concurrent_first_invocations_load_once(tmp_path: Path) -> None:
     log = tmp_path / "loads.log"
     make_bundle(tmp_path / "bundles", "alpha", config={"sleep_s": 0.3, "log_file": str(log)})
-    instance = await started(settings_for(tmp_path))
+    instance = await started(loadlog_settings(tmp_path))
     try:
         outputs = await asyncio.gather(*(call(instance, "alpha") for _ in range(32)))
     finally:
@@ -95,7 +92,7 @@ async def while_the_read_is_held(source: CountingSource, calls: list[Any]) -> li
 
 async def test_a_burst_of_cold_estimates_reads_the_manifest_once(tmp_path: Path) -> None:
     make_bundle(tmp_path / "bundles", "alpha")
-    instance = await started(settings_for(tmp_path))
+    instance = await started(loadlog_settings(tmp_path))
     source = instance.cache.source = CountingSource(instance.cache.source)
     try:
         calls = [instance.cache.estimate_ready_s("alpha") for _ in range(64)]
@@ -113,7 +110,7 @@ async def test_a_failed_manifest_read_fails_every_waiter_and_is_retried(tmp_path
     manifest_file = tmp_path / "bundles" / "alpha" / MANIFEST
     good = manifest_file.read_bytes()
     manifest_file.write_bytes(b"{not json")
-    instance = await started(settings_for(tmp_path))
+    instance = await started(loadlog_settings(tmp_path))
     source = instance.cache.source = CountingSource(instance.cache.source)
     try:
         calls = [instance.cache.manifest_of("alpha") for _ in range(8)]
@@ -133,7 +130,7 @@ async def test_different_bundles_load_concurrently(tmp_path: Path) -> None:
     for name in ("alpha", "beta"):
         make_bundle(tmp_path / "bundles", name, config={"meet": True})
     loadlog.MEET.reset()
-    instance = await started(settings_for(tmp_path))
+    instance = await started(loadlog_settings(tmp_path))
     try:
         a, b = await asyncio.gather(call(instance, "alpha"), call(instance, "beta"))
     finally:
@@ -151,7 +148,7 @@ async def test_flipped_byte_fails_integrity_then_recovers(tmp_path: Path) -> Non
     shard.write_bytes(bytes(corrupt))
     clock = ManualClock()
     # A back-off no test run outlasts: only the clock's skip gets past it.
-    instance = await started(settings_for(tmp_path, retry_backoff_s=600.0), clock)
+    instance = await started(loadlog_settings(tmp_path, retry_backoff_s=600.0), clock)
     try:
         with pytest.raises(IntegrityError, match=manifest.files[1].path):
             await call(instance, "alpha")
@@ -177,7 +174,7 @@ async def test_builder_fault_fails_then_succeeds_after_backoff(tmp_path: Path) -
     fault.touch()
     make_bundle(tmp_path / "bundles", "alpha", config={"fault_file": str(fault)})
     clock = ManualClock()
-    instance = await started(settings_for(tmp_path, retry_backoff_s=600.0), clock)
+    instance = await started(loadlog_settings(tmp_path, retry_backoff_s=600.0), clock)
     try:
         with pytest.raises(Exception, match="injected builder fault"):
             await call(instance, "alpha")
@@ -201,7 +198,7 @@ async def test_failed_load_leaves_no_model_alive(tmp_path: Path) -> None:
     fault = tmp_path / "fault"
     fault.touch()
     make_bundle(tmp_path / "bundles", "alpha", config={"fault_file": str(fault)})
-    instance = await started(settings_for(tmp_path))
+    instance = await started(loadlog_settings(tmp_path))
     import torch
 
     try:
@@ -225,7 +222,7 @@ async def test_budget_evicts_lru_idle_never_in_use_and_refuses_too_large(tmp_pat
     for name in ("alpha", "beta", "gamma"):
         make_bundle(tmp_path / "bundles", name, weights_bytes=unit)
     make_bundle(tmp_path / "bundles", "huge", weights_bytes=5 * unit)
-    instance = await started(settings_for(tmp_path, memory_budget=int(2.5 * unit)))
+    instance = await started(loadlog_settings(tmp_path, memory_budget=int(2.5 * unit)))
     cache = instance.cache
     try:
         # alpha is busy (held) until beta and gamma are done; beta idle; gamma needs room.
@@ -263,7 +260,7 @@ async def test_a_phase_with_no_progress_fails_when_the_clock_passes_its_stall_li
     make_bundle(tmp_path / "bundles", "stuck", config={"release": str(release)})
     clock = ManualClock()
     settings = dataclasses.replace(
-        settings_for(tmp_path, phase_stall_s=300.0, drain_grace_s=0.5),
+        loadlog_settings(tmp_path, phase_stall_s=300.0, drain_grace_s=0.5),
         handlers=("tests.handlers.stuck",),
     )
     instance = await started(settings, clock)

@@ -34,7 +34,7 @@ from runtime.models.weights import host
 from runtime.registry import discover
 from runtime.settings import Settings
 from tests.inproc import until
-from tests.support import ServerProcess, make_bundle
+from tests.support import ServerProcess, make_bundle, settings_for
 from tests.support import until as until_sync
 
 pytestmark = pytest.mark.anyio
@@ -49,19 +49,11 @@ def release(tmp_path: Path) -> Path:
     return tmp_path / "release"
 
 
-def settings_for(tmp_path: Path, release: Path, **overrides: Any) -> Settings:
+def stuck_settings(tmp_path: Path, release: Path, **overrides: Any) -> Settings:
     for name in ("stuck", "warmstuck"):
         make_bundle(tmp_path / "bundles", name, config={"release": str(release)})
-    values: dict[str, Any] = {
-        "bundle_source": str(tmp_path / "bundles"),
-        "cache_dir": str(tmp_path / "cache"),
-        "state_dir": str(tmp_path / "state"),
-        "job_store": f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
-        "handlers": ("tests.handlers.stuck",),
-        "drain_grace_s": 0.5,
-        **overrides,
-    }
-    return Settings(**values)
+    values: dict[str, Any] = {"handlers": ("tests.handlers.stuck",), "drain_grace_s": 0.5}
+    return settings_for(tmp_path, **{**values, **overrides})
 
 
 @pytest.fixture
@@ -70,7 +62,7 @@ async def started(tmp_path: Path, release: Path) -> AsyncIterator[Any]:
     instances: list[Instance] = []
 
     async def start(clock: Clock = SYSTEM, **overrides: Any) -> Instance:
-        settings = settings_for(tmp_path, release, **overrides)
+        settings = stuck_settings(tmp_path, release, **overrides)
         instance = Instance.create(settings, discover(settings.handlers), clock=clock)
         await instance.start()
         instances.append(instance)
@@ -323,7 +315,7 @@ def test_a_wedged_server_reports_unready_then_drains_and_exits(
     answer /readyz 503, let the work in flight finish, and leave, so the platform
     replaces it. A request held in flight keeps the drain open while /readyz is
     asked: without one the server may be gone before the question arrives."""
-    settings_for(tmp_path, release)  # writes the bundles
+    stuck_settings(tmp_path, release)  # writes the bundles
     env = {
         **thaw_env,
         "THAW_BUNDLE_SOURCE": str(tmp_path / "bundles"),

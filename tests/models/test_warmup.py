@@ -14,28 +14,20 @@ from runtime.dispatch.answers import Completed
 from runtime.instance import Instance
 from runtime.registry import discover
 from runtime.settings import Settings
-from tests.support import make_bundle
+from tests.support import make_bundle, settings_for
 
 pytestmark = pytest.mark.anyio
 
 
-def settings_for(tmp_path: Path, **overrides: Any) -> Settings:
+def warmed_settings(tmp_path: Path, **overrides: Any) -> Settings:
     make_bundle(tmp_path / "bundles", "paths")
-    values: dict[str, Any] = {
-        "bundle_source": str(tmp_path / "bundles"),
-        "cache_dir": str(tmp_path / "cache"),
-        "state_dir": str(tmp_path / "state"),
-        "job_store": f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
-        "handlers": ("tests.handlers.warmed",),
-        **overrides,
-    }
-    return Settings(**values)
+    return settings_for(tmp_path, **{"handlers": ("tests.handlers.warmed",), **overrides})
 
 
 async def test_every_declared_path_is_warm_before_the_first_request_is_served(
     tmp_path: Path,
 ) -> None:
-    settings = settings_for(tmp_path)
+    settings = warmed_settings(tmp_path)
     instance = Instance.create(settings, discover(settings.handlers))
     await instance.start()
     try:
@@ -70,7 +62,7 @@ async def test_a_load_onto_cuda_runs_the_accelerator_warmup_too(tmp_path: Path) 
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device (runs on a device machine)")
-    settings = settings_for(tmp_path, device="cuda")
+    settings = warmed_settings(tmp_path, device="cuda")
     instance = Instance.create(settings, discover(settings.handlers))
     await instance.start()
     try:
@@ -91,7 +83,7 @@ async def test_a_load_onto_cuda_runs_the_accelerator_warmup_too(tmp_path: Path) 
 async def test_a_batched_handler_is_warmed_through_its_batched_function(tmp_path: Path) -> None:
     from tests.handlers import batched
 
-    settings = settings_for(tmp_path, handlers=("tests.handlers.batched",))
+    settings = warmed_settings(tmp_path, handlers=("tests.handlers.batched",))
     make_bundle(tmp_path / "bundles", "ledger")
     batched.BATCHES.clear()
     instance = Instance.create(settings, discover(settings.handlers))

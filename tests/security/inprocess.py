@@ -4,7 +4,6 @@ transport, its lifespan run, and keys of both roles."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from starlette.applications import Starlette
 
 from runtime.http.app import create_app
 from runtime.settings import Settings
+from tests.support import settings_for
 
 TENANT_A = "tenant-a-5d1c"
 TENANT_B = "tenant-b-91e0"
@@ -24,17 +24,14 @@ HANDLERS = ("handlers.echo", "tests.handlers.sleepy", "tests.handlers.raises")
 def settings_under(root: Path, **overrides: Any) -> Settings:
     """Settings with every piece of state under `root`, tenant and operator keys on."""
     (root / "bundles").mkdir(parents=True, exist_ok=True)
-    base = Settings(
-        cache_dir=str(root / "cache"),
-        state_dir=str(root / "state"),
-        job_store=f"sqlite:///{root / 'jobs.sqlite3'}",
-        bundle_source=str(root / "bundles"),
-        handlers=HANDLERS,
-        api_keys=(TENANT_A, TENANT_B),
-        operator_keys=(OPERATOR,),
-        drain_grace_s=0.5,
-    )
-    return dataclasses.replace(base, **overrides)
+    values: dict[str, Any] = {
+        "handlers": HANDLERS,
+        "api_keys": (TENANT_A, TENANT_B),
+        "operator_keys": (OPERATOR,),
+        "drain_grace_s": 0.5,
+        **overrides,
+    }
+    return settings_for(root, **values)
 
 
 def auth(key: str) -> dict[str, str]:

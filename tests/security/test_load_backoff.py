@@ -19,18 +19,15 @@ from runtime.models.loading import MAX_BACKOFF_DOUBLINGS
 from runtime.registry import discover
 from runtime.settings import Settings
 from tests.handlers import held
-from tests.support import make_bundle
+from tests.support import make_bundle, settings_for
 
 pytestmark = pytest.mark.anyio
 BACKOFF_S = 10.0
 
 
-def settings_for(tmp_path: Path, handlers: tuple[str, ...]) -> Settings:
-    return Settings(
-        bundle_source=str(tmp_path / "bundles"),
-        cache_dir=str(tmp_path / "cache"),
-        state_dir=str(tmp_path / "state"),
-        job_store=f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
+def backoff_settings(tmp_path: Path, handlers: tuple[str, ...]) -> Settings:
+    return settings_for(
+        tmp_path,
         handlers=handlers,
         retry_backoff_s=BACKOFF_S,
     )
@@ -46,7 +43,7 @@ async def test_the_backoff_after_failed_loads_stops_growing(tmp_path: Path) -> N
     fault = tmp_path / "fault"
     fault.touch()
     make_bundle(tmp_path / "bundles", "alpha", config={"fault_file": str(fault)})
-    settings = settings_for(tmp_path, ("tests.handlers.loadlog",))
+    settings = backoff_settings(tmp_path, ("tests.handlers.loadlog",))
     clock = ManualClock()
     instance = Instance.create(settings, discover(settings.handlers), clock=clock)
     await instance.start()
@@ -77,7 +74,7 @@ async def test_the_backoff_after_failed_loads_stops_growing(tmp_path: Path) -> N
 
 async def test_an_unload_during_a_load_leaves_no_backoff(tmp_path: Path) -> None:
     make_bundle(tmp_path / "bundles", "held")
-    settings = settings_for(tmp_path, ("tests.handlers.held",))
+    settings = backoff_settings(tmp_path, ("tests.handlers.held",))
     held.BUILD_GATE.clear()
     instance = Instance.create(settings, discover(settings.handlers))
     await instance.start()
