@@ -23,10 +23,10 @@ from typing import Any
 
 from runtime.bundles.sources import open_source
 from runtime.clock import SYSTEM, Clock
-from runtime.dispatch.answers import Accepted, Completed
+from runtime.dispatch.answers import WAIT, Answer, Policy
 from runtime.dispatch.dispatcher import Dispatcher
 from runtime.dispatch.executor import Executor
-from runtime.dispatch.streams import Stream, Streaming
+from runtime.dispatch.streams import Stream
 from runtime.errors import Draining, ThawError, UnknownBundle
 from runtime.jobs.fleet import Fleet
 from runtime.jobs.fleet_queue import FleetQueueReader
@@ -300,19 +300,16 @@ class Instance:
         event: Any,
         *,
         wait_s: float | None = None,
-        respond_async: bool = False,
+        policy: Policy = WAIT,
         request_id: str,
         key_id: str | None = None,
-        stream: bool = False,
-        jobless: bool = False,
-    ) -> Coroutine[Any, Any, Completed | Accepted | Streaming]:
-        """`handler` run on `event` under the deadline rule: its output, its stream, or
-        a job (`jobless`: WarmingUp instead; runtime/dispatch/dispatcher.py). Not a
+    ) -> Coroutine[Any, Any, Answer]:
+        """`handler` run on `event` under the deadline rule, answered as `policy` says
+        (runtime/dispatch/answers.py): its output, its stream, or its job. Not a
         coroutine function: it hands back the dispatcher's own coroutine (no frame)."""
         return self.dispatcher.invoke(
-            handler, event, wait_s=wait_s, respond_async=respond_async,
-            request_id=request_id, key_id=key_id, stream=stream, jobless=jobless,
-        )  # fmt: skip
+            handler, event, wait_s=wait_s, policy=policy, request_id=request_id, key_id=key_id
+        )
 
     def count_refused(self, handler: str, status: int) -> None:
         """Count a request to a known handler refused before it was admitted."""

@@ -15,7 +15,7 @@ import pytest
 
 from runtime.bundles.sources.local import LocalSource
 from runtime.clock import ManualClock
-from runtime.dispatch.answers import Accepted, Completed
+from runtime.dispatch.answers import JOB_NOW, Accepted, Completed
 from runtime.instance import Instance
 from runtime.jobs.job import JobStatus
 from runtime.jobs.store import DeferredStore
@@ -103,7 +103,7 @@ async def test_requests_during_background_start_are_served(
     try:
         # Both arrive while the store is still being opened in a worker thread.
         queued_call = asyncio.ensure_future(
-            instance.dispatcher.invoke("echo", {"n": 2}, respond_async=True, request_id="b")
+            instance.dispatcher.invoke("echo", {"n": 2}, policy=JOB_NOW, request_id="b")
         )
         sync = await instance.dispatcher.invoke("echo", {"n": 1}, wait_s=5.0, request_id="a")
         # The synchronous call needs no store: it was answered during the open.

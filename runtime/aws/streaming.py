@@ -43,7 +43,7 @@ import orjson
 from starlette.types import ASGIApp, Message
 
 from runtime.aws.events import HttpRequest
-from runtime.dispatch.streams import Streaming
+from runtime.dispatch.answers import STREAM
 from runtime.errors import InvalidEvent, ThawError
 from runtime.wire.outputs import JSON_OPTIONS, encode_output
 from runtime.wire.render import LambdaError, lambda_error
@@ -192,15 +192,14 @@ class Streamer:
         """A direct event with `"stream": true`: its items as JSON lines, then its output.
         Returns the payload to post when it was not streamed (a 202's job object)."""
         name = event["handler"]
-        outcome = await self.instance.invoke(
-            name, event.get("input", {}), wait_s=wait_s, request_id=request_id, stream=True
+        answer = await self.instance.invoke(
+            name, event.get("input", {}), wait_s=wait_s, policy=STREAM, request_id=request_id
         )
-        if not isinstance(outcome, Streaming):
-            job = getattr(outcome, "job", None)
-            if job is None:
+        stream = answer.stream
+        if stream is None:
+            if answer.job is None:
                 raise InvalidEvent("a streaming invocation ended without a stream")
-            return orjson.dumps(job.public()), 202
-        stream = outcome.stream
+            return orjson.dumps(answer.job.public()), 202
         post = await StreamedPost.open(self.address, request_id, NDJSON)
         error: LambdaError | None = None
         try:

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
 
-from runtime.dispatch.answers import Completed
-from runtime.dispatch.streams import Stream, Streaming
+from runtime.dispatch.answers import STREAM, WAIT, Answer, Completed
+from runtime.dispatch.streams import Stream
 from runtime.errors import HandlerError, LoadFailed
 from runtime.instance import Instance
 from runtime.settings import Settings
@@ -84,7 +84,7 @@ async def _invoke(
     stream: bool,
     live: Bars | None = None,
     out: TextIO | None = None,
-) -> Completed:
+) -> Answer:
     instance = Instance.create(settings)
     if handler in instance.registry.handlers:
         # A call of a handler of a broken module fails with its own one line instead.
@@ -94,8 +94,9 @@ async def _invoke(
     watcher = asyncio.ensure_future(_watch_loads(instance, live)) if live is not None else None
     try:
         try:
-            outcome = await instance.invoke(
-                handler, event, wait_s=float("inf"), request_id=uuid.uuid4().hex, stream=stream
+            policy = STREAM if stream else WAIT
+            answer = await instance.invoke(
+                handler, event, wait_s=float("inf"), policy=policy, request_id=uuid.uuid4().hex
             )
         finally:
             if watcher is not None:
@@ -103,11 +104,10 @@ async def _invoke(
                 await asyncio.gather(watcher, return_exceptions=True)
                 assert live is not None
                 live.close()  # off the screen before the output
-        if isinstance(outcome, Streaming):
-            await _print_items(outcome.stream, out or sys.stdout)
-            return Completed(None, outcome.timings_ms)
-        assert isinstance(outcome, Completed)  # no deadline: never turned into a job
-        return outcome
+        if answer.stream is not None:
+            await _print_items(answer.stream, out or sys.stdout)
+            return Completed(None, answer.timings_ms)
+        return answer  # its output: with no deadline, never a job
     finally:
         await instance.stop()
 

@@ -6,7 +6,8 @@
         does not fit -> create a job, answer 202 at once
     estimate wrong   -> just before the deadline, turn the waiting request into
                         a job and answer 202; the work goes on
-    (a `jobless` caller gets a 503 to retry after instead of a job: warming.py)
+    (a caller whose policy says `retry` gets a 503 to retry after instead of a
+    job: warming.py; the policies: answers.py)
 
 In a fleet, a job this instance cannot start soon is recorded queued, for an
 idle warm instance, and claimed by id as it starts here (claims.py). The work
@@ -38,13 +39,13 @@ from typing import Any
 from runtime.clock import Clock
 from runtime.context import CLIENT_CONTEXT, Context
 from runtime.dispatch import claims, eager
-from runtime.dispatch.answers import Accepted, Completed
+from runtime.dispatch.answers import WAIT, Accepted, Answer, Completed, Policy, Streaming
 from runtime.dispatch.batcher import Batcher
 from runtime.dispatch.deadlines import Deadlines
 from runtime.dispatch.decode import Decoder
 from runtime.dispatch.executor import Executor
 from runtime.dispatch.recorded import Recorder
-from runtime.dispatch.streams import Stream, Streaming, Streams
+from runtime.dispatch.streams import Stream, Streams
 from runtime.dispatch.warming import Warming
 from runtime.dispatch.work import Books, Work, release, result_of, wake
 from runtime.errors import Draining, QueueFull
@@ -150,13 +151,15 @@ class Dispatcher:
         event: Any,
         *,
         wait_s: float | None = None,
-        respond_async: bool = False,
+        policy: Policy = WAIT,
         request_id: str,
         key_id: str | None = None,
-        stream: bool = False,
-        jobless: bool = False,
-    ) -> Completed | Accepted | Streaming:
+    ) -> Answer:
+        """`name` run on `event` under the deadline rule, answered as `policy` says
+        (answers.py): its output, its stream, its job, or (`retry`) WarmingUp."""
         received = self._now()
+        stream = policy.stream
+        jobless = policy.late == "retry"
         spec = self.registry.handlers.get(name) or self.registry.handler(name)  # that says why
         if self.draining:
             raise Draining("this instance is draining and takes no new work")
@@ -203,7 +206,7 @@ class Dispatcher:
             answer_by = deadline_at - min(self.settings.deadline_margin_s, wait * 0.25)
             if spec.uses and self.cache.device is None:
                 answer_by -= FRAMEWORK_STALL_S
-            if respond_async or estimate_s > answer_by - self._now():
+            if policy.late == "job-now" or estimate_s > answer_by - self._now():
                 if jobless:  # no job: a 503 to retry after (warming.py)
                     raise self.warming.refuse(spec, estimate_s, wait)
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -187,14 +187,6 @@ class Stream:
         return {"items": len(self.items), "partial_output": self._join(list(self.items))}
 
 
-@dataclass
-class Streaming:
-    """The answer to a streaming invocation whose handler began: read `stream`."""
-
-    stream: Stream
-    timings_ms: dict[str, float]
-
-
 class Streams:
     """The running streams of this instance's jobs, by job id (for `GET /jobs/{id}`)."""
 
@@ -213,3 +205,8 @@ class Streams:
 
     def get(self, job_id: str) -> Stream | None:
         return self._by_job.get(job_id)
+
+
+from runtime.dispatch.answers import Streaming  # noqa: E402  (where it was: its old home)
+
+__all__ = ["Stream", "Streaming", "Streams"]

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from runtime.dispatch.answers import Accepted, Completed
+from runtime.dispatch.answers import JOB_NOW, Accepted, Completed
 from runtime.dispatch.batcher import Member, due_at
 from runtime.dispatch.dispatcher import Dispatcher
 from runtime.errors import HandlerError, InvalidInput
@@ -247,7 +247,7 @@ async def test_a_request_near_its_deadline_never_starts_beside_the_running_batch
 async def test_jobs_batch_with_sync_requests(instance: Instance) -> None:
     dispatcher = instance.dispatcher
     held = await hold_first(dispatcher)
-    jobs = await queue_behind(dispatcher, [{"id": 1}, {"id": 2}], respond_async=True)
+    jobs = await queue_behind(dispatcher, [{"id": 1}, {"id": 2}], policy=JOB_NOW)
     accepted = [await job for job in jobs]
     assert all(isinstance(a, Accepted) for a in accepted)
     [sync] = await queue_behind(dispatcher, [{"id": 3}])

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from runtime.clock import ManualClock
+from runtime.dispatch.answers import JOB_NOW
 from runtime.instance import Instance
 from runtime.jobs.job import JobStatus
 from runtime.registry import discover
@@ -57,7 +58,7 @@ async def until(done: Callable[[], bool], what: str) -> None:
 
 
 async def job(instance: Instance, run_id: Any) -> Any:
-    answer = await instance.invoke(HANDLER, {"id": run_id}, respond_async=True, request_id=run_id)
+    answer = await instance.invoke(HANDLER, {"id": run_id}, policy=JOB_NOW, request_id=run_id)
     return answer.job
 
 

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from runtime.clock import ManualClock
-from runtime.dispatch.answers import Accepted
+from runtime.dispatch.answers import JOB_NOW, STREAM
 from runtime.instance import Instance
 from runtime.registry import discover
 from tests.handlers.one_at_a_time import RUNS
@@ -86,9 +86,9 @@ class CapacityMachine(RuleBasedStateMachine):
                 del self.calls[run_id]
                 if not task.cancelled() and task.exception() is None:
                     answer = task.result()
-                    if isinstance(answer, Accepted):
+                    if answer.job is not None:
                         self.jobs.append(answer.job.id)
-                    elif hasattr(answer, "stream"):
+                    elif answer.stream is not None:
                         self.streams.append(answer.stream)
 
     # ---- rules --------------------------------------------------------------------
@@ -106,7 +106,7 @@ class CapacityMachine(RuleBasedStateMachine):
         run_id = self.next_id("stream")
         self.calls[run_id] = self.loop.create_task(
             self.instance.invoke(
-                HANDLER, {"id": run_id}, wait_s=5.0, request_id=run_id, stream=True
+                HANDLER, {"id": run_id}, wait_s=5.0, request_id=run_id, policy=STREAM
             )
         )
         self.spin()
@@ -114,9 +114,7 @@ class CapacityMachine(RuleBasedStateMachine):
     @rule()
     def job(self) -> None:
         run_id = self.next_id("job")
-        invoked = self.instance.invoke(
-            HANDLER, {"id": run_id}, respond_async=True, request_id=run_id
-        )
+        invoked = self.instance.invoke(HANDLER, {"id": run_id}, policy=JOB_NOW, request_id=run_id)
         answer = self.run(invoked)
         self.jobs.append(answer.job.id)
         self.spin()

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from runtime.dispatch.answers import Accepted, Completed
+from runtime.dispatch.answers import JOB_NOW, Accepted, Completed
 from runtime.errors import Draining, HandlerError
 from runtime.instance import Instance
 from runtime.jobs.job import JobStatus
@@ -165,7 +165,7 @@ async def test_handlers_filling_every_handler_thread_do_not_hold_up_a_job_record
         await until(lambda: len(gated.ENTERED) == 64)
         # A job record is a store write on the runtime's own threads.
         accepted = await asyncio.wait_for(
-            dispatcher.invoke("echo", {"x": 1}, respond_async=True, request_id="e1"), 5.0
+            dispatcher.invoke("echo", {"x": 1}, policy=JOB_NOW, request_id="e1"), 5.0
         )
         assert isinstance(accepted, Accepted)
     finally:

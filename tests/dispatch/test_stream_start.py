@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from runtime.dispatch.answers import Accepted, Completed
+from runtime.dispatch.answers import STREAM, WAIT, Accepted, Completed
 from runtime.dispatch.streams import Streaming
 from runtime.instance import Instance
 from tests.handlers import batched, gated, stepped
@@ -93,7 +93,7 @@ async def output_of(answer: Any) -> Any:
 
 
 async def test_a_plain_handler_streams_at_once_while_it_runs(instance: Instance) -> None:
-    answer = await call(instance, "gated", {}, "s", stream=True, wait_s=SHORT_WAIT_S)
+    answer = await call(instance, "gated", {}, "s", policy=STREAM, wait_s=SHORT_WAIT_S)
     assert isinstance(answer, Streaming)
     assert not answer.stream.ended  # answered while the handler still waits in its thread
     gated.GATE.set()
@@ -106,11 +106,17 @@ async def test_a_batched_handler_streams_at_once_whoever_made_its_queue(
 ) -> None:
     batcher = instance.dispatcher.batcher
     # The first request creates the handler's batch queue, and holds its batch.
-    first = call(instance, "batch_gated", {"id": "h", "hold": True}, "h", stream=first_streams)
+    first = call(
+        instance,
+        "batch_gated",
+        {"id": "h", "hold": True},
+        "h",
+        policy=STREAM if first_streams else WAIT,
+    )
     await settle(lambda: batcher.running("batch_gated") == 1, "the first batch runs")
     # A stream whose batch waits for the run slot (never started beside the first).
     answer = await call(
-        instance, "batch_gated", {"id": "s", "hold": True}, "s", stream=True, wait_s=SHORT_WAIT_S
+        instance, "batch_gated", {"id": "s", "hold": True}, "s", policy=STREAM, wait_s=SHORT_WAIT_S
     )
     assert isinstance(answer, Streaming), answer
     assert not answer.stream.ended  # answered while its batch still holds
@@ -131,14 +137,14 @@ async def test_a_step_level_handler_streams_at_once_while_it_waits_for_a_slot(
             "stepped",
             {"name": f"h{i}", "n": 2, "hold_at": 1, "gate": "hold"},
             f"h{i}",
-            stream=first_streams,
+            policy=STREAM if first_streams else WAIT,
         )
         for i in range(3)
     ]
     await settle(lambda: any(len(step) == 1 for step in stepped.STEPS), "a held step began")
     await settle(lambda: decoder.waiting("stepped") == 2, "the other two wait for the step")
     answer = await call(
-        instance, "stepped", {"name": "s", "n": 2}, "s", stream=True, wait_s=SHORT_WAIT_S
+        instance, "stepped", {"name": "s", "n": 2}, "s", policy=STREAM, wait_s=SHORT_WAIT_S
     )
     assert isinstance(answer, Streaming)
     assert decoder.waiting("stepped") == 3  # it still waits for a slot
@@ -156,6 +162,6 @@ async def test_a_handler_that_is_not_ready_still_becomes_a_job_past_the_deadline
     # `batch_ledger` uses bundle `ledger`, not loaded yet: before any load the
     # estimate is the conservative default, which no 0.2 s deadline fits.
     answer = await call(
-        instance, "batch_ledger", {"id": "x"}, "x", stream=True, wait_s=SHORT_WAIT_S
+        instance, "batch_ledger", {"id": "x"}, "x", policy=STREAM, wait_s=SHORT_WAIT_S
     )
     assert isinstance(answer, Accepted)

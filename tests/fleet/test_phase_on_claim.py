@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from runtime.dispatch.answers import Accepted
+from runtime.dispatch.answers import JOB_NOW, Accepted
 from runtime.jobs.job import Job, JobStatus
 from tests.support import SAFETY_S, make_bundle, running_instance, settings_for
 
@@ -51,7 +51,7 @@ async def test_a_claimed_queued_job_shows_running_while_it_streams(
             await until(lambda: instance.jobs.shared_queue, "the fleet started")
             event = {"n": 3, "hold": str(run_hold), "hold_at": 1}
             outcome = await instance.dispatcher.invoke(
-                "model_ticks", event, respond_async=True, request_id="queued"
+                "model_ticks", event, policy=JOB_NOW, request_id="queued"
             )
             assert isinstance(outcome, Accepted) and outcome.job.status is JobStatus.QUEUED
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from runtime.dispatch.answers import Accepted
+from runtime.dispatch.answers import JOB_NOW, Accepted
 from runtime.jobs.job import JobStatus
 from tests.fleet.conftest import MakeFleet
 from tests.sse import SSE, collect
@@ -98,7 +98,7 @@ async def test_a_queued_job_nobody_else_takes_is_claimed_and_run_by_its_own_inst
             while not instance.jobs.shared_queue:
                 await asyncio.sleep(0.01)
         outcome = await instance.dispatcher.invoke(
-            "model_ticks", {"n": 2}, respond_async=True, request_id="r1"
+            "model_ticks", {"n": 2}, policy=JOB_NOW, request_id="r1"
         )
         assert isinstance(outcome, Accepted) and outcome.job.status is JobStatus.QUEUED
         done = await instance.jobs.get(outcome.job.id, key_id=None, wait_s=SAFETY_S)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from runtime.clock import ManualClock
-from runtime.dispatch.answers import Accepted
+from runtime.dispatch.answers import JOB_NOW, Accepted
 from runtime.instance import Instance
 from runtime.jobs.job import Job, JobStatus
 from runtime.registry import discover
@@ -54,9 +54,7 @@ async def test_the_stored_phase_follows_the_work_without_a_heartbeat(
     await instance.start()
     try:
         event = {"n": 3, "hold": str(run_hold), "hold_at": 1}
-        answer = await instance.invoke(
-            "model_ticks", event, respond_async=True, request_id="phases"
-        )
+        answer = await instance.invoke("model_ticks", event, policy=JOB_NOW, request_id="phases")
         assert isinstance(answer, Accepted)
         job_id = answer.job.id
 

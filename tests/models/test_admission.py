@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from runtime.dispatch.answers import Accepted, Completed
+from runtime.dispatch.answers import JOB_NOW, Accepted, Completed
 from runtime.errors import QueueFull
 from runtime.instance import Instance
 from runtime.jobs.job import JobStatus
@@ -97,7 +97,7 @@ async def test_the_queue_limit_holds_under_any_concurrency(tmp_path: Path) -> No
     try:
         results = await asyncio.gather(
             *(
-                instance.dispatcher.invoke("gated", {}, respond_async=True, request_id=f"j{i}")
+                instance.dispatcher.invoke("gated", {}, policy=JOB_NOW, request_id=f"j{i}")
                 for i in range(500)
             ),
             return_exceptions=True,

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from runtime.clock import SYSTEM, Clock, ManualClock
-from runtime.dispatch.answers import Accepted, Completed
+from runtime.dispatch.answers import JOB_NOW, Accepted, Completed
 from runtime.errors import Draining, HandlerTimeout, LoadFailed
 from runtime.instance import Instance
 from runtime.jobs.job import JobStatus
@@ -98,7 +98,7 @@ async def stall(
     """A job and a waiting request of `handler`, whose load of `bundle` has reached
     `begun` (its stuck phase started, its stall deadline armed); then the clock moves
     past that deadline."""
-    job = await instance.dispatcher.invoke(handler, {}, respond_async=True, request_id="job")
+    job = await instance.dispatcher.invoke(handler, {}, policy=JOB_NOW, request_id="job")
     assert isinstance(job, Accepted)
     request = asyncio.ensure_future(
         instance.dispatcher.invoke(handler, {}, wait_s=60.0, request_id="sync")
@@ -243,7 +243,7 @@ async def test_a_job_of_an_async_handler_past_the_run_limit_fails_without_wedgin
     clock = ManualClock()
     instance: Instance = await started(clock=clock, run_timeout_s=RUN_LIMIT_S)
     accepted = await instance.dispatcher.invoke(
-        "ahang", {"release": str(release)}, respond_async=True, request_id="job"
+        "ahang", {"release": str(release)}, policy=JOB_NOW, request_id="job"
     )
     assert isinstance(accepted, Accepted)
     await past_the_run_limit(instance, clock)

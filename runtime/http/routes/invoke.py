@@ -10,8 +10,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from runtime.dispatch.answers import Accepted, Completed
-from runtime.dispatch.streams import Streaming
+from runtime.dispatch.answers import JOB_NOW, STREAM, STREAM_JOB_NOW, WAIT
 from runtime.errors import ThawError
 from runtime.http import sse
 from runtime.http.auth import KEY_ID_SCOPE
@@ -58,20 +57,20 @@ async def invocation(request: Request, *, force_async: bool) -> Response | sse.E
             )
         # `respond-async` alone: 202 at once. With `wait=S` too, the common reading of
         # RFC 7240 (§4.1, §4.3): answer within S seconds if the work can, else 202.
-        outcome = await instance.invoke(
+        at_once = force_async or (prefs.respond_async and prefs.wait_s is None)
+        answer = await instance.invoke(
             name,
             event,
             wait_s=wait_s,
-            respond_async=force_async or (prefs.respond_async and prefs.wait_s is None),
+            policy=JOB_NOW if at_once else WAIT,
             request_id=scope["thaw.request_id"],
             key_id=key_id,
         )
-        if isinstance(outcome, Accepted):
+        if answer.job is not None:
             applied = "respond-async" if prefs.respond_async else None
-            return job_response(outcome.job, 202, outcome.retry_after_s, applied=applied)
-        assert isinstance(outcome, Completed)
-        body = encode_output(name, outcome.output)
-        return OutputResponse(body, server_timing(outcome.timings_ms, outcome.batch_size))
+            return job_response(answer.job, 202, answer.retry_after_s, applied=applied)
+        body = encode_output(name, answer.output)
+        return OutputResponse(body, server_timing(answer.timings_ms, answer.batch_size))
     finally:
         intake.release(size)
 
@@ -90,24 +89,24 @@ async def _streamed(
     (cold past the deadline) its job. Holds its connection while it streams."""
     holds.take(key_id)
     try:
-        outcome = await instance.invoke(
+        answer = await instance.invoke(
             name,
             event,
             wait_s=wait_s,
-            respond_async=prefs.respond_async and prefs.wait_s is None,
+            # `respond-async` alone: its job at once, its items kept for a follower.
+            policy=STREAM_JOB_NOW if prefs.respond_async and prefs.wait_s is None else STREAM,
             request_id=request_id_of(request),
             key_id=key_id,
-            stream=True,
         )
-        if isinstance(outcome, Accepted):
+        if answer.stream is None:  # its job
             holds.give(key_id)
             applied = "respond-async" if prefs.respond_async else None
-            return job_response(outcome.job, 202, outcome.retry_after_s, applied=applied)
-        assert isinstance(outcome, Streaming)
-        timing = {"Server-Timing": server_timing(outcome.timings_ms)}
+            assert answer.job is not None
+            return job_response(answer.job, 202, answer.retry_after_s, applied=applied)
+        timing = {"Server-Timing": server_timing(answer.timings_ms)}
         heartbeat_s = instance.settings.sse_heartbeat_s
         return await sse.invocation_response(
-            outcome.stream, heartbeat_s, request.url.path, timing, lambda: holds.give(key_id)
+            answer.stream, heartbeat_s, request.url.path, timing, lambda: holds.give(key_id)
         )
     except BaseException:
         holds.give(key_id)

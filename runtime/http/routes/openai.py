@@ -11,7 +11,7 @@ The caller's deadline is the smallest of the timeout the official clients
 declare (`X-Stainless-Timeout`, or `X-Stainless-Read-Timeout` as the Python
 client sends it: each attempt's own), a `Prefer: wait` (the Lambda loop's
 deadline) and THAW_MAX_WAIT_S; THAW_WAIT_S without one. These clients cannot
-take a 202, so the invocation is `jobless`
+take a 202, so the invocation's policy is `RETRY_LATER`
 (runtime/dispatch/warming.py): where the deadline rule would make a job, the
 answer is 503 `warming-up` with `Retry-After` and `retry-after-ms`, which the
 clients wait out and retry by themselves while the load goes on.
@@ -27,8 +27,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from runtime.dispatch.answers import Completed
-from runtime.dispatch.streams import Stream, Streaming
+from runtime.dispatch.answers import RETRY_LATER, STREAM_OR_RETRY, Answer
+from runtime.dispatch.streams import Stream
 from runtime.errors import BadRequest, ThawError, UnknownHandler
 from runtime.http import sse
 from runtime.http.auth import key_id_of
@@ -87,21 +87,20 @@ async def _call(
     return call, caller_wait_s(request, settings)
 
 
-async def _completed(request: Request, call: requests.Call, wait_s: float) -> Completed:
+async def _completed(request: Request, call: requests.Call, wait_s: float) -> Answer:
+    """The handler's output, or (past the deadline) WarmingUp: never a job."""
     instance: Instance = request.app.state.instance
-    outcome = await instance.invoke(
+    return await instance.invoke(
         call.spec.name,
         call.event,
         wait_s=wait_s,
+        policy=RETRY_LATER,
         request_id=request_id_of(request),
         key_id=key_id_of(request),
-        jobless=True,
     )
-    assert isinstance(outcome, Completed)  # jobless: never a job
-    return outcome
 
 
-def _json(handler: str, body: Any, outcome: Completed) -> Response:
+def _json(handler: str, body: Any, outcome: Answer) -> Response:
     timing = server_timing(outcome.timings_ms, outcome.batch_size)
     return Response(
         encode_output(handler, body),
@@ -147,13 +146,12 @@ async def _complete(
             call.spec.name,
             call.event,
             wait_s=wait_s,
+            policy=STREAM_OR_RETRY,
             request_id=request_id_of(request),
             key_id=key_id,
-            stream=True,
-            jobless=True,
         )
-        assert isinstance(streaming, Streaming)
         stream = streaming.stream
+        assert stream is not None  # its stream, or (past the deadline) WarmingUp
         heartbeat_s = instance.settings.sse_heartbeat_s
         # Headers wait for the first item, so input the handler refuses is a 400.
         await stream.wait_change(0, heartbeat_s)

@@ -38,9 +38,7 @@ async def _invoke(settings: Settings, handler: str, event: Any) -> Any:
     instance = Instance.create(settings)
     await instance.start()
     try:
-        outcome = await instance.invoke(
-            handler, event, wait_s=float("inf"), request_id="test", stream=False
-        )
-        return outcome.output  # type: ignore[union-attr]
+        answer = await instance.invoke(handler, event, wait_s=float("inf"), request_id="test")
+        return answer.output
     finally:
         await instance.stop()
