@@ -16,7 +16,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from runtime.telemetry.logs import LATER
+from runtime.telemetry.logs import DEFERRED_LOGS
 
 T = TypeVar("T")
 
@@ -52,6 +52,6 @@ def exit_past_stuck_threads(code: int, *, grace_s: float = 0.5) -> None:
         logging.getLogger("thaw.process").warning(
             "exiting without %d thread(s) still running user code: %s", len(stuck), stuck
         )
-        LATER.flush()  # os._exit skips atexit, which would write what is pending
+        DEFERRED_LOGS.flush()  # os._exit skips atexit, which would write what is pending
         logging.shutdown()
         os._exit(code)

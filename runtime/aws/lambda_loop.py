@@ -80,7 +80,7 @@ from runtime.http.edge import INVOCATION_ID
 from runtime.http.problems import ERROR_SINK, ErrorSink
 from runtime.models.weights import host as host_memory
 from runtime.settings import Settings
-from runtime.telemetry.logs import LATER, configure_logging
+from runtime.telemetry.logs import DEFERRED_LOGS, configure_logging
 from runtime.wire.render import LambdaError, lambda_error, problem
 
 if TYPE_CHECKING:
@@ -289,7 +289,7 @@ async def _worker(api: RuntimeAPI, invoker: Invoker, instance: Instance, concurr
     while True:
         # Asking for the next event may freeze the sandbox (and a frozen one may be
         # reaped): the access lines of what was answered are written first.
-        LATER.flush()
+        DEFERRED_LOGS.flush()
         invocation = await api.next()
         clock = instance.clock
         started = clock.monotonic()

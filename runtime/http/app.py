@@ -19,7 +19,7 @@ from starlette.middleware import Middleware
 
 from runtime.clock import SYSTEM
 from runtime.http.auth import AuthMiddleware, KeyRing
-from runtime.http.edge import Edge, Observed
+from runtime.http.edge import Edge, RequestTiming
 from runtime.http.holds import Holds
 from runtime.http.intake import Intake, parse_json
 from runtime.http.problems import problem_response
@@ -45,7 +45,7 @@ from runtime.http.routing import Endpoint, ThawApp
 from runtime.instance import Instance
 from runtime.registry import Registry
 from runtime.settings import Settings
-from runtime.telemetry.logs import LATER
+from runtime.telemetry.logs import DEFERRED_LOGS
 
 log = logging.getLogger("thaw.registry")
 
@@ -105,20 +105,20 @@ def create_app(
                 ", ".join(broken.handlers) or "none found in its source",
             )
         app.state.instance = inst
-        observed.requests = inst.request_stats
+        timing.requests = inst.request_stats
         await inst.start(background=not defer_background)
         try:
             yield
         finally:
             await inst.stop()
             # What the instance answered and ended is logged by the time it has stopped.
-            LATER.flush()
+            DEFERRED_LOGS.flush()
 
     # The instance's clock, once known here (else the system's, as Instance.create's).
     clock = instance.clock if instance is not None else SYSTEM
-    observed = Observed(clock)
+    timing = RequestTiming(clock)
     keys = KeyRing.from_settings(settings)
-    middleware = [Middleware(Edge, observed)]
+    middleware = [Middleware(Edge, timing)]
     if keys is not None:
         middleware.append(Middleware(AuthMiddleware, keys, problem_response))
     # `Edge` first: with no middleware of Starlette's own (routing.py), it renders

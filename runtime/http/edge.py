@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from runtime.clock import SYSTEM, Clock
 from runtime.errors import BadRequest, Draining
 from runtime.http.problems import problem_response, render_error
-from runtime.telemetry.logs import LATER, REQUEST_ID
+from runtime.telemetry.logs import DEFERRED_LOGS, REQUEST_ID
 from runtime.telemetry.metrics import UNMATCHED, RequestStats
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -51,7 +51,7 @@ _VARY_PREFER = frozenset({"/invoke/{handler}"})
 _VARY_PREFER_HEADER = (b"vary", b"Prefer")
 
 
-class Observed:
+class RequestTiming:
     """Where `Edge` records request durations (the instance's metrics, once it
     started), and the clock it times them on (the instance's)."""
 
@@ -96,12 +96,12 @@ class Edge:
     cancellation (the Lambda loop stopping its workers) goes on as it came.
     """
 
-    def __init__(self, app: ASGIApp, observed: Observed) -> None:
+    def __init__(self, app: ASGIApp, timing: RequestTiming) -> None:
         self.app = app
-        self.observed = observed
+        self.timing = timing
         # The clock's two readings themselves (plain functions): read on every request.
-        self._monotonic = observed.clock.monotonic
-        self._wall = observed.clock.wall
+        self._monotonic = timing.clock.monotonic
+        self._wall = timing.clock.wall
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -182,12 +182,12 @@ class Edge:
             route = scope.get("route")
             template = route.path if route is not None else UNMATCHED
             method: str = scope["method"]
-            requests = self.observed.requests
+            requests = self.timing.requests
             if requests is not None and status:
                 requests.observe(method, template, status, took_s)
             # Written after the answer, with the lines of its window (logs.py), which
             # is where the logger's level is asked (once a window, not per request).
-            LATER.add(method, template, status, took_s, shown, self._wall())
+            DEFERRED_LOGS.add(method, template, status, took_s, shown, self._wall())
             REQUEST_ID.reset(token)
 
 

@@ -35,7 +35,7 @@ from cachetools import TLRUCache
 from runtime.clock import SYSTEM, Clock
 from runtime.jobs.job import Job, JobStatus
 from runtime.jobs.quota import JobQuota, json_size
-from runtime.telemetry.logs import LATER
+from runtime.telemetry.logs import DEFERRED_LOGS
 from runtime.telemetry.metrics import Metrics
 
 log = logging.getLogger("thaw.jobs")
@@ -117,4 +117,6 @@ def outcome_discarded(job: Job) -> None:
 
 def _logged(job: Job, outcome: str) -> None:
     # Written after the answer that waits on it, with the access lines (logs.py).
-    LATER.info(log, f"job {job.id} {outcome}", job_id=job.id, handler=job.handler, status=outcome)
+    DEFERRED_LOGS.info(
+        log, f"job {job.id} {outcome}", job_id=job.id, handler=job.handler, status=outcome
+    )

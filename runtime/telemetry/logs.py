@@ -12,7 +12,7 @@ runtime's own lines and a handler's alike (handler threads and tasks run in a
 copy of the request's context). One `extra=` of its own wins.
 
 The access log (`thaw.access`, one line per answered request) is written after
-the answer, not on its path: `LATER.add` keeps the line's fields (its time
+the answer, not on its path: `DEFERRED_LOGS.add` keeps the line's fields (its time
 stamped then) and the lines are written together, in the order they were
 kept, FLUSH_AFTER_S after the first of them (or at once when FLUSH_LINES are
 pending), in one write to the stream when our JSON handler is where they go
@@ -20,9 +20,9 @@ pending), in one write to the stream when our JSON handler is where they go
 turn cost one client's warm requests 0.1-0.15x of the bare app's latency
 (issue 29, BENCHMARKS.md); a write per window costs a few per second. Other
 info lines about an event that is over, and that a request or job waits on
-(a job's outcome, once recorded: `LATER.info`), are kept with them the same
+(a job's outcome, once recorded: `DEFERRED_LOGS.info`), are kept with them the same
 way: written at once, each cost the durable job cycle 30 us of its answer.
-Pending lines are written at exit and when the server stops (`LATER.flush`),
+Pending lines are written at exit and when the server stops (`DEFERRED_LOGS.flush`),
 so a stopped server has logged every request it answered; what a SIGKILL
 loses is the last window's lines.
 """
@@ -97,7 +97,7 @@ AccessEntry = tuple[float, str, str, int, float, str | None]
 access_log = logging.getLogger("thaw.access")
 
 
-class LaterLine:
+class DeferredLine:
     """An info line of another logger, kept until written with the access lines:
     its time and request id taken when it was kept, its fields `_EXTRA_FIELDS`."""
 
@@ -125,7 +125,7 @@ FLUSH_AFTER_S = 0.05
 FLUSH_LINES = 512
 
 
-class LaterLines:
+class DeferredLines:
     """The lines kept to be written after their answers (see the module docstring).
 
     Its window's timer runs on `clock`; an access line's time is its caller's
@@ -140,7 +140,7 @@ class LaterLines:
         clock: Clock = SYSTEM,
     ) -> None:
         self.clock = clock
-        self._pending: list[AccessEntry | LaterLine] = []
+        self._pending: list[AccessEntry | DeferredLine] = []
         self._timer: Timer | None = None
         # The loop the open window's timer runs on; None: no window open.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -160,9 +160,9 @@ class LaterLines:
         """An info line of `logger` whose event is over (a job's outcome, recorded), kept
         as an access line is: `msg` formatted already, `fields` among `_EXTRA_FIELDS`,
         the request id the context's now."""
-        self._keep(LaterLine(self.clock.wall(), logger, msg, REQUEST_ID.get(), fields))
+        self._keep(DeferredLine(self.clock.wall(), logger, msg, REQUEST_ID.get(), fields))
 
-    def _keep(self, entry: AccessEntry | LaterLine) -> None:
+    def _keep(self, entry: AccessEntry | DeferredLine) -> None:
         """Written `flush_after_s` later with the lines kept meanwhile (at once outside
         a running loop, or when `flush_lines` are pending)."""
         pending = self._pending
@@ -188,7 +188,7 @@ class LaterLines:
         pending, self._pending = self._pending, []
         if not pending:
             return
-        loggers = {access_log} | {e.logger for e in pending if isinstance(e, LaterLine)}
+        loggers = {access_log} | {e.logger for e in pending if isinstance(e, DeferredLine)}
         taken = {logger for logger in loggers if logger.isEnabledFor(logging.INFO)}
         if not taken:
             return
@@ -218,7 +218,7 @@ class LaterLines:
             handler.release()
 
 
-def _logger_of(entry: AccessEntry | LaterLine) -> logging.Logger:
+def _logger_of(entry: AccessEntry | DeferredLine) -> logging.Logger:
     return access_log if isinstance(entry, tuple) else entry.logger
 
 
@@ -249,7 +249,7 @@ def _message(entry: AccessEntry) -> str:
     return "%s %s %d %.1f ms" % (method, route, status, took_ms)  # noqa: UP031  # the logged form
 
 
-def _line(entry: AccessEntry | LaterLine) -> str:
+def _line(entry: AccessEntry | DeferredLine) -> str:
     """The JSON line `JSONFormatter` writes for `_record(entry)`, field for field."""
     if not isinstance(entry, tuple):
         later: dict[str, Any] = {
@@ -283,7 +283,7 @@ def _line(entry: AccessEntry | LaterLine) -> str:
     return orjson.dumps(line).decode()
 
 
-def _record(entry: AccessEntry | LaterLine) -> logging.LogRecord:
+def _record(entry: AccessEntry | DeferredLine) -> logging.LogRecord:
     if isinstance(entry, tuple):
         created, method, route, status, took_ms, request_id = entry
         logger, msg = access_log, _message(entry)
@@ -303,9 +303,9 @@ def _record(entry: AccessEntry | LaterLine) -> logging.LogRecord:
     return record
 
 
-LATER = LaterLines()
+DEFERRED_LOGS = DeferredLines()
 # At exit (after the loop stopped): lines still pending are written before logging shuts down.
-atexit.register(LATER.flush)
+atexit.register(DEFERRED_LOGS.flush)
 
 
 def configure_logging(level: str = "INFO") -> None:

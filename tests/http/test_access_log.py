@@ -1,4 +1,4 @@
-"""The access log, written after the answer (runtime/telemetry/logs.py `LaterLines`):
+"""The access log, written after the answer (runtime/telemetry/logs.py `DeferredLines`):
 every answered request leaves its line, complete and in the order the requests
 ended, in a real `thaw serve` stopped by SIGTERM; a batch of lines written in one
 piece is the same text the logger would write line by line; and lines wait off
@@ -21,7 +21,13 @@ import httpx
 import pytest
 
 from runtime.clock import ManualClock
-from runtime.telemetry.logs import LATER, REQUEST_ID, JSONFormatter, JSONLines, LaterLines
+from runtime.telemetry.logs import (
+    DEFERRED_LOGS,
+    REQUEST_ID,
+    DeferredLines,
+    JSONFormatter,
+    JSONLines,
+)
 from tests.support import SAFETY_S, ServerProcess
 
 # The fields of an access line, in the order JSONFormatter writes them.
@@ -97,7 +103,7 @@ def root_handler() -> Iterator[list[logging.Handler]]:
     """The root logger's handlers, put back as they were after the test."""
     # Lines another test's app left pending (its loop ended within their window)
     # are written where they were going, not into this test's stream.
-    LATER.flush()
+    DEFERRED_LOGS.flush()
     root = logging.getLogger()
     before, level = root.handlers[:], root.level
     root.setLevel(logging.INFO)
@@ -105,7 +111,7 @@ def root_handler() -> Iterator[list[logging.Handler]]:
     try:
         yield installed
     finally:
-        LATER.flush()
+        DEFERRED_LOGS.flush()
         root.handlers[:] = before
         root.setLevel(level)
 
@@ -135,7 +141,7 @@ def test_a_batch_written_at_once_is_the_text_the_logger_writes(
         stream = io.StringIO()
         _install(stream, filtered=filtered)
         for entry in entries:
-            LATER.add(*entry)  # outside a running loop: written at once
+            DEFERRED_LOGS.add(*entry)  # outside a running loop: written at once
         texts.append(stream.getvalue())
     batched, one_by_one = texts
     assert batched.count("\n") == len(entries)
@@ -152,7 +158,7 @@ async def test_lines_wait_for_the_window_then_are_written_together_in_order(
 ) -> None:
     stream = io.StringIO()
     _install(stream, filtered=False)
-    log = LaterLines(flush_after_s=SAFETY_S)  # a window no test run outlasts
+    log = DeferredLines(flush_after_s=SAFETY_S)  # a window no test run outlasts
     for index in range(3):
         log.add("GET", "/healthz", 200, 0.001, f"turn-{index}", AT)
     assert stream.getvalue() == ""  # not on the request's path
@@ -176,7 +182,7 @@ async def test_the_windows_end_writes_what_is_pending(root_handler: list[logging
     stream = io.StringIO()
     _install(stream, filtered=False)
     clock = ManualClock()
-    log = LaterLines(flush_after_s=0.05, clock=clock)
+    log = DeferredLines(flush_after_s=0.05, clock=clock)
     log.add("GET", "/healthz", 200, 0.001, "timed", clock.wall())
     clock.advance(0.049)
     assert stream.getvalue() == ""
@@ -189,7 +195,7 @@ async def test_the_windows_end_writes_what_is_pending(root_handler: list[logging
 async def test_a_full_window_is_written_at_once(root_handler: list[logging.Handler]) -> None:
     stream = io.StringIO()
     _install(stream, filtered=False)
-    log = LaterLines(flush_after_s=SAFETY_S, flush_lines=4)
+    log = DeferredLines(flush_after_s=SAFETY_S, flush_lines=4)
     for index in range(3):
         log.add("GET", "/healthz", 200, 0.001, f"many-{index}", AT)
     assert stream.getvalue() == ""
@@ -209,7 +215,7 @@ def test_a_window_whose_loop_ended_does_not_hold_later_lines(
 ) -> None:
     stream = io.StringIO()
     _install(stream, filtered=False)
-    log = LaterLines(flush_after_s=SAFETY_S)
+    log = DeferredLines(flush_after_s=SAFETY_S)
 
     async def one_line(request_id: str) -> None:
         log.add("GET", "/healthz", 200, 0.001, request_id, AT)
@@ -234,7 +240,7 @@ def test_a_later_info_line_is_the_line_its_logger_writes_in_order_with_access_li
     for filtered in (False, True):
         stream = io.StringIO()
         _install(stream, filtered=filtered)
-        log = LaterLines(flush_after_s=SAFETY_S)
+        log = DeferredLines(flush_after_s=SAFETY_S)
         token = REQUEST_ID.set("req-job")
         try:
             log.add("POST", "/invoke/{handler}", 202, 0.001, "req-job", AT)
@@ -272,7 +278,7 @@ async def test_later_lines_of_a_logger_that_takes_no_info_are_not_written(
     jobs_log = logging.getLogger("thaw.jobs")
     jobs_log.setLevel(logging.WARNING)
     try:
-        log = LaterLines(flush_after_s=SAFETY_S)
+        log = DeferredLines(flush_after_s=SAFETY_S)
         log.info(jobs_log, "job j-2 succeeded", job_id="j-2")
         log.add("GET", "/healthz", 200, 0.001, "still-written", AT)
         assert stream.getvalue() == ""  # both wait for one window
@@ -291,7 +297,7 @@ async def test_a_line_kept_outside_any_request_names_none_where_it_is_written(
     for filtered in (False, True):
         stream = io.StringIO()
         _install(stream, filtered=filtered)
-        log = LaterLines(flush_after_s=SAFETY_S, flush_lines=2)
+        log = DeferredLines(flush_after_s=SAFETY_S, flush_lines=2)
         log.info(jobs_log, "job j-3 succeeded", job_id="j-3")  # no request: no id
         assert stream.getvalue() == ""
         token = REQUEST_ID.set("req-flushing")

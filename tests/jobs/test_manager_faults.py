@@ -26,7 +26,7 @@ from runtime.jobs.manager import STORE_CONDITION, JobManager
 from runtime.jobs.owners import OwnerLock
 from runtime.jobs.stores.sqlite import SQLiteJobStore
 from runtime.telemetry.health import Health
-from runtime.telemetry.logs import LATER
+from runtime.telemetry.logs import DEFERRED_LOGS
 from runtime.telemetry.metrics import Metrics
 from tests.jobs import tmpfs
 
@@ -136,7 +136,7 @@ async def test_an_outcome_refused_by_a_full_disk_is_kept_and_recorded_once_freed
         tmpfs.free(filler)
         await until(lambda: not jobs.local, "the outcome recorded", clock)
         await asyncio.wait_for(jobs.wait_idle(), SAFETY_S)
-        LATER.flush()  # the outcome's line is kept for the access lines' window (logs.py)
+        DEFERRED_LOGS.flush()  # the outcome's line is kept for the access lines' window (logs.py)
 
     final = store.get(job.id)
     assert final is not None and final.status is JobStatus.SUCCEEDED
