@@ -18,29 +18,26 @@ A response posted with `Lambda-Runtime-Function-Response-Mode: streaming`
 is handed on chunk by chunk, its error trailers read at its end
 (runtime/emulator/streaming.py).
 
-A listener is a uvicorn server in the emulator's event loop; the emulator's
-own server keeps the signal handlers. It serves a `Platform` (the pool) and
-imports nothing else of the emulator's but the streaming leaf (and Lambda's
+A listener is a small h11 server (http11.py) in the emulator's event loop: it
+keeps a streamed response's trailers and leaves the signal handlers to the
+emulator's own server. It serves a `Platform` (the pool) and imports nothing
+else of the emulator's but its server and the streaming leaf (and Lambda's
 limits, from runtime/aws/limits.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import socket
-from collections.abc import Iterator
 from typing import Protocol
 
 import orjson
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from runtime.aws import limits
-from runtime.emulator import streaming
+from runtime.emulator import http11, streaming
 from runtime.emulator.streaming import ResponseChunks
 
 PREFIX = "/2018-06-01/runtime"
@@ -174,14 +171,6 @@ routes = [
 ]
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without signal handling: the emulator's server owns SIGINT and SIGTERM."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 class RuntimeListener:
     """One sandbox's Runtime API on 127.0.0.1 and a port of its own."""
 
@@ -194,32 +183,15 @@ class RuntimeListener:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((LISTEN_HOST, 0))
         self.address = f"{LISTEN_HOST}:{self._sock.getsockname()[1]}"
-        config = uvicorn.Config(
-            app,
-            lifespan="off",
-            log_level="warning",
-            log_config=None,
-            timeout_graceful_shutdown=1,
-            # h11, with the trailers of a streamed response kept (streaming.py).
-            http=streaming.TrailersH11,
-        )
-        self._server = _Server(config)
-        self._task: asyncio.Task[None] | None = None
+        self._server = http11.Server(app)
 
     async def start(self) -> None:
-        self._task = asyncio.ensure_future(self._server.serve(sockets=[self._sock]))
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()  # raises what stopped it
-                raise RuntimeError(f"the Runtime API listener on {self.address} did not start")
-            await asyncio.sleep(0.005)
+        await self._server.start(self._sock)
 
     def stop(self) -> None:
         """Stop listening; connections still open are closed within a second."""
-        self._server.should_exit = True
+        self._server.close()
 
     async def wait_closed(self) -> None:
-        if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._server.wait_closed(grace_s=1.0)
         self._sock.close()

@@ -14,8 +14,8 @@ chunk as it arrives; the caller reads it:
   invoke of a streaming function; the trailers' error as a function error;
 - the Function URL: the prelude's status and headers, then the body as it comes.
 
-uvicorn drops a request's trailers (h11 parses them into its EndOfMessage
-event); `TrailersH11` hands them on in the request's scope, after the body.
+The listener's server (http11.py) hands a request's trailers on in its scope's
+headers, once its body has ended.
 
 Imports nothing else of the emulator's (the Runtime API listener uses it).
 """
@@ -28,12 +28,10 @@ import binascii
 from collections.abc import AsyncIterator
 from typing import Any
 
-import h11
 import orjson
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 RESPONSE_MODE_HEADER = "lambda-runtime-function-response-mode"
 ERROR_TYPE_TRAILER = "lambda-runtime-function-error-type"
@@ -145,25 +143,3 @@ async def url_response(sink: ResponseChunks, headers: dict[str, str]) -> Respons
     )
     response.raw_headers.extend((k.encode("latin-1"), v.encode()) for k, v in headers.items())
     return response
-
-
-class TrailersH11(H11Protocol):
-    """uvicorn's h11 protocol, with a chunked request's trailers appended to its scope's
-    headers once its body has ended (uvicorn drops them)."""
-
-    def handle_events(self) -> None:
-        conn: Any = self.conn
-        if not getattr(conn, "thaw_trailers", False):
-            next_event = conn.next_event
-
-            def with_trailers() -> Any:
-                event = next_event()
-                cycle: Any = getattr(self, "cycle", None)
-                if isinstance(event, h11.EndOfMessage) and event.headers and cycle is not None:
-                    trailers = [(bytes(k).lower(), bytes(v)) for k, v in event.headers]
-                    cycle.scope["headers"] = [*cycle.scope["headers"], *trailers]
-                return event
-
-            conn.next_event = with_trailers
-            conn.thaw_trailers = True
-        super().handle_events()

@@ -84,8 +84,11 @@ async def run_server(
     return server.started
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to `host:port` (0: a port the OS picks), or ConfigError."""
+def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A TCP socket listening on `host:port` (0: a port the OS picks), or ConfigError.
+
+    It listens before the server runs: a client that connects while the server
+    still starts waits in the backlog for its answer, rather than being refused."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say
     # so, and without it every response waits ~40 ms on a delayed ACK.
@@ -93,6 +96,7 @@ def listen(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(backlog)
     except OSError as exc:
         sock.close()
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc

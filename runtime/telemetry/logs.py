@@ -17,11 +17,11 @@ stamped then) and the lines are written together, in the order they were
 kept, FLUSH_AFTER_S after the first of them (or at once when FLUSH_LINES are
 pending), in one write to the stream when our JSON handler is where they go
 (`JSONLines`), else each through its logger as any record. A write per loop
-turn cost one client's warm requests 0.1-0.15x of the bare app's latency
-(issue 29, BENCHMARKS.md); a write per window costs a few per second. Other
-info lines about an event that is over, and that a request or job waits on
-(a job's outcome, once recorded: `DEFERRED_LOGS.info`), are kept with them the same
-way: written at once, each cost the durable job cycle 30 us of its answer.
+turn was a sizeable share of a lone client's warm request (the write is a
+system call on the answer's path); a write per window costs a few per second.
+Other info lines about an event that is over, and that a request or job waits
+on (a job's outcome, once recorded: `DEFERRED_LOGS.info`), are kept with them
+the same way: written at once, each would hold up the answer it follows.
 Pending lines are written at exit and when the server stops (`DEFERRED_LOGS.flush`),
 so a stopped server has logged every request it answered; what a SIGKILL
 loses is the last window's lines.
