@@ -101,7 +101,9 @@ def test_bundle_build_shows_hashing_on_a_terminal_only(
     thaw_env: dict[str, str], source: Path, tmp_path: Path
 ) -> None:
     env = _env(thaw_env)
+    # --per-request-bytes given: no warning about what admission assumes on stderr.
     argv = thaw("bundle", "build", str(source), "--name", "m", "--out", str(tmp_path / "out"))
+    argv += ["--per-request-bytes", "4096"]
     stdout, terminal, code = run_on_terminal(argv, env)
     assert code == 0, terminal
     assert "hashing src" in terminal
@@ -116,7 +118,7 @@ def test_bundle_build_shows_hashing_on_a_terminal_only(
 def test_bundle_build_with_json_on_a_terminal_draws_nothing(
     thaw_env: dict[str, str], source: Path, tmp_path: Path
 ) -> None:
-    argv = thaw("bundle", "build", str(source), "--name", "m", "--json")
+    argv = thaw("bundle", "build", str(source), "--name", "m", "--json", "--per-request-bytes", "0")
     stdout, terminal, code = run_on_terminal(argv, _env(thaw_env))
     assert code == 0, terminal
     assert terminal == ""
@@ -131,6 +133,7 @@ def test_a_conversion_shows_its_tensors_on_a_terminal_and_its_lines_when_piped(
     torch.save({f"layer{i}.weight": torch.ones(4) * i for i in range(40)}, checkpoint)
     env = _env(thaw_env)
     argv = thaw("bundle", "build", str(checkpoint), "--name", "net", "--out", str(tmp_path / "b"))
+    argv += ["--per-request-bytes", "4096"]
     stdout, terminal, code = run_on_terminal(argv, env)
     assert code == 0, terminal
     assert "converting net.pth" in terminal and "40/40" in terminal
