@@ -1,9 +1,9 @@
 """Waking waiting requests at their deadlines, with one timer for all.
 
 A timer per request (`loop.call_later`, then `cancel` when the work finishes
-first) cost ~20k instructions, a tenth of the runtime's own cost per warm
-sync request: each builds a handle, pushes it on the loop's heap, and leaves
-it there cancelled until the deadline passes. Here a waiter is one dict entry, and one timer is
+first) was a large share of the runtime's own cost per warm sync request:
+each builds a handle, pushes it on the loop's heap, and leaves it there
+cancelled until the deadline passes. Here a waiter is one dict entry, and one timer is
 armed for the earliest deadline. A waiter that leaves early does not move the
 timer: it fires, finds nothing due, and is armed again for the earliest
 deadline left; with every request given the same wait, deadlines only grow,

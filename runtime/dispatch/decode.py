@@ -26,8 +26,9 @@ stalls nobody's next token. One prefill runs at a time per lane, in arrival
 order. While a prefill runs, the decode thread's next step waits for it, at
 most `Decode.prefill_pause_s` (by default as long as the last step took): the
 two threads share one interpreter, and every tensor operation called from
-Python takes and gives back the GIL, so a prompt run beside the steps took
-1.3x as long as alone, and each step 1.3x (docs/generation.md). The pause
+Python takes and gives back the GIL, so a prompt run beside the steps takes
+longer than alone, and so does each step
+(docs/decisions/0006-prefill-beside-the-decode-steps.md). The pause
 makes the new caller's first token come sooner, and costs each held sequence
 at most one extra step's wait. Once prefilled, a sequence joins the held ones
 between two steps, never in the middle of one. A sequence that ends from

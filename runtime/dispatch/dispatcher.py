@@ -47,7 +47,7 @@ from runtime.dispatch.executor import Executor
 from runtime.dispatch.recorded import Recorder
 from runtime.dispatch.streams import Stream, Streams
 from runtime.dispatch.warming import Warming
-from runtime.dispatch.work import Books, Work, release, result_of, wake
+from runtime.dispatch.work import Work, Workload, release, result_of, wake
 from runtime.errors import Draining, QueueFull
 from runtime.jobs.job import Job
 from runtime.jobs.manager import JobManager, JobRunner
@@ -101,16 +101,16 @@ class Dispatcher:
         self.clock = clock
         self._now = clock.monotonic
         self.draining = False
-        self.books = Books(
+        self.workload = Workload(
             clock=clock,
             estimator=estimator,
             metrics=metrics,
             health=health,
             run_timeout_s=settings.run_timeout_s,
         )
-        # Queue slots by handler, and the outcomes of the work in flight (the books').
-        self.pending = self.books.pending
-        self.in_flight = self.books.in_flight
+        # Queue slots by handler, and the outcomes of the work in flight (the workload's).
+        self.pending = self.workload.pending
+        self.in_flight = self.workload.in_flight
         self.deadlines = Deadlines(clock)
         self.batcher = Batcher(
             executor=executor,
@@ -176,8 +176,8 @@ class Dispatcher:
         # for the work (its settlement gives it back); anything failing before
         # that gives it back here.
         self.pending[name] += 1
-        books = self.books
-        books.admitting += 1
+        workload = self.workload
+        workload.admitting += 1
         started = False
         try:
             wait = self.settings.wait_s if wait_s is None else wait_s
@@ -194,7 +194,7 @@ class Dispatcher:
             cold = bool(spec.uses) and not all(map(self.cache.is_ready, spec.uses))
             items = Stream(spec) if stream or spec.stream_fn is not None else None
             run_spec = spec if items is None else items.bind(spec)
-            work = Work(self.books, run_spec, ctx, stats, "loading" if cold else "queued", items)
+            work = Work(self.workload, run_spec, ctx, stats, "loading" if cold else "queued", items)
             if stream:
                 # A stream waits for its models only: it answers once the handler begins.
                 estimate_s = await self._ready_s(spec) if cold else 0.0
@@ -223,10 +223,10 @@ class Dispatcher:
         finally:
             if not started:
                 self.pending[name] -= 1
-            books.admitting -= 1
-            if not books.admitting and books.admitted is not None:
-                books.admitted.set_result(None)
-                books.admitted = None
+            workload.admitting -= 1
+            if not workload.admitting and workload.admitted is not None:
+                workload.admitted.set_result(None)
+                workload.admitted = None
         if stream:
             assert items is not None
             if await self._started_by(items, answer_by):
@@ -384,7 +384,7 @@ class Dispatcher:
         self.pending[spec.name] += 1
         items = Stream(spec) if spec.streams else None
         run_spec = spec if items is None else items.bind(spec)
-        work = Work(self.books, run_spec, ctx, self.handler_stats(spec.name), stream=items)
+        work = Work(self.workload, run_spec, ctx, self.handler_stats(spec.name), stream=items)
         outcome = self._start(work, job.input)
         if items is not None:
             self.streams.hold(job.id, items)
@@ -398,7 +398,7 @@ class Dispatcher:
 
     async def wait_idle(self) -> None:
         """Returns once no invocation or job of this instance is admitted or running."""
-        await self.books.quiet_by(None)
+        await self.workload.quiet_by(None)
         await self.jobs.wait_idle()
 
     def abort_in_flight(self) -> None:
@@ -410,11 +410,11 @@ class Dispatcher:
     async def drain(self, grace_s: float) -> None:
         """Refuse new work, let admitted and in-flight work finish for `grace_s`, abort the rest."""
         self.draining = True
-        await self.books.quiet_by(self._now() + grace_s)
+        await self.workload.quiet_by(self._now() + grace_s)
         await self.jobs.abort_all()
         self.abort_in_flight()
         # What was cut off ends at its next step; a request still on its way to its
         # start (a store write past the grace) starts, and is cut off in turn.
-        await self.books.quiet_by(self._now() + ABORT_WAIT_S)
+        await self.workload.quiet_by(self._now() + ABORT_WAIT_S)
         self.abort_in_flight()
         await self.cache.unload_all()

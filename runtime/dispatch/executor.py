@@ -130,7 +130,7 @@ def _with_inference_mode(call: Callable[[], Any]) -> Any:
 
 def _back_to_loop(loop: asyncio.AbstractEventLoop, then: Then, done: ThreadOutcome) -> None:
     # Not contextlib.suppress: this runs once per sync call, and a bare `try`
-    # here (with no is_closed() check before it) measured ~4k instructions less.
+    # here (with no is_closed() check before it) costs measurably less.
     try:  # noqa: SIM105
         loop.call_soon_threadsafe(then, done)
     except RuntimeError:  # the loop is closed: the process is exiting, nobody waits

@@ -1,14 +1,14 @@
 """The handler threads: a pool that gives each call to the thread idle last.
 
-Sync handlers run here (runtime/dispatch/calls.py). Not on a
+Sync handlers run here (runtime/dispatch/executor.py). Not on a
 `concurrent.futures.ThreadPoolExecutor`, for one reason: it completes a
 call's future before its thread counts itself idle, so the call that the
 completion sets off (the next warm-up example, the first request after
 READY, a client's next request) often finds no idle thread and starts a new
 one. A new thread pays the framework's per-thread set-up on its first
-forward pass (torch's OpenMP team, a malloc arena, oneDNN scratch space):
-`classify`'s first call on a fresh thread took 43 ms here against 28 ms on
-the thread its warm-up ran on, which is the cost warm-up exists to pay.
+forward pass (torch's OpenMP team, a malloc arena, oneDNN scratch space),
+which is the cost warm-up exists to pay
+(docs/decisions/0004-last-idle-first-handler-threads.md).
 
 So a thread is marked idle *before* it completes its call, and a call wakes
 the thread that became idle last (a stack, not a queue): the threads warm-up
@@ -18,11 +18,10 @@ arrival order, and at most one thread is on its way to it at a time: a thread
 that takes a call wakes the next while calls remain, and one that finishes a
 call takes the next waiting before it sleeps. A burst of calls so wakes
 threads one after another, each starting at once, and goes to threads already
-awake where there are any. When each call was handed to a thread of its own as
-it came, a server's threads slept and woke 4.6 times per no-op call at 8
-clients (voluntary context switches; the bare app's `ThreadPoolExecutor` 2.2),
-and the server answered 0.82x the bare app's requests/s. Now 1.4-1.7 times, and
-0.92-0.95x (docs/decisions/0005-one-queue-for-the-handler-threads.md).
+awake where there are any. Handing each call to a thread of its own as it came
+made the threads sleep and wake several times per call, and cost the server a
+share of its requests/s against a bare app
+(docs/decisions/0005-one-queue-for-the-handler-threads.md).
 
 Model calls (a handler that uses models, a prefill, a decode thread's steps)
 leave an OpenMP team on their thread, and two teams alive slow every parallel

@@ -1,4 +1,4 @@
-"""One piece of work, from admission to settlement, and the books it is kept in.
+"""One piece of work, from admission to settlement, and the workload that counts it.
 
 Every invocation (a request, a job recovered from the store) is one `Work`.
 Whichever scheduler starts it (the dispatcher alone, a batch, the decode steps)
@@ -47,8 +47,10 @@ from runtime.telemetry.health import Health
 from runtime.telemetry.metrics import HandlerStats, Metrics
 
 
-class Books:
-    """What every piece of work of one dispatcher is counted in."""
+class Workload:
+    """The work of one dispatcher in progress: queue slots taken, outcomes in flight,
+    runs watched for their limit, requests on their way to their start; and what
+    each piece of work reports its times to (clock, estimator, metrics, health)."""
 
     def __init__(
         self,
@@ -133,7 +135,6 @@ class Work:
     __slots__ = (
         "_phase",
         "batch_size",
-        "books",
         "claim",
         "ctx",
         "handler",
@@ -149,11 +150,12 @@ class Work:
         "task",
         "timings_ms",
         "waiter",
+        "workload",
     )
 
     def __init__(
         self,
-        books: Books,
+        workload: Workload,
         spec: HandlerSpec,
         ctx: Context,
         stats: HandlerStats,
@@ -161,7 +163,7 @@ class Work:
         stream: Stream | None = None,
     ) -> None:
         """`spec` as it runs (a generator handler's bound to its `stream`)."""
-        self.books = books
+        self.workload = workload
         self.spec = spec
         self.handler = spec.name
         self.ctx = ctx
@@ -210,7 +212,7 @@ class Work:
 
     def queued(self, since: float, load_ms: dict[str, float]) -> float:
         """Record its queue and load times since `since`, up to now (returned)."""
-        now = self.books.now()
+        now = self.workload.now()
         timings = self.timings_ms
         queue_ms = max(0.0, (now - since) * 1000 - sum(load_ms.values()))
         timings["queue"] = queue_ms
@@ -233,7 +235,7 @@ class Work:
         batch it runs in, whose `leader` (its first member) records what is the
         batch's own."""
         if batch_size is not None:
-            batches = self.books.metrics.batch(self.handler)
+            batches = self.workload.metrics.batch(self.handler)
             if leader:
                 batches.observe_size(batch_size)
             assert waited_since is not None
@@ -247,19 +249,19 @@ class Work:
             self.phase = "running"
         self.running = True
         self.run_started = at
-        self.books.overruns.watch(self, at)
+        self.workload.overruns.watch(self, at)
 
     def ran(self, run_s: float | None = None, leader: bool = True) -> None:
         """Its call returned (after `run_s`; None: since it started), for Server-Timing,
         the estimate and the stats: one run per call for the estimate (what a
         request waits for: a batch's recorded by its `leader`), one per member in
         the stats."""
-        books = self.books
+        workload = self.workload
         if run_s is None:
-            run_s = books.now() - self.run_started
+            run_s = workload.now() - self.run_started
         self.timings_ms["run"] = run_s * 1000
         if leader:
-            books.estimator.record_run(self.handler, run_s)
+            workload.estimator.record_run(self.handler, run_s)
         self.stats.observe_run(run_s)
 
     # ---- ending -------------------------------------------------------------------
@@ -296,12 +298,14 @@ class Work:
         """Its handler ran past THAW_RUN_TIMEOUT_S: it fails with `handler-timeout`."""
         if self.outcome.done():
             return
-        books = self.books
-        limit_s = books.run_timeout_s
+        workload = self.workload
+        limit_s = workload.run_timeout_s
         if not self.spec.is_async and self.spec.decode is None:
             # Its thread cannot be stopped, and keeps the model and memory it holds (a
             # sequence of the decode steps is dropped at the next step instead).
-            books.health.wedge(f"handler {self.handler!r} ran past THAW_RUN_TIMEOUT_S={limit_s:g}")
+            workload.health.wedge(
+                f"handler {self.handler!r} ran past THAW_RUN_TIMEOUT_S={limit_s:g}"
+            )
         self.fail(
             HandlerTimeout(
                 f"handler {self.handler!r} did not finish within {limit_s:g} s "
@@ -326,11 +330,11 @@ class Work:
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
-        books = self.books
+        workload = self.workload
         outcome = self.outcome
-        books.in_flight.discard(outcome)
-        books.overruns.forget(self)
-        books.pending[self.handler] -= 1
+        workload.in_flight.discard(outcome)
+        workload.overruns.forget(self)
+        workload.pending[self.handler] -= 1
         task = self.task
         if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()

@@ -2,7 +2,7 @@
 start-by time on that clock and not before, and never while the handler's one
 run slot is taken (capacity is a promise), whatever its start-by time.
 
-Real `Work`s kept in real `Books` (runtime/dispatch/work.py), a real async
+Real `Work`s kept in real `Workload` (runtime/dispatch/work.py), a real async
 batched handler (tests/handlers/stuck.py `ahang_batch`: one batch at a time),
 and a `ManualClock` the test moves: when the held member goes is decided by
 the clock alone, never by how busy the machine is.
@@ -20,7 +20,7 @@ from runtime.clock import ManualClock
 from runtime.context import Context
 from runtime.dispatch.batcher import Batcher
 from runtime.dispatch.executor import Executor
-from runtime.dispatch.work import Books, Work
+from runtime.dispatch.work import Work, Workload
 from runtime.models.estimate import Estimator
 from runtime.registry import discover
 from runtime.telemetry.health import Health
@@ -52,7 +52,7 @@ async def test_a_member_held_behind_a_running_batch_waits_past_its_start_by_time
     spec = discover(["tests.handlers.stuck"]).handler("ahang_batch")
     clock = ManualClock()
     metrics = Metrics()
-    books = Books(
+    workload = Workload(
         clock=clock,
         estimator=Estimator(tmp_path, default_bandwidth_bytes_s=1e9, default_init_s=0.1),
         metrics=metrics,
@@ -64,8 +64,8 @@ async def test_a_member_held_behind_a_running_batch_waits_past_its_start_by_time
     def work(request_id: str, deadline_in_s: float | None) -> Work:
         deadline = None if deadline_in_s is None else clock.monotonic() + deadline_in_s
         ctx = Context(request_id=request_id, handler=spec.name, deadline_at=deadline)
-        books.pending[spec.name] += 1
-        made = Work(books, spec, ctx, metrics.handler(spec.name))
+        workload.pending[spec.name] += 1
+        made = Work(workload, spec, ctx, metrics.handler(spec.name))
         made.outcome.add_done_callback(made.settle)
         return made
 
@@ -90,4 +90,4 @@ async def test_a_member_held_behind_a_running_batch_waits_past_its_start_by_time
     assert near.outcome.done() and near.outcome.result() == {"released": False}
     assert near.timings_ms["batch"] == pytest.approx((10.0 - 2 * MARGIN_S + 5.0) * 1000)
     assert batcher.queued(spec.name) == 0 and batcher.running(spec.name) == 0
-    assert books.pending[spec.name] == 0 and not books.in_flight
+    assert workload.pending[spec.name] == 0 and not workload.in_flight

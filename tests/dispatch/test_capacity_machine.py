@@ -10,7 +10,7 @@ away, the clock moving past deadlines, and a drain's cut-off. After every step:
 - at most one call of the handler runs (its declared capacity);
 - no invocation has run twice (a sync caller answered 202 runs at most once);
 - every invocation admitted and not yet ended holds its queue slot, and no
-  slot is given back twice (the books never go below zero).
+  slot is given back twice (the workload never go below zero).
 
 At the end every run is let finish: every invocation is settled exactly once
 (its caller answered or its job final, the queue slots all given back, nothing
@@ -182,7 +182,7 @@ class CapacityMachine(RuleBasedStateMachine):
                 )
 
             self.spin(quiet)
-            assert dispatcher.books.admitting == 0
+            assert dispatcher.workload.admitting == 0
             assert self.instance.cache.reserved_bytes() == 0
             assert len(RUNS.started) == len(set(RUNS.started))
             assert RUNS.peak <= 1

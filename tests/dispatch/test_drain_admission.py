@@ -28,17 +28,17 @@ async def test_a_drain_waits_for_a_request_admitted_before_its_work_started(
     settings = settings_for(tmp_path, handlers=("tests.handlers.loadlog",), drain_grace_s=60.0)
     async with serving(settings) as served:
         dispatcher = served.instance.dispatcher
-        books = dispatcher.books
+        workload = dispatcher.workload
         call = asyncio.ensure_future(
             served.client.post("/invoke/alpha", json={}, headers={"Prefer": prefer})
         )
-        await until(lambda: books.admitting, "the request admitted", every_s=0)
+        await until(lambda: workload.admitting, "the request admitted", every_s=0)
         # In the window: its slot is taken, its work not started.
-        assert dispatcher.pending["alpha"] == 1 and not books.in_flight
+        assert dispatcher.pending["alpha"] == 1 and not workload.in_flight
         await dispatcher.drain(settings.drain_grace_s)
         # The drain ended only once that request's work had ended.
-        assert dispatcher.pending["alpha"] == 0 and not books.in_flight
-        assert books.admitting == 0
+        assert dispatcher.pending["alpha"] == 0 and not workload.in_flight
+        assert workload.admitting == 0
         response = await call
         assert response.status_code in (200, 202), response.text
         if response.status_code == 202:

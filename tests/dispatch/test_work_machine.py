@@ -1,6 +1,6 @@
 """The whole life of `Work`, as a property: whatever happens to it, in any order.
 
-A Hypothesis state machine over real `Work`s kept in real `Books`
+A Hypothesis state machine over real `Work`s kept in real `Workload`
 (runtime/dispatch/work.py) on the manual clock. Its rules are what the
 schedulers and the executor do to a piece of work (admit it, start it alone,
 in a batch or as a decode step, end its call with an output, an error or a
@@ -8,7 +8,7 @@ cancellation) and what comes from outside (a cancel, a drain's cut-off, its
 run limit passing as the clock moves). After every step:
 
 - a settled work's outcome is set, and each work settles exactly once: its
-  queue slot is given back once (the books count the unsettled ones), it is
+  queue slot is given back once (the workload count the unsettled ones), it is
   out of flight, its run is no longer watched, its waiting request is woken;
 - each model lease is released exactly once, and only once its work settled;
 - only running, unsettled work is watched for its run limit.
@@ -27,7 +27,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 from runtime.clock import ManualClock
 from runtime.context import Context
-from runtime.dispatch.work import Books, Work
+from runtime.dispatch.work import Work, Workload
 from runtime.errors import HandlerError
 from runtime.models.estimate import Estimator
 from runtime.registry import discover
@@ -76,7 +76,7 @@ class WorkMachine(RuleBasedStateMachine):
             default_bandwidth_bytes_s=1e9,
             default_init_s=0.1,
         )
-        self.books = Books(
+        self.workload = Workload(
             clock=self.clock,
             estimator=estimator,
             metrics=self.metrics,
@@ -110,15 +110,15 @@ class WorkMachine(RuleBasedStateMachine):
             self.count += 1
             name = self.spec.name
             ctx = Context(request_id=f"w{self.count}", handler=name, clock=self.clock)
-            self.books.pending[name] += 1
-            work = Work(self.books, self.spec, ctx, self.metrics.handler(name))
+            self.workload.pending[name] += 1
+            work = Work(self.workload, self.spec, ctx, self.metrics.handler(name))
             leases = [CountedLease() for _ in range(models)]
             for lease in leases:
                 lease.work = work
             work.leases = list(leases)  # type: ignore[arg-type]
             if waits:
                 work.waiter = asyncio.get_running_loop().create_future()
-            self.books.in_flight.add(work.outcome)
+            self.workload.in_flight.add(work.outcome)
             work.outcome.add_done_callback(work.settle)
             return Tracked(work, leases)
 
@@ -183,7 +183,7 @@ class WorkMachine(RuleBasedStateMachine):
 
     @rule()
     def drain_cuts_off_everything(self) -> None:
-        for outcome in list(self.books.in_flight):
+        for outcome in list(self.workload.in_flight):
             outcome.cancel()
         self.spin()
 
@@ -201,9 +201,9 @@ class WorkMachine(RuleBasedStateMachine):
 
     def check_books(self) -> None:
         unsettled = [t.work for t in self.all if not t.work.settled]
-        assert self.books.pending[self.spec.name] == len(unsettled)
-        assert self.books.in_flight == {work.outcome for work in unsettled}
-        watched = len(self.books.overruns)
+        assert self.workload.pending[self.spec.name] == len(unsettled)
+        assert self.workload.in_flight == {work.outcome for work in unsettled}
+        watched = len(self.workload.overruns)
         assert watched <= sum(1 for work in unsettled if work.running)
         for tracked in self.all:
             work = tracked.work
