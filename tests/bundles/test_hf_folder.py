@@ -261,3 +261,37 @@ def test_dtype_goes_to_thaw_settings_not_the_config(built: dict[str, Any], tmp_p
     manifest = read_manifest(tmp_path / "bundles" / "half")
     assert manifest.thaw == {"dtype": "float16"} and manifest.load_dtype == "float16"
     assert manifest.config["dtype"] == "float32"  # the model's own key, untouched
+
+
+def test_thaw_invoke_answers_as_transformers_does(
+    built: dict[str, Any], thaw_env: dict[str, str]
+) -> None:
+    """The command a user runs first, as a process: stdout is the answer alone (what
+    transformers prints while the builder runs goes to stderr)."""
+    import subprocess
+    import sys
+
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    root = built["root"]
+    env = {**thaw_env, "THAW_HANDLERS": HANDLERS[0], "THAW_BUNDLE_SOURCE": str(root / "bundles")}
+    texts = ["hello thaw", "world"]
+    event = json.dumps({"texts": texts})
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime.cli.main", "invoke", "encode", "--event", event],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    with torch.inference_mode():
+        bert = AutoModel.from_pretrained(root / "bert").eval()
+        inputs = AutoTokenizer.from_pretrained(root / "bert")(
+            texts, return_tensors="pt", padding=True
+        )
+        expected = bert(**inputs).last_hidden_state
+    assert max_abs_diff(answer["last_hidden_state"], expected) <= TOLERANCE
