@@ -89,7 +89,7 @@ def build_command(args: argparse.Namespace) -> int:
     for target, target_tag in targets:
         started = time.monotonic()
         say(f"building {target_tag} (target {target}{', offline' if house else ''})")
-        build_image(root, target_tag, target, house)
+        build_image(root, target_tag, target, house, gpu=args.gpu)
         result[f"{target}_build_s"] = round(time.monotonic() - started, 1)
     started = time.monotonic()
     checked = check_image(tag)
@@ -206,7 +206,8 @@ def _engine() -> str:
     raise ImageBuildError("no buildah, podman or docker on PATH to build the image with")
 
 
-def build_image(root: Path, tag: str, target: str, house: Path | None) -> None:
+def build_image(root: Path, tag: str, target: str, house: Path | None, *, gpu: bool) -> None:
+    index = TORCH_CUDA_INDEX if gpu else TORCH_CPU_INDEX
     request: dict[str, object] = {
         "dockerfile": str(root / "Dockerfile"),
         "context": str(root),
@@ -229,7 +230,8 @@ def build_image(root: Path, tag: str, target: str, house: Path | None) -> None:
         return
     tool = _engine()
     verb = ["bud", "--layers"] if tool == "buildah" else ["build"]
-    argv = [tool, *verb, "--target", target, "-f", str(root / "Dockerfile"), "-t", tag, str(root)]
+    argv = [tool, *verb, "--build-arg", f"TORCH_INDEX_URL={index}", "--target", target]
+    argv += ["-f", str(root / "Dockerfile"), "-t", tag, str(root)]
     ran = subprocess.run(argv, capture_output=True, text=True, check=False)
     if ran.returncode != 0:
         raise ImageBuildError(f"build of {tag} failed:\n{(ran.stdout + ran.stderr)[-4000:]}")
