@@ -101,6 +101,8 @@ def waterfalls(env: dict[str, str]) -> None:
     from runtime.cli.waterfall import write
 
     print("\n== cold-start waterfalls (a fresh thaw serve per handler, empty cache)")
+    if str(ROOT) not in sys.path:  # the checkout's handlers/: its project's, not installed
+        sys.path.insert(0, str(ROOT))
     compile_bytecode(["handlers"])
     for name, _bundle, event in events():
         with tempfile.TemporaryDirectory(prefix="thaw-demo-") as tmp:
