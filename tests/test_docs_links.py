@@ -103,6 +103,18 @@ def test_every_cited_path_exists(page: Path) -> None:
     assert not missing, f"{rel(page)} cites paths that do not exist: {missing}"
 
 
+@pytest.mark.parametrize("page", PAGES, ids=rel)
+def test_every_cited_test_exists(page: Path) -> None:
+    """`tests/x.py::test_name`: the file defines that test."""
+    cited = re.findall(r"(tests/[\w/]+\.py)::(\w+)", page.read_text())
+    missing = [
+        f"{path}::{name}"
+        for path, name in cited
+        if not (ROOT / path).exists() or not re.search(rf"def {name}\b", (ROOT / path).read_text())
+    ]
+    assert not missing, f"{rel(page)} cites tests that do not exist: {missing}"
+
+
 def test_the_configuration_page_names_every_setting_and_only_settings() -> None:
     text = (DOCS / "configuration.md").read_text()
     settings = {f"THAW_{f.name.upper()}" for f in fields(Settings)}
