@@ -87,6 +87,23 @@ def build(args: argparse.Namespace, config: dict[str, Any]) -> int:
                 on_progress=hashing,
                 thaw=thaw,
             )
+        elif pretrained is not None:
+            # A save_pretrained folder: config.json is the config, the rest its files (a
+            # Trainer's optimizer.pt or a pytorch_model.bin beside them is left out).
+            from runtime.bundles.pretrained import build_pretrained
+
+            out = Path(args.out) if args.out else Path("bundles") / args.name
+            manifest = build_pretrained(
+                src,
+                args.name,
+                version=args.version,
+                out=out,
+                config={**pretrained, **config},
+                per_request_bytes=per_request,
+                thaw=thaw,
+                notes=sys.stderr,
+                on_progress=hashing,
+            )
         elif src.is_dir() and _checkpoints(src, args):
             # Tensors only, converted into a staging copy: the source stays as it is.
             import tempfile
@@ -107,22 +124,6 @@ def build(args: argparse.Namespace, config: dict[str, Any]) -> int:
                     on_progress=hashing,
                     thaw=thaw,
                 )
-        elif pretrained is not None:
-            # A save_pretrained folder: config.json is the config, the rest its files.
-            from runtime.bundles.pretrained import build_pretrained
-
-            out = Path(args.out) if args.out else Path("bundles") / args.name
-            manifest = build_pretrained(
-                src,
-                args.name,
-                version=args.version,
-                out=out,
-                config={**pretrained, **config},
-                per_request_bytes=per_request,
-                thaw=thaw,
-                notes=sys.stderr,
-                on_progress=hashing,
-            )
         else:
             out = Path(args.out) if args.out else None
             manifest = build_bundle(

@@ -237,11 +237,13 @@ def test_a_pickle_beside_safetensors_is_left_out_with_a_note(
     folder = tmp_path / "both"
     shutil.copytree(built["root"] / "bert", folder)
     (folder / "pytorch_model.bin").write_bytes(b"\x80\x04pickle")
+    (folder / "optimizer.pt").write_bytes(b"\x80\x04pickle")  # a Trainer checkpoint's
     (folder / "README.md").write_text("# a model card\n")
     result = thaw("bundle", "build", str(folder), "--name", "both", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "pytorch_model.bin left out: a pickle-based file" in result.stderr
     assert "README.md left out" in result.stderr
+    assert "optimizer.pt left out: a pickle-based file" in result.stderr
     paths = {f.path for f in read_manifest(tmp_path / "bundles" / "both").files}
     assert "pytorch_model.bin" not in paths and "model.safetensors" in paths
 
