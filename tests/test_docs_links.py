@@ -6,7 +6,7 @@
   (not projects.md, transformers.md and the decision records) so does every
   cited `tests/…`, `bench/…`, `deploy/…`, `scripts/…` and `handlers/…` file;
 - docs/configuration.md names every `THAW_*` setting of runtime/settings.py, and
-  no setting that is not one.
+  no setting that is not one; docs/http-api.md names every problem type.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime import errors
 from runtime.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,6 +122,18 @@ def test_the_configuration_page_names_every_setting_and_only_settings() -> None:
     named = set(re.findall(r"\bTHAW_[A-Z0-9_]+\b", text))
     assert settings - named == set(), "settings the page does not document"
     assert named - settings - BUILD_VARIABLES == set(), "names the page gives that are no setting"
+
+
+def test_the_http_page_names_every_problem_type() -> None:
+    """Every slug of runtime/errors.py's tree is in docs/http-api.md's table."""
+    text = (DOCS / "http-api.md").read_text()
+    slugs = {
+        cls.slug
+        for cls in vars(errors).values()
+        if isinstance(cls, type) and issubclass(cls, errors.ThawError)
+    }
+    assert len(slugs) > 20
+    assert {slug for slug in slugs if f"`{slug}`" not in text} == set()
 
 
 def test_the_checks_see_what_they_check() -> None:
