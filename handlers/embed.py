@@ -4,7 +4,7 @@
     -> {"embeddings": [[384 floats], ...], "dim": 384, "usage": {"prompt_tokens": N}}
 
 `usage` counts the tokens the model ran (special tokens included). The handler
-also serves OpenAI's `/v1/embeddings` (README, "OpenAI-compatible routes").
+also serves OpenAI's `/v1/embeddings` (docs/openai.md).
 
 Vectors have unit length, so cosine similarity is their dot product. Texts
 longer than the model's 256 tokens are truncated.

@@ -18,7 +18,7 @@ Streamed (`Accept: text/event-stream`), it yields `{"text": delta}` as tokens
 are sampled and a last item `{"text": "", "finish_reason", "usage"}`; a
 caller that asked for no stream gets them joined (`join_completion`), the
 answer above. It also serves OpenAI's `/v1/chat/completions` and
-`/v1/completions` through the same decode steps (README, "OpenAI-compatible routes").
+`/v1/completions` through the same decode steps (docs/openai.md).
 """
 
 from __future__ import annotations

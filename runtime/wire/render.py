@@ -47,7 +47,7 @@ from runtime.errors import (
 
 PROBLEM_TYPE_BASE = "https://thaw.dev/problems/"
 CLI_PREFIX = "thaw: error: "
-# `thaw`'s exit codes (README, "Exit codes").
+# `thaw`'s exit codes (docs/cli.md, "Output and exit codes").
 EXIT_FAILED = 1  # the command ran and failed
 EXIT_USAGE = 2  # the command line is wrong: a flag, an argument, an unreadable --event
 EXIT_INVALID_INPUT = 3  # a handler refused its event (invalid-input)
