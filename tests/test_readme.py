@@ -2,6 +2,7 @@
 
 - the README's first lines are this repository's two commands, `make demo` and
   `make test` (.ci/run runs the README's test command), and it stays short;
+- it links every page of the manual;
 - docs/handlers.md quotes the handler it calls complete and runnable verbatim.
 """
 
@@ -18,6 +19,13 @@ def test_the_readme_opens_with_the_two_commands_and_stays_short() -> None:
     head = [line.split("#", 1)[0].strip() for line in lines[:6]]
     assert "make demo" in head and "make test" in head, lines[:6]
     assert len(lines) <= README_MAX_LINES
+
+
+def test_the_readme_links_every_page_of_the_manual() -> None:
+    readme = (ROOT / "README.md").read_text()
+    pages = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "docs" / "internals" / "index.md"]
+    unlinked = [p.name for p in pages if f"]({p.relative_to(ROOT)})" not in readme]
+    assert unlinked == []
 
 
 def test_the_handlers_page_quotes_handlers_tempconv_verbatim() -> None:
