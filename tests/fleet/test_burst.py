@@ -35,6 +35,10 @@ def queued(client: httpx.Client) -> float:
     return metric_lines(text, "thaw_fleet_jobs_queued").get('{handler="serial"}', 0.0)
 
 
+def statuses(client: httpx.Client, ids: list[str]) -> list[object]:
+    return [client.get(f"/jobs/{job_id}").json().get("status") for job_id in ids]
+
+
 def final(client: httpx.Client, job_id: str) -> dict[str, object]:
     body: dict[str, object] = (
         client.get(f"/jobs/{job_id}", params={"wait": 60}).raise_for_status().json()
@@ -85,7 +89,11 @@ def test_a_burst_to_one_instance_is_shared_by_the_fleet_within_capacity(
         ids += [r.json()["id"] for r in sync]
         backlog = jobs - instances + len(sync)
         with fleet.client() as anywhere:
-            until(lambda: queued(anywhere) == backlog, f"the fleet gauge to count {backlog}")
+            try:
+                until(lambda: queued(anywhere) == backlog, f"the fleet gauge to count {backlog}")
+            except AssertionError as exc:
+                read = queued(anywhere)
+                raise AssertionError(f"{exc}: it reads {read}; {statuses(first, ids)}") from exc
         assert len(runs(log)) == instances  # nothing started beside the held runs
 
         hold.unlink()
