@@ -44,7 +44,9 @@ def module_name(path: Path) -> str:
 
 
 def all_modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(RUNTIME.rglob("*.py"))}
+    # runtime/templates/ is package data: `thaw init`'s project files, a user's code.
+    templates = RUNTIME / "templates"
+    return {module_name(p): p for p in sorted(RUNTIME.rglob("*.py")) if templates not in p.parents}
 
 
 def imports_of(name: str, path: Path, known: set[str]) -> Iterator[str]:
