@@ -39,6 +39,16 @@ def print_bundle(verb: str, manifest: Any, path: Path, as_json: bool) -> None:
     print(f"{verb} {manifest.id} in {path} ({size})")
 
 
+def default_dir() -> Path:
+    """Where a bundle is written without --out: the bundle source when it is a
+    directory (in a function project, the project's bundles/: docs/projects.md),
+    else ./bundles."""
+    from runtime.settings import Settings
+
+    source = Settings.from_env().bundle_source
+    return Path("bundles") if "://" in source else Path(source)
+
+
 def build(args: argparse.Namespace, config: dict[str, Any]) -> int:
     """`thaw bundle build` with its arguments, `config` the --config object read."""
     from runtime.bundles.manifest import build_bundle
@@ -67,7 +77,7 @@ def build(args: argparse.Namespace, config: dict[str, Any]) -> int:
             # Conversions write safetensors into a staging dir; pickle never reaches the bundle.
             from runtime.bundles.convert import Progress, convert_source
 
-            out = Path(args.out) if args.out else Path("bundles") / args.name
+            out = Path(args.out) if args.out else default_dir() / args.name
             progress: Progress = sys.stderr
             if live is not None:
                 progress = live.reporter(f"converting {src.name}", unit="items")
@@ -92,7 +102,7 @@ def build(args: argparse.Namespace, config: dict[str, Any]) -> int:
             # Trainer's optimizer.pt or a pytorch_model.bin beside them is left out).
             from runtime.bundles.pretrained import build_pretrained
 
-            out = Path(args.out) if args.out else Path("bundles") / args.name
+            out = Path(args.out) if args.out else default_dir() / args.name
             manifest = build_pretrained(
                 src,
                 args.name,
@@ -110,7 +120,7 @@ def build(args: argparse.Namespace, config: dict[str, Any]) -> int:
 
             from runtime.bundles.convert import stage_tree
 
-            out = Path(args.out) if args.out else Path("bundles") / args.name
+            out = Path(args.out) if args.out else default_dir() / args.name
             out.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(prefix=".thaw-build-", dir=out.parent) as tmp:
                 staged = stage_tree(src, Path(tmp), sys.stderr)

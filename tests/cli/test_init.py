@@ -22,6 +22,8 @@ from runtime.cli.init import EXAMPLES, create
 from runtime.errors import ConfigError
 from runtime.settings import Settings, find_project
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 THAW = Path(sys.executable).parent / "thaw"
 SHAPE = (
@@ -123,6 +125,22 @@ def test_a_project_serves_its_handlers_only(blank: Path) -> None:
     assert named.returncode != 0 and "handlers.echo" in named.stderr  # the project's has none
     other = thaw("invoke", "hello", "--event", "{}", cwd=blank, THAW_HANDLERS="tests.handlers.echo")
     assert other.returncode != 0 and "no handler named 'hello'" in other.stderr
+
+
+def test_a_bundle_built_anywhere_in_a_project_lands_in_its_bundles(
+    blank: Path, tmp_path: Path
+) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "config.json").write_text('{"model_type": "tiny", "hidden_size": 2}')
+    save_file({"w": np.ones((2, 2), dtype=np.float32)}, str(saved / "model.safetensors"))
+    done = thaw("bundle", "build", str(saved), "--name", "tiny", cwd=blank / "tests")
+    assert done.returncode == 0, done.stderr
+    assert (blank / "bundles" / "tiny" / "bundle.json").is_file()
+    assert not (blank / "tests" / "bundles").exists()
 
 
 def test_outside_a_project_the_error_says_how_to_make_one(tmp_path: Path) -> None:
