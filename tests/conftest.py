@@ -4,8 +4,8 @@ Two tiers: `make test` runs everything; `make test-fast` only what runs in this
 process (`-m "not process and not image and not slow"`). A test that starts a
 process (a server, the emulator, PostgreSQL, moto, a mount) is marked `process`:
 by `pytestmark` or its own mark, or here, for using one of `PROCESS_FIXTURES`.
-Under `make test-fast` (THAW_TESTS_IN_PROCESS=1) a test that starts a process
-anyway fails, naming what it started, so the fast tier stays what it says.
+Under `make test-fast` (THAW_TESTS_IN_PROCESS=1) starting a process raises, and
+the test fails naming what it started, so the fast tier stays what it says.
 """
 
 from __future__ import annotations
@@ -57,28 +57,50 @@ PROCESS_FIXTURES = frozenset(
         "fleet_env",
         "make_fleet",
         "read_only_fs",  # mount(8)
+        "small_disk",  # a tmpfs
         "bundle_fs",
         "engine",  # buildah / podman
         "session_images",
         "built_images",
         "built_image",
         "http_image",
+        "minilm_bundle",  # built by scripts/build_model_bundles.py
+        "smollm2_bundle",
+        "efficientnet_bundle",
     }
 )
+
+# A parametrized test whose parameter is one of these stores talks to its server.
+PROCESS_PARAMS = frozenset({"postgres", "pgbouncer", "dynamodb"})
 
 # Audit events of starting a process (sys.addaudithook), watched under `make test-fast`.
 _SPAWN_EVENTS = frozenset(
     {"subprocess.Popen", "os.posix_spawn", "os.spawn", "os.exec", "os.fork", "os.system"}
 )
+# What a library runs for itself, once per process (`platform.processor()` asks uname).
+_ALLOWED = frozenset({"uname", "/usr/bin/uname", "/bin/uname"})
 IN_PROCESS_ONLY = os.environ.get("THAW_TESTS_IN_PROCESS") == "1"
 # What was started since the last test's end (`in_process_only`).
 _started: list[str] = []
 
 
+def _program(executable: Any, argv: Any) -> str:
+    if executable is not None:
+        return str(executable)
+    if isinstance(argv, str | bytes | os.PathLike):
+        return str(argv).split(" ", 1)[0]
+    return str(next(iter(argv), ""))
+
+
 def _audit(event: str, args: tuple[Any, ...]) -> None:
+    """Refuses to start a process (at once: nothing waits for one that never comes),
+    and keeps what it was for the test's failure."""
     if event in _SPAWN_EVENTS:
+        if event == "subprocess.Popen" and _program(args[0], args[1]) in _ALLOWED:
+            return
         what = args[1] if event == "subprocess.Popen" else args[:1]
         _started.append(f"{event} {str(what)[:160]}")
+        raise RuntimeError(f"{_started[-1]}: a process in the in-process tier")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -99,14 +121,30 @@ def pytest_configure(config: pytest.Config) -> None:
         sys.addaudithook(_audit)
 
 
+# Set on a test whose call failed (`pytest_runtest_makereport`).
+_CALL_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.when == "call" and report.failed:
+        item.stash[_CALL_FAILED] = True
+    return report
+
+
 @pytest.fixture(autouse=True)
-def in_process_only() -> Iterator[None]:
+def in_process_only(request: pytest.FixtureRequest) -> Iterator[None]:
     """Under `make test-fast`: fail a test that started a process (in its own set-up,
-    a shared fixture's made for it, its body or its teardown) unmarked `process`."""
+    a shared fixture's made for it, its body or its teardown) unmarked `process`,
+    where the refusal itself did not fail it already (a thread's, or one caught)."""
+    _started.clear()  # a shared fixture refused before this test: its set-up failed then
     yield
     if IN_PROCESS_ONLY and _started:
         started = list(_started)
         _started.clear()
+        if request.node.stash.get(_CALL_FAILED, False):
+            return
         pytest.fail(
             f"started a process ({started[0]}; {len(started)} in all) in the in-process "
             "tier: mark the test `process` (tests/conftest.py)",
@@ -151,7 +189,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     gpu`). Container image tests run last, and their image builds from the start
     of the run, in the background (tests/deploy/conftest.py)."""
     for item in items:
-        if not PROCESS_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())):
+        callspec = getattr(item, "callspec", None)
+        params = set(callspec.id.split("-")) if callspec is not None else set()
+        if not PROCESS_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())) or (
+            params & PROCESS_PARAMS
+        ):
             item.add_marker(pytest.mark.process)
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if gpu and not _has_cuda():  # torch is imported only when a gpu test is collected
