@@ -24,6 +24,8 @@ from bench.common import fmt_s
 from bench.run import BENCHMARKS, markers, registered, write_section
 from tests.support import free_port, until
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 # What bench/ holds beside the registered benchmarks: shared code, the servers and

@@ -5,6 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 SCRIPT = """
 import sys
 import runtime

@@ -9,6 +9,8 @@ import pytest
 
 from tests.support import ServerProcess, free_port
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 
 def test_without_a_runtime_api_it_serves_http(thaw_env: dict[str, str]) -> None:
     port = free_port()

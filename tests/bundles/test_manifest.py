@@ -16,6 +16,8 @@ from runtime.errors import BundleError
 from tests.jobs.tmpfs import fill, mounted
 from tests.support import make_bundle
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 
 def thaw(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(

@@ -23,6 +23,8 @@ from runtime.errors import BrokenHandler, ConfigError, UnknownHandler
 from runtime.registry import discover
 from tests.support import ServerProcess
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 GOOD = """

@@ -18,6 +18,8 @@ from typing import Any
 import orjson
 import pytest
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 torch = pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,6 +18,8 @@ import pytest
 from runtime.wire.render import EXIT_FAILED, EXIT_INVALID_INPUT, EXIT_USAGE
 from tests.support import make_bundle
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -134,6 +134,7 @@ def check_lane(
     return scale
 
 
+@pytest.mark.process
 @needs_chromium
 @pytest.mark.parametrize("suffix", ["svg", "html"])
 def test_the_browser_draws_each_phase_in_order_and_to_scale(tmp_path: Path, suffix: str) -> None:
@@ -151,6 +152,7 @@ def test_the_browser_draws_each_phase_in_order_and_to_scale(tmp_path: Path, suff
     assert found["start"][1] > found["rest"][3]
 
 
+@pytest.mark.process
 @needs_chromium
 def test_a_phase_not_paid_has_no_bar(tmp_path: Path) -> None:
     result = {

@@ -219,6 +219,7 @@ def _promtool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.process
 @needs_promtool
 def test_every_panel_query_parses(tmp_path: Path) -> None:
     queries = dashboard_queries()
@@ -240,6 +241,7 @@ def test_every_panel_query_parses(tmp_path: Path) -> None:
     assert f"SUCCESS: {len(queries)} rules found" in done.stdout
 
 
+@pytest.mark.process
 @needs_promtool
 def test_promtool_refuses_a_query_that_does_not_parse(tmp_path: Path) -> None:
     # The check above can fail: a broken query is refused.
@@ -250,6 +252,7 @@ def test_promtool_refuses_a_query_that_does_not_parse(tmp_path: Path) -> None:
     assert _promtool("check", "rules", str(path)).returncode != 0
 
 
+@pytest.mark.process
 @needs_promtool
 def test_the_rules_pass_promtool_check_and_their_unit_tests() -> None:
     checked = _promtool("check", "rules", str(RULES))

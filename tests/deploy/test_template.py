@@ -382,6 +382,7 @@ def test_dockerignore_keeps_the_image_lean() -> None:
     assert not ignored & {"bundles", "runtime", "handlers", "pyproject.toml"}
 
 
+@pytest.mark.process
 def test_hadolint_is_clean() -> None:
     hadolint = shutil.which("hadolint") or shutil.which(
         "hadolint", path=str(Path(sys.executable).parent)

@@ -22,6 +22,8 @@ from tests.emulator.test_invoke_api import lambda_client
 from tests.emulator.test_streaming import lines, read_stream
 from tests.support import SAFETY_S
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 TEMPLATE = """
 AWSTemplateFormatVersion: "2010-09-09"
 Transform: AWS::Serverless-2016-10-31

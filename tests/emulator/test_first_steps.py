@@ -15,9 +15,12 @@ from typing import Any
 
 import boto3
 import botocore
+import pytest
 from botocore.config import Config
 
 from tests.emulator.conftest import Emulator, wait_for
+
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
 
 
 def banner(emulator: Emulator) -> str:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import time
 
 import httpx
+import pytest
 
 from tests.emulator.conftest import Emulator
+
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
 
 
 def test_invoke_echo_through_the_function_url(emulator: Emulator) -> None:

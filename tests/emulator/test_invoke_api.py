@@ -15,6 +15,8 @@ from botocore.exceptions import ClientError
 
 from tests.emulator.conftest import Emulator, lambda_client, wait_for
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 
 def test_request_response_returns_the_payload(emulator: Emulator) -> None:
     client = lambda_client(emulator)

@@ -23,6 +23,8 @@ from botocore.exceptions import ClientError
 from runtime.emulator.template import parse_template
 from tests.emulator.conftest import Emulator, lambda_client, state_env
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 HANDLERS = "handlers.echo,tests.emulator.context_handler"
 TEMPLATE = f"""
 AWSTemplateFormatVersion: "2010-09-09"

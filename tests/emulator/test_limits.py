@@ -28,6 +28,8 @@ from runtime.aws import limits
 from tests.emulator.conftest import Emulator, emulator_env, wait_for
 from tests.emulator.test_invoke_api import lambda_client
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 TEMPLATE = """
 AWSTemplateFormatVersion: "2010-09-09"
 Transform: AWS::Serverless-2016-10-31

@@ -13,9 +13,12 @@ import concurrent.futures
 import re
 
 import orjson
+import pytest
 
 from tests.emulator.conftest import Emulator
 from tests.emulator.test_invoke_api import lambda_client
+
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
 
 PLAIN_ADDRESS = re.compile(r"^127\.0\.0\.1:\d+$")
 

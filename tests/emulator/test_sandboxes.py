@@ -8,9 +8,12 @@ from pathlib import Path
 
 import httpx
 import orjson
+import pytest
 
 from tests.emulator.conftest import Emulator, emulator_env, wait_for
 from tests.support import SAFETY_S
+
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
 
 
 def alive(pid: int) -> bool:

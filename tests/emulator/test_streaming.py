@@ -17,6 +17,8 @@ from tests.emulator.conftest import Emulator, emulator_env
 from tests.emulator.test_invoke_api import lambda_client
 from tests.http.test_streaming import SSE, collect
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 TEMPLATE = """
 AWSTemplateFormatVersion: "2010-09-09"
 Transform: AWS::Serverless-2016-10-31

@@ -64,6 +64,7 @@ Resources:
 """
 
 
+@pytest.mark.process
 def test_short_form_tags_resolve_to_parameter_defaults() -> None:
     template = parse_template(TEMPLATE)
     function = template.functions["ThawFunction"]

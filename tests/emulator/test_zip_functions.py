@@ -83,6 +83,7 @@ def request_id(answer: Any) -> str:
     return rid
 
 
+@pytest.mark.process
 def test_a_zip_function_answers_under_awslambdaric(emulator: Emulator) -> None:
     answer, body = invoke(emulator, "Answers", {"x": 1}, LogType="Tail")
     assert answer["StatusCode"] == 200 and "FunctionError" not in answer
@@ -113,6 +114,7 @@ def test_a_zip_function_answers_under_awslambdaric(emulator: Emulator) -> None:
     assert not emulator.report(request_id(again)).cold
 
 
+@pytest.mark.process
 def test_an_event_invocation_runs_in_the_background(emulator: Emulator) -> None:
     answer = lambda_client(emulator).invoke(
         FunctionName="Answers", InvocationType="Event", Payload=b'{"queued": true}'
@@ -123,6 +125,7 @@ def test_an_event_invocation_runs_in_the_background(emulator: Emulator) -> None:
     wait_for(lambda: "answering {'queued': True}" in emulator.errors())
 
 
+@pytest.mark.process
 def test_a_raising_handler_is_a_function_error(emulator: Emulator) -> None:
     answer, body = invoke(emulator, "Raises", {"why": "testing"})
     assert answer["StatusCode"] == 200 and answer["FunctionError"] == "Unhandled"
@@ -133,6 +136,7 @@ def test_a_raising_handler_is_a_function_error(emulator: Emulator) -> None:
     assert "Status" not in emulator.report(request_id(answer)).fields
 
 
+@pytest.mark.process
 def test_a_handler_past_its_timeout_is_killed(emulator: Emulator) -> None:
     _, first = invoke(emulator, "Sleeps", {"sleep_s": 0})
     pid = first["pid"]
@@ -151,6 +155,7 @@ def test_a_handler_past_its_timeout_is_killed(emulator: Emulator) -> None:
     assert emulator.report(request_id(after)).cold
 
 
+@pytest.mark.process
 def test_a_handler_module_that_cannot_import_is_an_init_error(emulator: Emulator) -> None:
     answer, body = invoke(emulator, "ImportFails", {})
     assert answer["FunctionError"] == "Unhandled"
@@ -160,6 +165,7 @@ def test_a_handler_module_that_cannot_import_is_an_init_error(emulator: Emulator
     assert report["Status"] == "error" and report["Error Type"] == "Runtime.ImportModuleError"
 
 
+@pytest.mark.process
 def test_the_sandbox_runs_awslambdaric_in_the_code_directory(tmp_path: Path) -> None:
     template = tmp_path / "template.yaml"
     template.write_text(TEMPLATE.format(runtime=RUNTIME, code=CODE))
@@ -215,6 +221,7 @@ def test_what_cannot_run_is_a_config_error_naming_the_function(
         parse_template(text, tmp_path)
 
 
+@pytest.mark.process
 def test_thaw_emulate_refuses_an_unsupported_runtime_at_start(tmp_path: Path) -> None:
     template = tmp_path / "template.yaml"
     template.write_text(

@@ -27,6 +27,8 @@ from hypothesis import strategies as st
 from tests.sse import SSE, read_events
 from tests.support import ServerProcess, until
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:

@@ -78,6 +78,7 @@ def test_job_out_of_attempts_fails_with_clear_error(
         assert "1 attempts" in final["error"]["message"]
 
 
+@pytest.mark.process
 @pytest.mark.anyio
 async def test_jobs_expire_after_ttl(app_settings: Settings, bundles: Path) -> None:
     make_bundle(bundles, "alpha")

@@ -23,6 +23,8 @@ import pytest
 
 from tests.support import ServerProcess
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 PROBLEM = "application/problem+json"
 CAP = 256 * 1024
 # Far longer than any outcome below takes: reaching it is a failure, not a figure.

@@ -28,6 +28,8 @@ from tests.inproc import answer_once, answers_once, captured_logs, serving
 from tests.jobs import tmpfs
 from tests.support import SAFETY_S, ServerProcess, make_bundle, until
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 PROBLEM_TYPE = "https://thaw.dev/problems/storage-unavailable"
 Serve = Callable[..., ServerProcess]
 

@@ -55,6 +55,7 @@ def hold_in_process(
     return proc
 
 
+@pytest.mark.process
 def test_a_killed_owner_is_dead_and_a_living_one_is_not(
     tmp_path: Path, holders: list[subprocess.Popen[str]]
 ) -> None:

@@ -36,6 +36,8 @@ from tests.jobs.postgres_fixtures import (
 )
 from tests.support import running_instance, settings_for
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 TTL_S = 3600.0
 
 

@@ -19,6 +19,8 @@ from runtime.jobs.stores.postgres import PostgresJobStore
 from runtime.jobs.stores.postgres_listen import JobEvent
 from tests.jobs.postgres_fixtures import PostgresCluster, store_dsn
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 
 @pytest.fixture
 def stores() -> Iterator[list[PostgresJobStore]]:

@@ -144,6 +144,7 @@ def test_the_log_is_checkpointed_by_a_worker_thread_every_n_commits(
     until(lambda: all(map(in_database_file, jobs)), "the worker thread checkpointed the log")
 
 
+@pytest.mark.process
 def test_a_full_disk_fails_a_write_run_now_and_leaves_no_half_write(tmp_path: Path) -> None:
     with tmpfs.mounted(tmp_path / "disk", "2m") as disk:
         store = SQLiteJobStore(disk / "jobs.sqlite3", ttl_s=60.0)

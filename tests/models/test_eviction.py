@@ -598,4 +598,5 @@ CacheMachine.TestCase.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-test_cache_state_machine = CacheMachine.TestCase
+# Fifty runs of 25 steps, each on a real cache: `slow`, left out of make test-fast.
+test_cache_state_machine = pytest.mark.slow(CacheMachine.TestCase)

@@ -116,6 +116,7 @@ def test_density_evicts_a_bundle_it_never_saw_used_first() -> None:
 # ---- the simulator ---------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 300 requests replayed through a real cache, per policy
 @pytest.mark.parametrize(
     "make",
     [LRUPolicy, DensityPolicy, GDSFPolicy, lambda: DensityPolicy(min_residency_s=0)],

@@ -9,6 +9,8 @@ import sys
 import orjson
 import pytest
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 pytest.importorskip("torch")
 
 SCRIPT = """

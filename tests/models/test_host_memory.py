@@ -20,6 +20,8 @@ from runtime.errors import ConfigError
 from runtime.models.weights import host
 from runtime.settings import Settings
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 1024 * 1024
 

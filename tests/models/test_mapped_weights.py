@@ -36,6 +36,8 @@ from tests.models.test_detached_weights import (
 )
 from tests.support import ReadOnlyFs
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 

@@ -89,6 +89,7 @@ def probe(mode: str) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.process
 def test_model_threads_keep_one_openmp_team_between_them() -> None:
     kept = probe("release")
     if not kept["supported"]:
@@ -185,6 +186,7 @@ def run_quota_probe(root: Path, **env: str) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.process
 def test_a_quota_below_the_cores_sizes_torchs_team_before_it_loads(tmp_path: Path) -> None:
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one CPU: no quota can be below it")

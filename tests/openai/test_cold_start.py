@@ -68,6 +68,7 @@ def check_attempts(attempts: Attempts, timeout_s: float) -> None:
         assert headers["x-request-id"]
 
 
+@pytest.mark.slow  # waits out the client's timeout
 async def test_a_cold_embedding_past_the_clients_timeout_ends_in_its_answer(
     tmp_path: Path,
 ) -> None:
@@ -98,6 +99,7 @@ async def test_a_wrong_estimate_is_cut_off_before_the_clients_timeout(tmp_path: 
     assert len(load_log.read_text().splitlines()) == 1
 
 
+@pytest.mark.slow  # waits out the client's timeout
 async def test_a_cold_stream_is_retried_the_same_way(tmp_path: Path) -> None:
     settings, _load_log = cold_settings(tmp_path, default_init_s=LOAD_S)
     attempts = Attempts()

@@ -16,6 +16,8 @@ import pytest
 from tests.emulator.conftest import Emulator, emulator_env
 from tests.support import make_bundle
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 TEMPLATE = """
 AWSTemplateFormatVersion: "2010-09-09"
 Transform: AWS::Serverless-2016-10-31

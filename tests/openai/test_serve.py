@@ -11,9 +11,12 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 
 from tests.security.conftest import Launch, clean_env, launch  # noqa: F401 - the fixture
 from tests.support import SAFETY_S, make_bundle
+
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
 
 KEY = "sk-thaw-serve-31c9"
 

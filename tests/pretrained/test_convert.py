@@ -18,6 +18,8 @@ from runtime.bundles.manifest import read_manifest
 from runtime.errors import BundleError
 from tests.pretrained.conftest import PACKAGES, require_package
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

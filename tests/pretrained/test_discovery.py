@@ -6,6 +6,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 SCRIPT = """
 import json, sys
 from runtime.registry import discover

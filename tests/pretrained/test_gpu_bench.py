@@ -22,6 +22,8 @@ import pytest
 from tests.pretrained.conftest import PACKAGES
 from tests.support import SAFETY_S
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu.py"
 

@@ -136,6 +136,7 @@ async def test_openapi_declares_the_bearer_scheme(server: httpx.AsyncClient) -> 
     assert "401" in document["paths"]["/invoke/{handler}"]["post"]["responses"]
 
 
+@pytest.mark.process
 def test_a_plain_key_in_the_key_file_stops_the_server_without_echoing_it(
     tmp_path: Path,
 ) -> None:

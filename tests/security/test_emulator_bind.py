@@ -12,6 +12,8 @@ import pytest
 
 from tests.support import free_port
 
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -17,7 +17,7 @@ import pytest
 from tests.security.conftest import bearer, clean_env
 from tests.support import ServerProcess
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.process]
 ATTACKER = "attacker-key-3f"
 OTHER = "other-key-8c"
 NOFILE = 256

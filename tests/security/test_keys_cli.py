@@ -8,8 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from runtime.http.auth import KeyRing
 from tests.security.inprocess import settings_under
+
+pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 

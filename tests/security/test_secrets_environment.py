@@ -30,6 +30,7 @@ def server(tmp_path: Path) -> Iterator[ServerProcess]:
         yield started
 
 
+@pytest.mark.process
 def test_handler_code_cannot_read_the_keys_from_the_environment(server: ServerProcess) -> None:
     names = [*SECRET_VARIABLES, "THAW_HANDLERS"]
     answer = httpx.post(
