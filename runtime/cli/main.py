@@ -119,7 +119,7 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
 
     code: int = run_emulator(
         port=args.port,
-        template=Path(args.template),
+        template=_template(args.template),
         max_sandboxes=args.max_sandboxes,
         idle_timeout_s=args.idle_timeout,
         host=args.host,
@@ -128,6 +128,16 @@ def _cmd_emulate(args: argparse.Namespace) -> int:
         insecure=args.insecure,
     )
     return code
+
+
+def _template(given: str | None) -> Path:
+    """--template, else the project's template.yaml (docs/projects.md), else ./template.yaml."""
+    if given is not None:
+        return Path(given)
+    from runtime.settings import find_project
+
+    root = find_project(Path.cwd())
+    return (root if root is not None else Path()) / "template.yaml"
 
 
 def _cmd_coldstart(args: argparse.Namespace) -> int:
@@ -277,8 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     emulate.add_argument(
         "--template",
-        default="template.yaml",
-        help="the SAM template whose function settings are emulated (default: template.yaml)",
+        default=None,
+        help="the SAM template whose function settings are emulated (default: template.yaml "
+        "of the project, else of the working directory)",
     )
     emulate.add_argument(
         "--max-sandboxes", type=int, default=None, help="most execution environments at once"

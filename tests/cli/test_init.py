@@ -16,6 +16,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import httpx
 import pytest
 
 from runtime.cli.init import EXAMPLES, create
@@ -141,6 +142,28 @@ def test_a_bundle_built_anywhere_in_a_project_lands_in_its_bundles(
     assert done.returncode == 0, done.stderr
     assert (blank / "bundles" / "tiny" / "bundle.json").is_file()
     assert not (blank / "tests" / "bundles").exists()
+
+
+def test_emulate_reads_the_projects_template_and_serves_its_handlers(blank: Path) -> None:
+    proc = subprocess.Popen(
+        [str(THAW), "emulate", "--port", "0"],
+        cwd=blank / "handlers",
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        assert "listening on http://127.0.0.1:" in first and "(Function;" in first, first
+        url = first.split("listening on ")[1].split()[0]
+        invoke = f"{url}/2015-03-31/functions/Function/invocations"
+        said = httpx.post(invoke, json={"handler": "hello", "input": {"name": "Ada"}}, timeout=60)
+        assert said.json()["output"]["greeting"] == "hello, Ada"
+        assert httpx.post(f"{url}/invoke/echo", json={}, timeout=60).status_code == 404
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def test_outside_a_project_the_error_says_how_to_make_one(tmp_path: Path) -> None:
