@@ -32,7 +32,8 @@ if str(ROOT) not in sys.path:
 
 from handlers import classify, embed  # noqa: E402  (cheap: handler modules import no torch)
 from runtime.bundles.convert import convert_source  # noqa: E402
-from runtime.bundles.manifest import Manifest, build_bundle, verify_bundle  # noqa: E402
+from runtime.bundles.manifest import Manifest, build_bundle  # noqa: E402
+from runtime.bundles.verify import verify_bundle  # noqa: E402
 from runtime.errors import ThawError  # noqa: E402
 
 # Bump when a recipe's output changes, so existing bundles are rebuilt.

@@ -22,12 +22,23 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from runtime.errors import IntegrityError
 
-if TYPE_CHECKING:
-    from runtime.bundles.manifest import BundleFile
+
+class Chunked(Protocol):
+    """A manifest's file entry (manifest.Chunked), as far as its chunks go."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def chunk_bytes(self) -> int: ...
+    @property
+    def chunks(self) -> tuple[str, ...]: ...
+
 
 # What `thaw bundle build` writes: large enough that a 280 GB bundle's digests fit a
 # manifest (1 MiB), small enough that a 1 GB shard spreads over every core.
@@ -36,6 +47,45 @@ MIN_CHUNK_BYTES = 64 * 1024
 MAX_CHUNK_BYTES = 1024 * 1024 * 1024
 # One read of a chunk checked from its file (not from memory that keeps it).
 _READ_BYTES = 4 * 1024 * 1024
+
+
+def sha256_file(path: Path, on_progress: Callable[[int], None] | None = None) -> str:
+    """The file's sha256; `on_progress(n)` after each chunk of n bytes hashed."""
+    return file_digests(path, 0, on_progress)[0]
+
+
+def file_digests(
+    path: Path, chunk_bytes: int, on_progress: Callable[[int], None] | None = None
+) -> tuple[str, list[str]]:
+    """The file's sha256 and, with `chunk_bytes`, that of each chunk (chunks.py), in one
+    read: the chunk digests are updated on a second thread (hashlib releases the GIL)."""
+    digest = hashlib.sha256()
+    digests: list[str] = []
+    part = hashlib.sha256()
+    in_part = 0
+    step = min(_READ_BYTES, chunk_bytes) if chunk_bytes else _READ_BYTES
+    with open(path, "rb", buffering=0) as handle, ThreadPoolExecutor(1) as helper:
+        buffer = bytearray(step)
+        view = memoryview(buffer)
+        while True:
+            # Never past the current chunk's end: each read feeds one chunk digest.
+            want = step if not chunk_bytes else min(step, chunk_bytes - in_part)
+            n = handle.readinto(view[:want])
+            if not n:
+                break
+            pending = helper.submit(part.update, view[:n]) if chunk_bytes else None
+            digest.update(view[:n])
+            if pending is not None:
+                pending.result()
+                in_part += n
+                if in_part == chunk_bytes:
+                    digests.append(part.hexdigest())
+                    part, in_part = hashlib.sha256(), 0
+            if on_progress is not None:
+                on_progress(n)
+    if in_part:
+        digests.append(part.hexdigest())
+    return digest.hexdigest(), digests
 
 
 def chunk_count(size: int, chunk_bytes: int) -> int:
@@ -48,7 +98,7 @@ def chunk_span(size: int, chunk_bytes: int, index: int) -> tuple[int, int]:
     return start, min(size, start + chunk_bytes)
 
 
-def mismatch(file: BundleFile, index: int) -> IntegrityError:
+def mismatch(file: Chunked, index: int) -> IntegrityError:
     """The error for chunk `index` of `file` whose bytes do not match its digest."""
     start, end = chunk_span(file.size, file.chunk_bytes, index)
     return IntegrityError(
@@ -59,7 +109,7 @@ def mismatch(file: BundleFile, index: int) -> IntegrityError:
     )
 
 
-def check(file: BundleFile, index: int, parts: Iterable[memoryview | bytes]) -> None:
+def check(file: Chunked, index: int, parts: Iterable[memoryview | bytes]) -> None:
     """Refuse chunk `index` of `file` unless `parts`, in order, hash to its digest.
 
     hashlib releases the GIL for each part past 2 KiB, so chunks are checked on
@@ -99,7 +149,7 @@ def chunk_digests(path: Path, chunk_bytes: int = CHUNK_BYTES, workers: int = 0) 
 
 def verify_chunks(
     path: Path,
-    file: BundleFile,
+    file: Chunked,
     *,
     workers: int = 0,
     on_progress: Callable[[int], None] | None = None,
@@ -150,7 +200,7 @@ class Pending:
     """Shards a fetch left unhashed, for the load to check chunk by chunk as it reads
     them (each byte read once): by path, and what to do once all of them matched."""
 
-    files: dict[str, BundleFile] = field(default_factory=dict)
+    files: dict[str, Chunked] = field(default_factory=dict)
     # Records the shards' stamps (stamps.py): called with the stat each had when
     # the load opened it, once every chunk of every one of them matched.
     on_verified: Callable[[dict[str, os.stat_result]], None] | None = None

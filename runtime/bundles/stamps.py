@@ -47,6 +47,17 @@ def stamp_of(st: os.stat_result) -> Stamp:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+def shard_stamps(bundle_dir: Path, paths: list[str]) -> dict[str, Stamp]:
+    """The stat stamps of a bundle's shards, taken as its fetch returns: the files its
+    hashes vouched for, or the load's will (a load refuses a shard whose stat differs)."""
+    stamps: dict[str, Stamp] = {}
+    for rel in paths:
+        if rel.endswith(".safetensors"):
+            with contextlib.suppress(FileNotFoundError):  # the load says so, naming it
+                stamps[rel] = stamp_of(os.stat(bundle_dir / rel, follow_symlinks=False))
+    return stamps
+
+
 class VerifiedStamps:
     """Stat stamps of verified files, per bundle version and directory, kept in `path`."""
 
@@ -97,8 +108,10 @@ class VerifiedStamps:
             return
         with self._lock:
             known = self._loaded()
-            known.pop(key, None)
-            known[key] = fresh
+            # Added to the version's others (a fetch stamps some files, the load that
+            # checked the rest as it read them stamps those): a changed file's old
+            # stamp matches no stat, so keeping it costs nothing.
+            known[key] = {**known.pop(key, {}), **fresh}
             while len(known) > MAX_BUNDLES:
                 known.pop(next(iter(known)))
             body = orjson.dumps(known)

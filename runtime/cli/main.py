@@ -82,7 +82,7 @@ def _cmd_bundle_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_bundle_verify(args: argparse.Namespace) -> int:
-    from runtime.bundles.manifest import verify_bundle
+    from runtime.bundles.verify import verify_bundle
     from runtime.cli.bundle import print_bundle
 
     manifest = verify_bundle(Path(args.path))

@@ -31,11 +31,9 @@ import traceback
 from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
 from functools import partial
-from pathlib import Path
 from typing import Any, Protocol
 
-from runtime.bundles.sources.source import BundleSource
-from runtime.bundles.stamps import Stamp
+from runtime.bundles.sources.source import BundleSource, fetch_for_load
 from runtime.clock import Clock
 from runtime.context import Context
 from runtime.errors import HandlerError, LoadFailed, ThawError
@@ -232,13 +230,13 @@ class Loader:
                 entry.progress_bytes += n
                 entry.progress_at = monotonic()
 
-            def fetch() -> tuple[Path, dict[str, Stamp]]:
-                directory = self.source.fetch(manifest, progress)
-                # At once, in the same thread: the files the hashes vouched for. A
-                # shard rewritten or replaced before the load opens it is refused.
-                return directory, weights_mod.verified_stamps(directory, manifest)
-
-            bundle_dir, verified = await self.phases.in_thread(entry, "fetch", fetch)
+            # With the shards' stamps, taken as it returns: the files the hashes vouched
+            # for (or the load's will: `fetched.pending`). A shard rewritten or replaced
+            # before the load opens it is refused.
+            fetched = await self.phases.in_thread(
+                entry, "fetch", fetch_for_load, self.source, manifest, progress
+            )
+            bundle_dir = fetched.directory
             lc.advance(State.FETCHED)
             entry.progress_bytes = 0  # from here, the weights' bytes read into memory
             waited_from = self.clock.monotonic()
@@ -252,9 +250,10 @@ class Loader:
                 stall=False,
             )
             waited_s = self.clock.monotonic() - waited_from
-            load = partial(weights_mod.open_weights, on_progress=progress)
+            # The shards the fetch left unhashed are checked as they are read.
+            load = partial(weights_mod.open_weights, on_progress=progress, pending=fetched.pending)
             loaded = await self.phases.in_thread(
-                entry, "load", load, bundle_dir, manifest, device, verified
+                entry, "load", load, bundle_dir, manifest, device, fetched.stamps
             )
             lc.advance(State.LOADED)
             builder = self.registry.builder(entry.name)
@@ -273,9 +272,9 @@ class Loader:
             def build(loaded: weights_mod.Loaded) -> Any:
                 model = builder.call(available)
                 # The model keeps what it keeps; the load's own references go first,
-                # so that settling copies out of mapped files only what the model views.
+                # so that detaching copies out of mapped files only what the model views.
                 available.clear()
-                loaded.settle()
+                loaded.detach()
                 return model
 
             try:

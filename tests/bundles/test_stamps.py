@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from runtime.bundles.manifest import Manifest, verify_files
+from runtime.bundles.manifest import Manifest
 from runtime.bundles.sources import open_source
 from runtime.bundles.sources.local import LocalSource
 from runtime.bundles.stamps import RACY_S, VerifiedStamps
+from runtime.bundles.verify import verify_files
 from runtime.clock import ManualClock
 from runtime.errors import IntegrityError
 from runtime.settings import Settings

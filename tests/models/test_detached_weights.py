@@ -307,21 +307,21 @@ def test_a_shard_changed_while_it_is_hashed_is_refused_by_verification(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Bytes that hash right but are replaced during the hash: the stat after it differs."""
-    from runtime.bundles import manifest as manifest_mod
+    from runtime.bundles import chunks as chunks_mod
 
     make_bundle(tmp_path, "wsum_a", shards=2)
     source = LocalSource(tmp_path)
     manifest = source.manifest("wsum_a")
     victim = shard_paths(tmp_path / "wsum_a", manifest)[0]
-    real_sha256_file = manifest_mod.sha256_file
+    real_file_digests = chunks_mod.file_digests
 
-    def sha256_then_replace(path: Path) -> str:
-        digest = real_sha256_file(path)
+    def hash_then_replace(path: Path, chunk_bytes: int) -> tuple[str, list[str]]:
+        digests = real_file_digests(path, chunk_bytes)
         if path == victim:
             replace_by_rename(victim)  # the same bytes, another file
-        return digest
+        return digests
 
-    monkeypatch.setattr(manifest_mod, "sha256_file", sha256_then_replace)
+    monkeypatch.setattr(chunks_mod, "file_digests", hash_then_replace)
     with pytest.raises(IntegrityError, match="changed while it was being verified"):
         source.fetch(manifest, lambda n: None)
     monkeypatch.undo()

@@ -7,7 +7,7 @@ immutable (not a read-only bind mount of a writable filesystem); that a tensor
 kept in any form (itself, a view, inside a list, as a numpy array, edited in
 place) is the bytes it should be and stays so once the file is rewritten or
 truncated; that a tensor dropped during the build leaves the file at once; that
-after `settle` no page of a shard is mapped; unaligned tensors; and a failed
+after `detach` no page of a shard is mapped; unaligned tensors; and a failed
 build leaving no mapping and no open descriptor behind. Through an `Instance`,
 tests/models/test_detached_weights.py runs its after-READY checks on this
 filesystem too.
@@ -173,7 +173,7 @@ def test_a_writable_filesystem_is_copied_and_a_read_only_one_mapped(
     got = loaded.take()
     assert sorted(got) == sorted(tensors)
     assert all(got[k].equal(tensors[k]) for k in tensors)
-    loaded.settle()
+    loaded.detach()
 
 
 def test_what_a_build_keeps_is_copied_out_and_nothing_of_the_file_stays_mapped(
@@ -205,12 +205,12 @@ def test_what_a_build_keeps_is_copied_out_and_nothing_of_the_file_stays_mapped(
     start, end = dropped.data_ptr(), dropped.data_ptr() + dropped.nbytes
     del weights, dropped
     gc.collect()
-    # The dropped tensor's whole pages left the file as it was freed, before settle.
+    # The dropped tensor's whole pages left the file as it was freed, before detach.
     interior = (-(-start // PAGE) * PAGE, end - end % PAGE)
     assert interior[1] > interior[0]
     assert not any(a < interior[1] and interior[0] < b for a, b in file_ranges(shard))
 
-    copied = loaded.settle()
+    copied = loaded.detach()
     assert copied > 0
     kept = ("big.a", "big.b", "small.d", "half.f", "big.c")
     # Whole pages of what was kept (each tensor at most two pages more), never everything.
@@ -260,7 +260,7 @@ def test_every_dtype_reads_as_safetensors_reads_it(
     loaded = weights_mod.open_weights(out, manifest, "cpu")
     assert loaded.how == "mapped"
     got = loaded.take()
-    loaded.settle()
+    loaded.detach()
 
     reference = read_by_safetensors(src, dtype)
     assert sorted(got) == sorted(reference)
@@ -285,7 +285,7 @@ def test_a_converted_tensor_leaves_the_file_at_load(read_only_fs: ReadOnlyFs) ->
     loaded = weights_mod.open_weights(read_only_fs.path / "h", manifest, "cpu")
     tensors = loaded.take()
     assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
-    assert loaded.settle() == 0  # nothing the model holds views the file
+    assert loaded.detach() == 0  # nothing the model holds views the file
     for name, tensor in expected.items():
         assert tensors[name].equal(tensor.to(torch.bfloat16))
 
@@ -300,7 +300,7 @@ def test_a_failed_build_leaves_no_mapping_and_no_descriptor(read_only_fs: ReadOn
     kept_by_a_traceback = weights["big.a"]
     loaded.close()  # the build failed: the loader gives up on it
     assert open_fds_to(shard) == []
-    assert loaded.settle() == 0  # an abandoned build's late settle does nothing
+    assert loaded.detach() == 0  # an abandoned build's late detach does nothing
     assert file_ranges(shard)  # still viewed: the error's frames hold a tensor
     assert kept_by_a_traceback.sum().item() == pytest.approx(float(weights["big.a"].sum()))
     del weights, kept_by_a_traceback

@@ -4,16 +4,28 @@ Fetching a local bundle copies nothing; it verifies every file in place, so a
 corrupt or tampered shard is refused before any tensor is read. With stamps
 (the runtime passes them), a file unchanged since it was verified on this
 node is not hashed again (stamps.py).
+
+For a load (`fetch_for_load`) a shard whose manifest lists chunk digests
+(format 2) is not hashed here: the load checks each chunk as it reads it into
+the memory that keeps it (runtime/bundles/chunks.py), so each byte is read
+once. A shard with only a whole-file digest (format 1) is hashed here, as
+before, and the load reads it again: a one-line note says that rebuilding the
+bundle makes its loads faster.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
-from runtime.bundles.manifest import MANIFEST, Manifest, read_manifest, verify_files
+from runtime.bundles.chunks import Fetched, Pending
+from runtime.bundles.manifest import MANIFEST, Manifest, read_manifest
 from runtime.bundles.sources.source import Progress
-from runtime.bundles.stamps import VerifiedStamps
+from runtime.bundles.stamps import VerifiedStamps, shard_stamps
+from runtime.bundles.verify import verify_files
 from runtime.errors import BundleError, UnknownBundle
+
+log = logging.getLogger("thaw.bundles")
 
 
 class LocalSource:
@@ -47,6 +59,24 @@ class LocalSource:
         directory = self._dir(manifest.name)
         verify_files(directory, manifest, on_progress=on_progress, stamps=self.stamps)
         return directory
+
+    def fetch_for_load(self, manifest: Manifest, on_progress: Progress) -> Fetched:
+        directory = self._dir(manifest.name)
+        pending = Pending()
+        hashed = verify_files(
+            directory, manifest, on_progress=on_progress, stamps=self.stamps, pending=pending
+        )
+        whole = [f for f in manifest.files if f.path.endswith(".safetensors") and not f.chunks]
+        if hashed and whole:
+            log.info(
+                "%s: hashed %s whole before reading it again (a bundle of format %d); "
+                "rebuilding it with `thaw bundle build` makes its loads faster",
+                manifest.short_id,
+                whole[0].path if len(whole) == 1 else f"{len(whole)} shards",
+                manifest.format,
+            )
+        stamps = shard_stamps(directory, [f.path for f in manifest.files])
+        return Fetched(directory, stamps, pending)
 
     def release(self, manifest: Manifest) -> None:
         """Nothing to let go: the files are the user's, and never removed."""

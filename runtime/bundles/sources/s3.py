@@ -47,6 +47,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from runtime.bundles.chunks import Fetched
 from runtime.bundles.manifest import (
     MANIFEST,
     MAX_MANIFEST_BYTES,
@@ -57,6 +58,7 @@ from runtime.bundles.manifest import (
 from runtime.bundles.sources import nodecache
 from runtime.bundles.sources.source import Progress
 from runtime.bundles.sources.transfer import FileTransfer
+from runtime.bundles.stamps import shard_stamps
 from runtime.errors import BundleError, ConfigError, LoadFailed, UnknownBundle
 from runtime.settings import Settings
 
@@ -245,6 +247,11 @@ class S3Source:
         # The bundle's other versions, unless a process (this one too) still holds them.
         nodecache.prune(self.cache_dir, manifest)
         return directory
+
+    def fetch_for_load(self, manifest: Manifest, on_progress: Progress) -> Fetched:
+        """`fetch`: every file is hashed as its parts arrive, nothing is left pending."""
+        directory = self.fetch(manifest, on_progress)
+        return Fetched(directory, shard_stamps(directory, [f.path for f in manifest.files]))
 
     def release(self, manifest: Manifest) -> None:
         with self._held_lock:

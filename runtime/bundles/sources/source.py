@@ -6,7 +6,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from runtime.bundles.chunks import Fetched
 from runtime.bundles.manifest import Manifest
+from runtime.bundles.stamps import shard_stamps
 
 Progress = Callable[[int], None]
 
@@ -31,3 +33,16 @@ class BundleSource(Protocol):
         ...
 
     def describe(self) -> str: ...
+
+
+def fetch_for_load(source: BundleSource, manifest: Manifest, on_progress: Progress) -> Fetched:
+    """Make every file local, for a load: as `source.fetch`, but a source that has a
+    `fetch_for_load` of its own (LocalSource) may leave shards with chunk digests
+    unhashed (`Fetched.pending`), for the load to check as it reads them
+    (runtime/bundles/chunks.py), so that each byte is read once."""
+    own = getattr(source, "fetch_for_load", None)
+    if own is not None:
+        fetched: Fetched = own(manifest, on_progress)
+        return fetched
+    directory = source.fetch(manifest, on_progress)
+    return Fetched(directory, shard_stamps(directory, [f.path for f in manifest.files]))

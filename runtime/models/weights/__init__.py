@@ -11,28 +11,14 @@ for the build instead, and only what the model keeps is copied out of them
 once it is built (mapped.py): afterwards, too, nothing stays mapped. Other
 devices load through safetensors, which copies to the device (device.py).
 Importing the framework, resolving the device and returning memory are
-framework.py's; what the C allocator keeps of freed host memory is host.py's.
+framework.py's; what the C allocator keeps of freed host memory is host.py's;
+opening a bundle's tensors for its builder, verifying the chunks its fetch left
+to the load, is loaded.py's. This module only re-exports.
 
 Everything here imports torch lazily, so importing `runtime` (and serving
 /healthz) never pays for it.
 """
 
-from __future__ import annotations
-
-import contextlib
-import logging
-import os
-import threading
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import TYPE_CHECKING
-
-from runtime.bundles.manifest import Manifest
-from runtime.bundles.stamps import Stamp, stamp_of
-from runtime.errors import BundleError
-from runtime.models.weights.cpu import CHUNK_BYTES, Shard, read_shards
-from runtime.models.weights.device import load_mapped
 from runtime.models.weights.format import MAX_HEADER_BYTES, check_header
 from runtime.models.weights.framework import (
     device_memory_free,
@@ -42,11 +28,7 @@ from runtime.models.weights.framework import (
     release,
     resolve_device,
 )
-
-if TYPE_CHECKING:
-    import torch
-
-    from runtime.models.weights import mapped
+from runtime.models.weights.loaded import Loaded, load_weights, open_weights, verified_stamps
 
 __all__ = [
     "MAX_HEADER_BYTES",
@@ -62,206 +44,3 @@ __all__ = [
     "resolve_device",
     "verified_stamps",
 ]
-
-log = logging.getLogger("thaw.cache")
-
-_DTYPES = {
-    "float32": "float32",
-    "fp32": "float32",
-    "float16": "float16",
-    "fp16": "float16",
-    "half": "float16",
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-}
-
-# safetensors dtype codes -> torch dtype names (those safetensors.torch loads;
-# a name missing from this torch build is refused as unsupported).
-
-
-def verified_stamps(bundle_dir: Path, manifest: Manifest) -> dict[str, Stamp]:
-    """The stat stamps of a bundle's shards, taken as its fetch returns (the hash
-    vouched for these files; `verify_files` refuses one that changed while hashed)."""
-    stamps: dict[str, Stamp] = {}
-    for f in manifest.files:
-        if f.path.endswith(".safetensors"):
-            with contextlib.suppress(FileNotFoundError):  # the load says so, naming it
-                stamps[f.path] = stamp_of(os.stat(bundle_dir / f.path, follow_symlinks=False))
-    return stamps
-
-
-class Loaded:
-    """A load's tensors, and what their build leaves to do.
-
-    The loader hands `take()` to the builder and calls `settle()` once the
-    builder has returned and the loader holds no tensor of its own: mapped
-    shards then copy out what the model still views (mapped.py) and every
-    shard must still be what it was when opened. `close()` gives up, on a
-    failed load; it never waits for a `settle` under way (an abandoned build's
-    thread may still be in one), which closes the shards as it ends.
-    """
-
-    def __init__(
-        self,
-        tensors: dict[str, torch.Tensor],
-        shards: list[Shard] | None = None,
-        regions: list[mapped.Region] | None = None,
-        *,
-        how: str = "copied",
-    ) -> None:
-        """`how` the tensors were read: "copied" (cpu.py), "mapped" (mapped.py) or
-        "device" (device.py)."""
-        self._tensors = tensors
-        self._shards = shards or []
-        self._regions = regions or []
-        self._lock = threading.Lock()
-        self.how = how
-        # Bytes `settle` copied out of mapped files (whole pages).
-        self.copied_out = 0
-
-    def take(self) -> dict[str, torch.Tensor]:
-        """The tensors, handed over: this object keeps no reference to them."""
-        tensors, self._tensors = self._tensors, {}
-        return tensors
-
-    def settle(self) -> int:
-        """Copy what the model views out of mapped shards; check every shard unchanged.
-        The bytes copied (0 for a load that copied every byte as it read)."""
-        with self._lock:
-            try:
-                self.copied_out = sum(region.settle() for region in self._regions)
-                for shard in self._shards:
-                    shard.check_unchanged()
-                return self.copied_out
-            finally:
-                self._close()
-
-    def close(self) -> None:
-        if self._lock.acquire(blocking=False):
-            try:
-                self._close()
-            finally:
-                self._lock.release()
-
-    def _close(self) -> None:
-        shards, self._shards, self._regions, self._tensors = self._shards, [], [], {}
-        for shard in shards:
-            shard.close()
-
-
-def load_weights(
-    bundle_dir: Path,
-    manifest: Manifest,
-    device: str,
-    verified: Mapping[str, Stamp] | None = None,
-    *,
-    chunk_bytes: int = CHUNK_BYTES,
-    on_progress: Callable[[int], None] | None = None,
-) -> dict[str, torch.Tensor]:
-    """Every tensor of the bundle in memory of this process (or the device), viewing
-    no file: `open_weights`, settled at once."""
-    loaded = open_weights(
-        bundle_dir, manifest, device, verified, chunk_bytes=chunk_bytes, on_progress=on_progress
-    )
-    tensors = loaded.take()
-    loaded.settle()
-    return tensors
-
-
-def open_weights(
-    bundle_dir: Path,
-    manifest: Manifest,
-    device: str,
-    verified: Mapping[str, Stamp] | None = None,
-    *,
-    chunk_bytes: int = CHUNK_BYTES,
-    on_progress: Callable[[int], None] | None = None,
-) -> Loaded:
-    """Every tensor of every safetensors shard, for a builder (see `Loaded`).
-
-    On the CPU every byte is copied out of the files (`cpu.read_shards`), so once
-    loaded, nothing the bundle's files undergo reaches the model; where every
-    shard is on a read-only filesystem they are mapped instead, until `settle`
-    (mapped.py). Each shard's size must still match the manifest when opened,
-    its stat the one it had when verified (`verified`, from `verified_stamps`: a
-    shard rewritten in place with the same size, or replaced, since its hash
-    matched), and its stat (inode, size, mtime, ctime, and what its path names)
-    must be the same after the copy (or the settle) as before it: a shard
-    changed in between fails the load with `IntegrityError`, and the retry
-    verifies it again. `manifest.load_dtype` converts floating tensors once here,
-    never per request. `chunk_bytes` is the size of one CPU read (tests make it
-    small, to change a file mid-read). `on_progress(n)` is told the bytes read
-    as they are (`thaw invoke`'s bar).
-    """
-    expected = verified or {}
-    import torch
-
-    dtype_name = manifest.load_dtype  # thaw.dtype (format 2) or config.dtype (format 1)
-    dtype: torch.dtype | None = None
-    if dtype_name is not None:
-        if dtype_name not in _DTYPES:
-            raise BundleError(f"dtype {dtype_name!r} is not one of {sorted(_DTYPES)}")
-        dtype = getattr(torch, _DTYPES[dtype_name])
-    files = [f for f in manifest.files if f.path.endswith(".safetensors")]
-    weights: dict[str, torch.Tensor] = {}
-    if not files:
-        return Loaded(weights)
-    if device.startswith("cpu"):
-        from runtime.models.weights import mapped  # ctypes: not on the control plane's import
-
-        shards: list[Shard] = []
-        try:
-            for f in files:
-                shards.append(Shard(bundle_dir / f.path, f.path, f.size, expected.get(f.path)))
-            if mapped.supported() and all(mapped.immutable(s.fd) for s in shards):
-                try:
-                    return _mapped(shards, dtype, on_progress)
-                except OSError as exc:  # refused (a sandbox's filter, no address space)
-                    log.warning("mapping weights failed (%s); copying them instead", exc)
-            weights = read_shards(shards, dtype, chunk_bytes, on_progress)
-            for shard in shards:
-                shard.check_unchanged()
-            return Loaded(weights)
-        finally:
-            for shard in shards:
-                shard.close()
-    workers = max(1, min(len(files), os.cpu_count() or 1, 8))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        parts = pool.map(
-            lambda f: load_mapped(
-                bundle_dir / f.path, f.path, f.size, device, dtype, expected.get(f.path)
-            ),
-            files,
-        )
-        for f, part in zip(files, parts, strict=True):
-            duplicate = weights.keys() & part.keys()
-            if duplicate:
-                raise BundleError(f"tensor {sorted(duplicate)[0]!r} appears in two shards")
-            weights.update(part)
-            if on_progress is not None:  # a device load is told a shard at a time
-                on_progress(f.size)
-    return Loaded(weights, how="device")
-
-
-def _mapped(
-    shards: list[Shard], dtype: torch.dtype | None, on_progress: Callable[[int], None] | None
-) -> Loaded:
-    """Every shard mapped (mapped.py); the shards stay open until the load settles."""
-    from runtime.models.weights import mapped
-
-    weights: dict[str, torch.Tensor] = {}
-    regions: list[mapped.Region] = []
-    for shard in shards:
-        part, region = mapped.map_shard(shard, dtype)
-        regions.append(region)
-        duplicate = weights.keys() & part.keys()
-        if duplicate:
-            raise BundleError(f"tensor {sorted(duplicate)[0]!r} appears in two shards")
-        weights.update(part)
-        if on_progress is not None:
-            on_progress(shard.opened.st_size)
-    # The shards now belong to the Loaded (the caller's `finally` closes what is
-    # left in its list), which closes them once settled.
-    opened = list(shards)
-    shards.clear()
-    return Loaded(weights, opened, regions, how="mapped")

@@ -8,30 +8,36 @@ fails the load.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import os
-import queue
 import stat
 import sys
-from collections.abc import Callable
+import threading
+import traceback
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from runtime.bundles import chunks
 from runtime.bundles.stamps import Stamp, stamp_of
 from runtime.errors import BundleError, IntegrityError
 from runtime.models.weights.format import header_length, parse_header
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     import torch
+
+    from runtime.bundles.chunks import Chunked
 
 # One read task: large enough that syscalls and thread hand-offs vanish in the
 # copy, small enough that a big tensor spreads over every read thread.
 CHUNK_BYTES = 16 * 1024 * 1024
 _MADV_POPULATE_WRITE = 23  # Linux 5.14+
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+# Buffers per preadv (the kernel's IOV_MAX is 1024).
+_IOV_MAX = 512
 
 
 @functools.cache
@@ -104,6 +110,9 @@ class Shard:
                 raise self.changed()
             start = 8 + header_len
             self.tensors = parse_header(raw, size - start, start, rel)
+            # The bytes before the data, as read: a chunk digest covers them too.
+            self.head = memoryview(prefix + raw)
+            self.data_start = start
         except BaseException:
             os.close(self.fd)
             raise
@@ -125,6 +134,25 @@ class Shard:
             if n == 0:
                 raise self.changed()
             done += n
+
+    def read_many(self, views: list[memoryview], offset: int) -> None:
+        """Fill `views`, in order, from the file's consecutive bytes at `offset`."""
+        views = [v for v in views if len(v)]
+        at = offset
+        while views:
+            batch = views[:_IOV_MAX]
+            try:
+                n = os.preadv(self.fd, batch, at)
+            except OSError as exc:
+                raise BundleError(f"{self.rel}: read failed ({exc.strerror})") from exc
+            if n == 0:
+                raise self.changed()
+            at += n
+            while views and n >= len(views[0]):
+                n -= len(views[0])
+                views.pop(0)
+            if n:
+                views[0] = views[0][n:]
 
     def check_unchanged(self) -> None:
         """Refuse the bytes read if the file, or what its path names, changed since it was
@@ -156,8 +184,10 @@ def read_shards(
     dtype: torch.dtype | None,
     chunk_bytes: int = CHUNK_BYTES,
     on_progress: Callable[[int], None] | None = None,
+    pending: Mapping[str, Chunked] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Copy every tensor of `shards` into fresh memory of this process, in parallel.
+    """Copy every tensor of `shards` into fresh memory of this process, in parallel,
+    checking the digest of each chunk of a shard in `pending` from that memory.
 
     The tensors never view a file: safetensors' `load_file` hands out tensors
     that view a MAP_PRIVATE mapping of the shard, so a READY model read the
@@ -167,81 +197,186 @@ def read_shards(
     pread() never maps the file: a shard cut short during the read is a short
     read, refused, not a signal.
 
-    Each tensor gets its own allocation (a model that keeps a few tensors
-    frees the rest), read in chunks of `chunk_bytes` spread over threads (pread and torch's
-    copies release the GIL). A tensor converted to `dtype` is read a chunk at a
-    time into a scratch buffer and converted from there, so the file's dtype
-    never occupies memory in full. `on_progress(n)` is told each chunk's n bytes
-    read, from the reading threads.
+    Each tensor gets its own allocation (a model that keeps a few tensors frees
+    the rest). The file is read in ranges spread over threads (pread, sha256 and
+    torch's copies release the GIL), each range with one preadv into the tensors
+    it spans: for a shard in `pending` (runtime/bundles/chunks.py) the ranges are
+    its manifest's chunks, header included (from the bytes `Shard` read), each
+    hashed from the memory it was read into, so every byte is read once and
+    checked on whichever core read it; for the others, `chunk_bytes` of tensor
+    data each. A tensor converted to `dtype` is read into a scratch buffer and
+    converted from there, so the file's dtype never occupies memory in full.
+    `on_progress(n)` is told each range's n bytes read, from the reading threads.
+    On any failure every tensor is let go of before the error leaves.
     """
+    try:
+        out, tasks = _plan(shards, dtype, chunk_bytes, pending)
+    except BaseException as exc:
+        traceback.clear_frames(exc.__traceback__)  # what it allocated goes now
+        raise
+    partial = _Partial()
+    if not tasks:
+        return out
+
+    def run(task: _Range) -> None:
+        task.read(partial)
+        if on_progress is not None:
+            on_progress(task.stop - task.begin)
+
+    workers = max(1, min(len(tasks), _read_threads()))
+    try:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="thaw-read") as pool:
+            futures = [pool.submit(run, task) for task in tasks]
+            try:
+                for future in futures:
+                    future.result()
+            except BaseException:
+                # Leaving the block waits for reads already running: none may write
+                # into a tensor after it is freed.
+                for future in futures:
+                    future.cancel()
+                raise
+    except BaseException as exc:
+        # Nothing read stays: the error's frames (the reading threads') held tensors.
+        out.clear()
+        tasks.clear()
+        traceback.clear_frames(exc.__traceback__)
+        raise
+    return out
+
+
+def _plan(
+    shards: list[Shard],
+    dtype: torch.dtype | None,
+    chunk_bytes: int,
+    pending: Mapping[str, Chunked] | None,
+) -> tuple[dict[str, torch.Tensor], list[_Range]]:
+    """Every tensor allocated, and the ranges to read into them. (A function of its
+    own: its locals, which hold tensors, are gone once it returns, so that a failed
+    read's error holds none.)"""
     import torch
 
     out: dict[str, torch.Tensor] = {}
-    # (shard, destination, first byte, end byte (of the destination's elements
-    # for a conversion), source dtype when converting)
-    tasks: list[tuple[Shard, torch.Tensor, int, int, int, torch.dtype | None]] = []
+    tasks: list[_Range] = []
     for shard in shards:
+        placed: list[_Placed] = []
         for spec in shard.tensors:
             if spec.name in out:
                 raise BundleError(f"tensor {spec.name!r} appears in two shards")
             convert = dtype is not None and spec.dtype.is_floating_point and spec.dtype != dtype
             target = torch.empty(spec.shape, dtype=dtype if convert else spec.dtype)
             out[spec.name] = target
-            step = max(1, chunk_bytes // spec.dtype.itemsize) * spec.dtype.itemsize
-            for begin in range(0, spec.nbytes, step):
-                end = min(spec.nbytes, begin + step)
-                tasks.append(
-                    (
-                        shard,
-                        target,
-                        spec.offset + begin,
-                        begin,
-                        end,
-                        spec.dtype if convert else None,
-                    )
+            if spec.nbytes:
+                placed.append(
+                    _Placed(spec.offset, spec.nbytes, target, spec.dtype if convert else None)
                 )
-    if not tasks:
-        return out
-    scratch: queue.SimpleQueue[torch.Tensor] = queue.SimpleQueue()
+        entry = pending.get(shard.rel) if pending is not None else None
+        offsets = [p.offset for p in placed]
+        if entry is not None:
+            spans = [
+                (index, *chunks.chunk_span(entry.size, entry.chunk_bytes, index))
+                for index in range(len(entry.chunks))
+            ]
+        else:
+            size = shard.opened.st_size
+            spans = [
+                (-1, at, min(size, at + chunk_bytes))
+                for at in range(shard.data_start, size, chunk_bytes)
+            ]
+        for index, begin, stop in spans:
+            first = max(0, bisect.bisect_right(offsets, begin) - 1)
+            tasks.append(_Range(shard, entry, index, begin, stop, placed, first))
+    return out, tasks
 
-    def run(task: tuple[Shard, torch.Tensor, int, int, int, torch.dtype | None]) -> None:
-        read(task)
-        if on_progress is not None:
-            on_progress(task[4] - task[3])
 
-    def read(task: tuple[Shard, torch.Tensor, int, int, int, torch.dtype | None]) -> None:
-        shard, target, offset, begin, end, source = task
-        if source is None:
-            _prefault(target.data_ptr() + begin, end - begin)
-            shard.read_into(_writable(target)[begin:end], offset)
-            return
-        try:
-            buffer = scratch.get_nowait()
-        except queue.Empty:
-            buffer = torch.empty(chunk_bytes + 8, dtype=torch.uint8)
-        try:
-            shard.read_into(_writable(buffer)[: end - begin], offset)
-            first, last = begin // source.itemsize, end // source.itemsize
-            size = target.element_size()
-            _prefault(target.data_ptr() + first * size, (last - first) * size)
-            flat = target.reshape(-1)
-            flat[first:last].copy_(buffer[: end - begin].view(source))
-        finally:
-            scratch.put(buffer)
+@dataclass
+class _Placed:
+    """A tensor's bytes in its shard, and where they go."""
 
-    workers = max(1, min(len(tasks), _read_threads()))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="thaw-read") as pool:
-        futures = [pool.submit(run, task) for task in tasks]
-        try:
-            for future in futures:
-                future.result()
-        except BaseException:
-            # Leaving the block waits for reads already running: none may write
-            # into a tensor after it is freed.
-            for future in futures:
-                future.cancel()
-            raise
-    return out
+    offset: int  # in the file
+    nbytes: int
+    target: torch.Tensor
+    source: torch.dtype | None  # the file's dtype, when converting to target's
+
+
+@dataclass
+class _Range:
+    """One range of a shard, read with one preadv into the tensors it spans."""
+
+    shard: Shard
+    entry: Chunked | None  # with the digest of chunk `index` to check, or None
+    index: int
+    begin: int
+    stop: int
+    placed: list[_Placed]
+    first: int  # of `placed`, the first that may overlap
+
+    def read(self, partial: _Partial) -> None:
+        import torch
+
+        head = self.shard.head[self.begin : min(self.stop, self.shard.data_start)]
+        lo = max(self.begin, self.shard.data_start)
+        views: list[memoryview] = []
+        converts: list[tuple[_Placed, int, torch.Tensor]] = []
+        for place in self.placed[self.first :]:
+            if place.offset >= self.stop:
+                break
+            start, end = max(lo, place.offset), min(self.stop, place.offset + place.nbytes)
+            if end <= start:
+                continue
+            if place.source is None:
+                _prefault(place.target.data_ptr() + start - place.offset, end - start)
+                views.append(_writable(place.target)[start - place.offset : end - place.offset])
+            else:
+                # Offset so that the range's first whole element is aligned for a view.
+                pad = (start - place.offset) % place.source.itemsize
+                scratch = torch.empty(pad + end - start, dtype=torch.uint8)[pad:]
+                converts.append((place, start - place.offset, scratch))
+                views.append(_writable(scratch))
+        self.shard.read_many(views, lo)
+        if self.entry is not None:
+            chunks.check(self.entry, self.index, [head, *views])
+        for place, begin, scratch in converts:
+            partial.convert(place, begin, scratch)
+
+
+class _Partial:
+    """Converting a tensor a range at a time: an element split between two ranges
+    is converted by whichever range completes it (its bytes are gathered here)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bytes: dict[tuple[int, int], tuple[bytearray, list[int]]] = {}
+
+    def convert(self, place: _Placed, begin: int, raw: torch.Tensor) -> None:
+        """Convert `raw`, the bytes [begin, begin + len) of `place`'s source tensor."""
+        import torch
+
+        source = place.source
+        assert source is not None
+        size = source.itemsize
+        end = begin + raw.numel()
+        first, last = -(-begin // size), end // size
+        flat = place.target.reshape(-1)
+        if last > first:
+            width = place.target.element_size()
+            _prefault(place.target.data_ptr() + first * width, (last - first) * width)
+            flat[first:last].copy_(raw[first * size - begin : last * size - begin].view(source))
+        edges = {e for e in (begin // size, (end - 1) // size) if not first <= e < last}
+        for element in edges:
+            lo, hi = max(begin, element * size), min(end, (element + 1) * size)
+            with self._lock:
+                key = (id(place), element)
+                buffer, filled = self._bytes.setdefault(key, (bytearray(size), [0]))
+                buffer[lo - element * size : hi - element * size] = (
+                    raw[lo - begin : hi - begin].numpy().tobytes()
+                )
+                filled[0] += hi - lo
+                done = filled[0] == size
+                if done:
+                    del self._bytes[key]
+            if done:
+                flat[element : element + 1].copy_(torch.frombuffer(buffer, dtype=source))
 
 
 def _read_threads() -> int:

@@ -14,7 +14,7 @@ in place gets its own copy of the page), and each tensor views the mapping
 through a buffer of its own, whose finalizer runs when the last tensor that
 views it is freed. A tensor the builder consumes gives its pages back then, as
 a consumed copy does, so a load's RSS peaks no higher than a copying one's.
-Once the builder has returned, `Region.settle` copies the pages of the tensors
+Once the builder has returned, `Region.detach` copies the pages of the tensors
 still alive into anonymous memory and moves that memory over the same
 addresses (mremap): the model's tensors keep their pointers and no longer view
 the file. Every other page becomes an inaccessible reservation. After it
@@ -44,12 +44,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runtime.bundles import chunks
 from runtime.errors import BundleError
 from runtime.models.weights.cpu import _madvise, _prefault
 
 if TYPE_CHECKING:
     import torch
 
+    from runtime.bundles.chunks import Chunked
     from runtime.models.weights.cpu import Shard
     from runtime.models.weights.format import TensorSpec
 
@@ -63,7 +65,7 @@ _MAP_NORESERVE = 0x4000
 _MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
 _MADV_POPULATE_READ = 22  # Linux 5.14+; refused before, harmlessly
 _FAILED = ctypes.c_void_p(-1).value
-# One copy task of `settle`: spread over two threads, as the copy path's reads are.
+# One copy task of `detach`: spread over two threads, as the copy path's reads are.
 COPY_CHUNK = 16 * 1024 * 1024
 MOUNTINFO = Path("/proc/self/mountinfo")
 
@@ -156,11 +158,11 @@ def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
 class Region:
     """One shard mapped: the views handed out, and the changes to its pages, in order.
 
-    Until it is unmapped its pages change in two ways: `settle` (once), and the
+    Until it is unmapped its pages change in two ways: `detach` (once), and the
     finalizers of views freed before that, which run on whatever thread frees
     them. `lock` orders them; it is reentrant because a collection can run a
-    finalizer on the settling thread itself, which then leaves the pages to
-    `settle`.
+    finalizer on the detaching thread itself, which then leaves the pages to
+    `detach`.
     """
 
     def __init__(self, shard: Shard) -> None:
@@ -206,8 +208,8 @@ class Region:
         if last <= first:
             return
         with self.lock:
-            # After settle the range goes when its last view does. A refusal here
-            # (no memory for the split) only leaves the pages mapped until settle.
+            # After detach the range goes when its last view does. A refusal here
+            # (no memory for the split) only leaves the pages mapped until detach.
             if self.building:
                 with contextlib.suppress(BundleError):
                     self._reserve(first, last)
@@ -225,7 +227,20 @@ class Region:
         if got is None or got == _FAILED:
             raise BundleError(f"{self.rel}: could not release its mapping ({_errno()})")
 
-    def settle(self) -> int:
+    def verify(self, entry: Chunked) -> None:
+        """Check each chunk of the mapping against `entry`'s digests, in parallel."""
+
+        def one(index: int) -> None:
+            start, end = chunks.chunk_span(self.size, entry.chunk_bytes, index)
+            view = memoryview((ctypes.c_char * (end - start)).from_address(self.address + start))
+            chunks.check(entry, index, [view.cast("B")])
+
+        count = len(entry.chunks)
+        with ThreadPoolExecutor(max(1, min(count, chunks.threads()))) as pool:
+            for future in [pool.submit(one, i) for i in range(count)]:
+                future.result()
+
+    def detach(self) -> int:
         """Copy out of the file the pages of the views still alive; reserve the rest.
         The bytes copied (whole pages)."""
         with self.lock:
@@ -259,7 +274,7 @@ class Region:
             for at in range(start, end, COPY_CHUNK)
         ]
         if len(chunks) > 1:
-            with ThreadPoolExecutor(2, thread_name_prefix="thaw-settle") as pool:
+            with ThreadPoolExecutor(2, thread_name_prefix="thaw-detach") as pool:
                 list(pool.map(self._copy_out, chunks))
         else:
             for chunk in chunks:
@@ -289,9 +304,15 @@ def _errno() -> str:
     return os.strerror(ctypes.get_errno())
 
 
-def map_shard(shard: Shard, dtype: torch.dtype | None) -> tuple[dict[str, torch.Tensor], Region]:
-    """Every tensor of `shard`, viewing its mapping; those converted to `dtype` are copies."""
+def map_shard(
+    shard: Shard, dtype: torch.dtype | None, check: Chunked | None = None
+) -> tuple[dict[str, torch.Tensor], Region]:
+    """Every tensor of `shard`, viewing its mapping; those converted to `dtype` are copies.
+    With `check`, every chunk of the mapping is checked against its digest first, on
+    every core: the pages it faults in are the ones the views then read."""
     region = Region(shard)
+    if check is not None:
+        region.verify(check)
     out: dict[str, torch.Tensor] = {}
     for spec in shard.tensors:
         tensor = region.view(spec)

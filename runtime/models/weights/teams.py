@@ -8,19 +8,18 @@ starts at once, and one that finds them asleep wakes each with a futex
 (tens of microseconds). libgomp spins about 300,000 times while the threads it
 manages number no more than the cores, but only 100 times once they are more
 (`gomp_throttled_spin_count_var`). So as soon as a second thread holds a
-team, even an idle one, every region of every thread pays for the futex.
-Measured here (2-core Xeon with AMX, torch 2.13): a 64x576 add took 3.4 us
-with one team and 52 us beside a second, idle team; SmolLM2's 8-token answer
-took 157 ms on the thread that built the model and 280-316 ms on another
-thread while the builder's thread lived on (BENCHMARKS.md, "OpenMP teams").
+team, even an idle one, every region of every thread pays for the futex: a
+small kernel takes many times longer beside a second, idle team, and a model's
+answer on another thread than the one that built it is much slower while the
+builder's thread lives on (BENCHMARKS.md, "OpenMP teams", has the figures).
 
 Thaw runs model work on several threads: a load's phases on the loop's
 executor, and handler calls, prefill and decode steps on the handler
 threads. `release()` ends the calling thread's team (OpenMP 5's
 `omp_pause_resource_all`, soft: its workers exit). The thread's next region
-makes a new team: on two cores the end took 25 us and the next loop 71 us,
-and a pause after every loop, back to back, 0.65 ms a round. Who calls it, and
-when, is the caller's policy (runtime/dispatch/threads.py, runtime/models/loading.py).
+makes a new team, which costs tens of microseconds: cheap once per load phase
+or request, too dear after every loop. Who calls it, and when, is the caller's
+policy (runtime/dispatch/threads.py, runtime/models/loading.py).
 Where torch is not loaded, or runs on another OpenMP runtime (Intel's, whose
 workers sleep after a fixed time, not by count), `release()` does nothing.
 

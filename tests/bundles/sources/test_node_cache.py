@@ -25,9 +25,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from runtime.bundles.manifest import MANIFEST, Manifest, build_bundle, verify_bundle
+from runtime.bundles.manifest import MANIFEST, Manifest, build_bundle
 from runtime.bundles.sources import nodecache
 from runtime.bundles.sources.s3 import S3Source
+from runtime.bundles.verify import verify_bundle
 from runtime.dispatch.answers import Completed
 from runtime.errors import LoadFailed
 from runtime.instance import Instance

@@ -19,10 +19,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from runtime.bundles.manifest import MANIFEST, Manifest, build_bundle, verify_bundle
+from runtime.bundles.manifest import MANIFEST, Manifest, build_bundle
 from runtime.bundles.sources import open_source
 from runtime.bundles.sources.nodecache import MARKER
 from runtime.bundles.sources.s3 import S3Source, make_client, parse_url
+from runtime.bundles.verify import verify_bundle
 from runtime.errors import BundleError, ConfigError, IntegrityError, LoadFailed, UnknownBundle
 from runtime.settings import Settings
 from tests import aws_fixtures
