@@ -47,7 +47,7 @@ from runtime.registry import discover
 from runtime.settings import Settings
 from tests.handlers.weights_sum import describe
 from tests.models.conftest import BundleFs
-from tests.support import ServerProcess, make_bundle
+from tests.support import ServerProcess, make_bundle, settings_for
 
 PROBLEM = "application/problem+json"
 BACKOFF_S = 0.05
@@ -146,14 +146,9 @@ def assert_not_mapped(maps: str, bundle_dir: Path) -> None:
 # ---- in-process ------------------------------------------------------------------------------
 
 
-def settings_for(tmp_path: Path) -> Settings:
-    return Settings(
-        bundle_source=str(tmp_path / "bundles"),
-        cache_dir=str(tmp_path / "cache"),
-        state_dir=str(tmp_path / "state"),
-        job_store=f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
-        handlers=("tests.handlers.weights_sum",),
-        retry_backoff_s=BACKOFF_S,
+def wsum_settings(tmp_path: Path) -> Settings:
+    return settings_for(
+        tmp_path, handlers=("tests.handlers.weights_sum",), retry_backoff_s=BACKOFF_S
     )
 
 
@@ -184,7 +179,7 @@ async def test_a_ready_model_ignores_its_files_until_reloaded_in_process(
     original = victim.read_bytes()
     clock = ManualClock()
     handlers = discover(("tests.handlers.weights_sum",))
-    instance = Instance.create(settings_for(tmp_path), handlers, clock=clock)
+    instance = Instance.create(wsum_settings(tmp_path), handlers, clock=clock)
     await instance.start()
     try:
         first = await call(instance, "wsum_a")
@@ -225,7 +220,7 @@ async def test_a_version_copied_over_in_place_is_served_only_after_a_reload(
     root = tmp_path / "bundles"
     manifest = make_bundle(root, "wsum_a", shards=shards, floats_per_shard=floats, thaw=config)
     old = expected_answer(root / "wsum_a", manifest)
-    instance = Instance.create(settings_for(tmp_path), discover(("tests.handlers.weights_sum",)))
+    instance = Instance.create(wsum_settings(tmp_path), discover(("tests.handlers.weights_sum",)))
     await instance.start()
     try:
         first = await call(instance, "wsum_a")
@@ -346,7 +341,7 @@ async def test_a_load_refuses_a_shard_rewritten_between_its_fetch_and_its_read(
     # Room for either bundle, not both: wsum_a waits until `held` is READY, then evicts it.
     budget_bytes = manifest.weights_bytes + holder.weights_bytes - 1
     settings = dataclasses.replace(
-        settings_for(tmp_path),
+        wsum_settings(tmp_path),
         memory_budget=budget_bytes,
         handlers=("tests.handlers.weights_sum", "tests.handlers.held"),
     )

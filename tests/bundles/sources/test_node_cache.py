@@ -33,11 +33,11 @@ from runtime.dispatch.answers import Completed
 from runtime.errors import LoadFailed
 from runtime.instance import Instance
 from runtime.registry import discover
-from runtime.settings import Settings
 from tests import aws_fixtures
 from tests.aws_fixtures import client, make_bucket
 from tests.bundles.sources.test_s3 import Counter
 from tests.jobs.tmpfs import fill, mounted
+from tests.support import settings_for
 
 moto_endpoint = aws_fixtures.moto_endpoint  # fixtures: the session's moto server
 aws_env = aws_fixtures.aws_env
@@ -265,11 +265,10 @@ async def test_a_loaded_model_holds_its_version_until_unloaded(
     bucket = make_bucket(aws_env)
     cache = tmp_path / "cache"
     first = upload(bucket, aws_env, tmp_path, "wsum_a", seed=1)
-    settings = Settings(
+    settings = settings_for(
+        tmp_path,
         bundle_source=f"s3://{bucket}/{PREFIX}",
         cache_dir=str(cache),
-        state_dir=str(tmp_path / "state"),
-        job_store=f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
         handlers=("tests.handlers.weights_sum",),
     )
     instance = Instance.create(settings, discover(settings.handlers))
