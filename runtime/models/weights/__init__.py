@@ -8,8 +8,11 @@ version copied over it) can reach its answers or crash the process, and a
 shard that changes while it is read fails the load (`open_weights`). On a
 read-only filesystem, where no such change can happen, the shards are mapped
 for the build instead, and only what the model keeps is copied out of them
-once it is built (mapped.py): afterwards, too, nothing stays mapped. Other
-devices load through safetensors, which copies to the device (device.py).
+once it is built (mapped.py): afterwards, too, nothing stays mapped. A CUDA
+load goes through a pool of pinned staging buffers, copied to the device on a
+stream of its own (staging.py); other devices load through safetensors
+(device.py). Every path checks the chunk digests the fetch left to the load
+(runtime/bundles/chunks.py) before a tensor leaves it.
 Importing the framework, resolving the device and returning memory are
 framework.py's; what the C allocator keeps of freed host memory is host.py's;
 opening a bundle's tensors for its builder, verifying the chunks its fetch left

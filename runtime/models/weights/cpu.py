@@ -15,7 +15,7 @@ import stat
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -271,22 +271,36 @@ def _plan(
                     _Placed(spec.offset, spec.nbytes, target, spec.dtype if convert else None)
                 )
         entry = pending.get(shard.rel) if pending is not None else None
-        offsets = [p.offset for p in placed]
-        if entry is not None:
-            spans = [
-                (index, *chunks.chunk_span(entry.size, entry.chunk_bytes, index))
-                for index in range(len(entry.chunks))
-            ]
-        else:
-            size = shard.opened.st_size
-            spans = [
-                (-1, at, min(size, at + chunk_bytes))
-                for at in range(shard.data_start, size, chunk_bytes)
-            ]
-        for index, begin, stop in spans:
-            first = max(0, bisect.bisect_right(offsets, begin) - 1)
-            tasks.append(_Range(shard, entry, index, begin, stop, placed, first))
+        tasks += ranges_of(shard, placed, entry, chunk_bytes)
     return out, tasks
+
+
+def ranges_of(
+    shard: Shard, placed: list[_Placed], entry: Chunked | None, step: int
+) -> list[_Range]:
+    """The ranges to read `shard` in: with `entry`, its manifest's chunks (the header
+    too, each checked against its digest); else `step` bytes of tensor data each."""
+    if entry is not None:
+        spans = [
+            (index, *chunks.chunk_span(entry.size, entry.chunk_bytes, index))
+            for index in range(len(entry.chunks))
+        ]
+    else:
+        size = shard.opened.st_size
+        spans = [(-1, at, min(size, at + step)) for at in range(shard.data_start, size, step)]
+    offsets = [p.offset for p in placed]
+    return [
+        _Range(
+            shard,
+            entry,
+            index,
+            begin,
+            stop,
+            placed,
+            max(0, bisect.bisect_right(offsets, begin) - 1),
+        )
+        for index, begin, stop in spans
+    ]
 
 
 @dataclass
@@ -311,6 +325,15 @@ class _Range:
     placed: list[_Placed]
     first: int  # of `placed`, the first that may overlap
 
+    def spans(self, lo: int) -> Iterator[tuple[_Placed, int, int]]:
+        """Each tensor the range's data (from `lo`) reaches: its file bytes [start, end)."""
+        for place in self.placed[self.first :]:
+            if place.offset >= self.stop:
+                break
+            start, end = max(lo, place.offset), min(self.stop, place.offset + place.nbytes)
+            if end > start:
+                yield place, start, end
+
     def read(self, partial: _Partial) -> None:
         import torch
 
@@ -318,12 +341,7 @@ class _Range:
         lo = max(self.begin, self.shard.data_start)
         views: list[memoryview] = []
         converts: list[tuple[_Placed, int, torch.Tensor]] = []
-        for place in self.placed[self.first :]:
-            if place.offset >= self.stop:
-                break
-            start, end = max(lo, place.offset), min(self.stop, place.offset + place.nbytes)
-            if end <= start:
-                continue
+        for place, start, end in self.spans(lo):
             if place.source is None:
                 _prefault(place.target.data_ptr() + start - place.offset, end - start)
                 views.append(_writable(place.target)[start - place.offset : end - place.offset])

@@ -1,10 +1,11 @@
 """A bundle's tensors opened for its builder, verified, and detached from its files.
 
 `open_weights` reads every tensor of a bundle's shards into memory the process
-owns (cpu.py), maps them on a read-only filesystem (mapped.py), or hands them to
-safetensors for another device (device.py), checking the chunks the fetch left
-unverified as it reads them; `Loaded` holds them until the builder has taken
-them and `detach()` lets go of the files.
+owns (cpu.py), maps them on a read-only filesystem (mapped.py), stages them to a
+CUDA device (staging.py) or hands them to safetensors for another device
+(device.py), checking the chunks the fetch left unverified as it reads them;
+`Loaded` holds them until the builder has taken them and `detach()` lets go of
+the files.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runtime.bundles.chunks import Pending, verify_chunks
-from runtime.bundles.manifest import Manifest
+from runtime.bundles.manifest import BundleFile, Manifest
 from runtime.bundles.stamps import Stamp, shard_stamps
 from runtime.errors import BundleError
 from runtime.models.weights.cpu import CHUNK_BYTES, Shard, read_shards
@@ -208,6 +209,8 @@ def open_weights(
         finally:
             for shard in shards:
                 shard.close()
+    if device.startswith("cuda"):
+        return _staged(bundle_dir, files, device, dtype, expected, checks, pending, on_progress)
     for f in files:
         # Read twice on this path (safetensors reads the file again for the device).
         if f.path in checks:
@@ -230,6 +233,35 @@ def open_weights(
             if on_progress is not None:  # a device load is told a shard at a time
                 on_progress(f.size)
     return Loaded(weights, how="device")
+
+
+def _staged(
+    bundle_dir: Path,
+    files: list[BundleFile],
+    device: str,
+    dtype: torch.dtype | None,
+    expected: Mapping[str, Stamp],
+    checks: Mapping[str, Chunked],
+    pending: Pending | None,
+    on_progress: Callable[[int], None] | None,
+) -> Loaded:
+    """A CUDA load: every shard through the pinned staging pool (staging.py), each
+    chunk in `checks` checked in its slot; every shard unchanged after it."""
+    from runtime.models.weights.staging import read_to_device
+
+    shards: list[Shard] = []
+    try:
+        for f in files:
+            shards.append(Shard(bundle_dir / f.path, f.path, f.size, expected.get(f.path)))
+        weights = read_to_device(shards, device, dtype, checks, on_progress)
+        for shard in shards:
+            shard.check_unchanged()
+        if pending is not None:
+            pending.verified({s.rel: s.opened for s in shards})
+        return Loaded(weights, how="device")
+    finally:
+        for shard in shards:
+            shard.close()
 
 
 def _mapped(
