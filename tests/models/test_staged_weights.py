@@ -137,3 +137,30 @@ def test_a_cuda_load_goes_through_the_staging_pool(tmp_path: Path) -> None:
     assert all(t.device.type == "cuda" for t in tensors.values())
     on_host = {k: v.cpu() for k, v in tensors.items()}
     assert describe(on_host) == reference(fetched.directory, manifest)
+
+
+def test_a_header_longer_than_a_chunk_is_checked_by_both_pipelines(tmp_path: Path) -> None:
+    """Chunks holding nothing but header bytes (checked from the bytes `Shard` read)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from runtime.models.weights.cpu import read_shards
+
+    src = tmp_path / "src"
+    src.mkdir()
+    tensors = {"w": torch.randn(70_000, generator=torch.Generator().manual_seed(1))}
+    save_file(tensors, src / "model.safetensors", metadata={"pad": "x" * (3 * CHUNK)})
+    manifest = build_bundle(src, "h", out=tmp_path / "h", chunk_bytes=CHUNK)
+    checks = {f.path: f for f in manifest.files}
+    expected = reference(tmp_path / "h", manifest)
+    for read in (
+        lambda shards: read_shards(shards, None, pending=checks),
+        lambda shards: read_to_device(shards, "cpu", None, checks, readers=4),
+    ):
+        shards = opened(tmp_path / "h", manifest)
+        try:
+            assert shards[0].data_start > 3 * CHUNK
+            assert describe(read(shards)) == expected
+        finally:
+            for shard in shards:
+                shard.close()

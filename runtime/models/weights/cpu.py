@@ -223,7 +223,9 @@ def read_shards(
         if on_progress is not None:
             on_progress(task.stop - task.begin)
 
-    workers = max(1, min(len(tasks), _read_threads()))
+    # Hashing is CPU-bound: where chunks are checked, a thread for every core (to 16).
+    hashing = any(task.entry is not None for task in tasks)
+    workers = max(1, min(len(tasks), chunks.threads() if hashing else _read_threads()))
     try:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="thaw-read") as pool:
             futures = [pool.submit(run, task) for task in tasks]

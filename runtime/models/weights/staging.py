@@ -126,7 +126,7 @@ def _stage(task: _Range, slot: torch.Tensor, stream: Any) -> None:
     import torch
 
     lo = max(task.begin, task.shard.data_start)
-    staged = _writable(slot)[: task.stop - lo]
+    staged = _writable(slot)[: max(0, task.stop - lo)]  # none: a range of header only
     task.shard.read_many([staged], lo)
     if task.entry is not None:
         head = task.shard.head[task.begin : min(task.stop, task.shard.data_start)]
