@@ -28,7 +28,7 @@ import pytest
 from runtime.cli.init import create
 from runtime.cli.main import main as thaw
 from scripts import image as image_script
-from tests.deploy.conftest import ROOT
+from tests.deploy.conftest import ROOT, record
 from tests.emulator.conftest import Emulator
 from tests.emulator.test_invoke_api import lambda_client
 
@@ -124,7 +124,9 @@ def built(
     root, _ = project
     done = image_build(root, wheelhouse, engine_env)
     assert done.returncode == 0, done.stdout + done.stderr
-    yield json.loads(done.stdout)
+    result = json.loads(done.stdout)
+    record("project_image", {k: v for k, v in result.items() if k.endswith("_s") or k == "lock_was"})
+    yield result
     subprocess.run(["podman", "rmi", TAG], env=engine_env, capture_output=True, check=False)
 
 
