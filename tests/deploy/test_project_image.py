@@ -125,7 +125,9 @@ def built(
     done = image_build(root, wheelhouse, engine_env)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(done.stdout)
-    record("project_image", {k: v for k, v in result.items() if k.endswith("_s") or k == "lock_was"})
+    record(
+        "project_image", {k: v for k, v in result.items() if k.endswith("_s") or k == "lock_was"}
+    )
     yield result
     subprocess.run(["podman", "rmi", TAG], env=engine_env, capture_output=True, check=False)
 
