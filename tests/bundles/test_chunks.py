@@ -152,7 +152,10 @@ def test_a_fetch_for_a_load_leaves_chunked_shards_to_it(
     assert set(fetched.stamps) == set(fetched.pending.files)
     assert sum(counted) == manifest.total_bytes  # the fetch's progress still sums up
 
-    make_bundle(tmp_path, "old", shards=1)
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "model.safetensors").write_bytes(bytes(chunks.CHUNK_BYTES + 1))  # past one chunk
+    build_bundle(big, "old", out=tmp_path / "old")
     path = tmp_path / "old" / MANIFEST
     data = orjson.loads(path.read_bytes())
     data.pop("thaw", None)

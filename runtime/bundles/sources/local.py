@@ -10,7 +10,7 @@ For a load (`fetch_for_load`) a shard whose manifest lists chunk digests
 the memory that keeps it (runtime/bundles/chunks.py), so each byte is read
 once. A shard with only a whole-file digest (format 1) is hashed here, as
 before, and the load reads it again: a one-line note says that rebuilding the
-bundle makes its loads faster.
+bundle makes its loads faster (where its shards are larger than a chunk).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from runtime.bundles.chunks import Fetched, Pending
+from runtime.bundles.chunks import CHUNK_BYTES, Fetched, Pending
 from runtime.bundles.manifest import MANIFEST, Manifest, read_manifest
 from runtime.bundles.sources.source import Progress
 from runtime.bundles.stamps import VerifiedStamps, shard_stamps
@@ -67,7 +67,8 @@ class LocalSource:
             directory, manifest, on_progress=on_progress, stamps=self.stamps, pending=pending
         )
         whole = [f for f in manifest.files if f.path.endswith(".safetensors") and not f.chunks]
-        if hashed and whole:
+        # Said where it matters: a shard of a chunk or less is hashed on one core anyway.
+        if hashed and sum(f.size for f in whole) > CHUNK_BYTES:
             log.info(
                 "%s: hashed %s whole before reading it again (a bundle of format %d); "
                 "rebuilding it with `thaw bundle build` makes its loads faster",
