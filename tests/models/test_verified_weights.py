@@ -33,9 +33,8 @@ from runtime.errors import InsufficientMemory, IntegrityError, ThawError
 from runtime.instance import Instance
 from runtime.models.lifecycle import State
 from runtime.registry import discover
-from runtime.settings import Settings
 from tests.handlers.weights_sum import describe
-from tests.support import ServerProcess, until
+from tests.support import ServerProcess, settings_for, until
 
 MIB = 1024 * 1024
 CHUNK = MIB
@@ -87,11 +86,6 @@ def big_tensors() -> int:
     )
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @dataclasses.dataclass
 class Served:
     instance: Instance
@@ -126,13 +120,8 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
     root = tmp_path / "bundles"
     victim = write_bundle(root, "wsum_a", shards=2, seed=1)
     other = write_bundle(root, "wsum_b", shards=1, seed=2)
-    settings = Settings(
-        bundle_source=str(root),
-        cache_dir=str(tmp_path / "cache"),
-        state_dir=str(tmp_path / "state"),
-        job_store=f"sqlite:///{tmp_path / 'jobs.sqlite3'}",
-        handlers=("tests.handlers.weights_sum",),
-        retry_backoff_s=BACKOFF_S,
+    settings = settings_for(
+        tmp_path, handlers=("tests.handlers.weights_sum",), retry_backoff_s=BACKOFF_S
     )
     # Its wall clock is past the files' times: a verified shard is stamped at once.
     clock = ManualClock()
