@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import chaos
+from bench.experiments import chaos
 from runtime.jobs.stores.sqlite import SQLiteJobStore
 from tests.handlers.runlog import runs
 from tests.support import ServerProcess, until
