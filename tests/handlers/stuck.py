@@ -5,6 +5,7 @@ warm-ups, `event["release"]` for handlers), so a test can release code in
 another process too; nothing waits longer than `LIMIT_S`.
 
     bundle `stuck`       its builder waits
+    bundle `stuckraises` its builder waits, then raises
     bundle `warmstuck`   builds at once; the warm-up of `warmhang` waits
     handler `hang`       sync, no model: waits in its thread (touching
                          `event["started"]` first, when given)
@@ -44,6 +45,12 @@ def build_stuck(config: dict[str, Any]) -> Released:
     return Released(config["release"])
 
 
+@bundle("stuckraises")
+def build_stuckraises(config: dict[str, Any]) -> Released:
+    _wait_for(config["release"])
+    raise RuntimeError("the builder gave up")
+
+
 @bundle("warmstuck")
 def build_warmstuck(config: dict[str, Any]) -> Released:
     return Released(config["release"])
@@ -51,6 +58,11 @@ def build_warmstuck(config: dict[str, Any]) -> Released:
 
 @handler("stuckmodel", uses=["stuck"])
 def stuckmodel(event: Any, model: Released, ctx: Context) -> dict[str, Any]:
+    return {"ok": True}
+
+
+@handler("stuckraisesmodel", uses=["stuckraises"])
+def stuckraisesmodel(event: Any, model: Released, ctx: Context) -> dict[str, Any]:
     return {"ok": True}
 
 

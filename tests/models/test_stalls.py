@@ -50,7 +50,7 @@ def release(tmp_path: Path) -> Path:
 
 
 def stuck_settings(tmp_path: Path, release: Path, **overrides: Any) -> Settings:
-    for name in ("stuck", "warmstuck"):
+    for name in ("stuck", "stuckraises", "warmstuck"):
         make_bundle(tmp_path / "bundles", name, config={"release": str(release)})
     values: dict[str, Any] = {"handlers": ("tests.handlers.stuck",), "drain_grace_s": 0.5}
     return settings_for(tmp_path, **{**values, **overrides})
@@ -168,6 +168,45 @@ async def test_a_warm_up_that_hangs_fails_the_load_naming_warmup(
     await failed_and_wedged(instance, clock, job, request, "warmup", drain_grace_s)
     assert instance.cache.entries["warmstuck"].lifecycle.error is not None
     assert not release.exists(), "the warm-up must still be stuck at this point"
+
+
+@pytest.mark.parametrize("first", ["stall", "failure", "both"])
+async def test_a_stall_and_the_builders_own_failure_racing_fail_the_load_naming_init(
+    started: Any, release: Path, first: str
+) -> None:
+    """The stall deadline passes and the builder raises: first one, then the other,
+    or both before the load is looked at again. Whichever the load sees first, the
+    request gets load-failed naming init; only a stall wedges the instance."""
+    clock = ManualClock()
+    instance: Instance = await started(clock=clock, phase_stall_s=STALL_S, drain_grace_s=0.0)
+    request = asyncio.ensure_future(
+        instance.dispatcher.invoke("stuckraisesmodel", {}, wait_s=60.0, request_id="sync")
+    )
+    entry = instance.cache.entry("stuckraises")
+    await until(lambda: entry.lifecycle.state is State.LOADED, "the builder started")
+    if first == "stall":
+        clock.advance(STALL_S)
+        await until(request.done, "the load's failure")
+        release.touch()
+    elif first == "failure":
+        release.touch()
+        await until(request.done, "the load's failure")
+        clock.advance(STALL_S)
+    else:  # in one step of the loop: which the load sees first is the race's
+        release.touch()
+        clock.advance(STALL_S)
+    with pytest.raises(LoadFailed) as failed:
+        await request
+    assert failed.value.extra["phase"] == "init"
+    assert entry.lifecycle.error is not None and entry.lifecycle.error["phase"] == "init"
+    if first == "stall":
+        assert "made no progress" in failed.value.message
+        assert await until(lambda: instance.health.wedged, "the instance wedged")
+    elif first == "failure":
+        assert "raised RuntimeError" in failed.value.message
+        for _ in range(5):  # a stall's timer would have fired inside advance()
+            await asyncio.sleep(0)
+        assert instance.health.wedged is None and not instance.draining
 
 
 async def test_unloading_a_bundle_whose_builder_hangs_answers_at_once(
