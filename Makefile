@@ -12,9 +12,13 @@ test: setup
 	$(MAKE) test-lowest
 
 # In-process tests only: no process, server, image or PostgreSQL (tests/conftest.py).
-test-fast: setup
+# Sets up .venv only where there is none: the quick loop pays no reinstall.
+test-fast: .venv/bin/python
 	THAW_TESTS_IN_PROCESS=1 .venv/bin/python -m pytest -q -n 2 --dist loadscope \
 		-m "not process and not image and not slow"
+
+.venv/bin/python:
+	./scripts/setup.sh
 
 # The server-facing tests (the HTTP server and its connections, slow clients, shutdown,
 # streaming, the emulator's Runtime API) on the lowest uvicorn, starlette and httpx that
