@@ -31,7 +31,8 @@ LOWEST_TESTS = tests/http/test_connections.py tests/http/test_writes.py \
 	tests/http/test_streaming.py tests/http/test_access_log.py tests/security/test_limits.py \
 	tests/emulator/test_streaming.py tests/emulator/test_runtime_api.py
 
-.venv-lowest/lowest.txt: Makefile | setup
+.venv-lowest/lowest.txt: Makefile
+	test -x .venv/bin/python || ./scripts/setup.sh
 	rm -rf .venv-lowest
 	.venv/bin/python -m venv --without-pip .venv-lowest
 	echo "import site; site.addsitedir('$$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')')" \
