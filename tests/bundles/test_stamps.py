@@ -19,8 +19,7 @@ from runtime.bundles.stamps import RACY_S, VerifiedStamps
 from runtime.bundles.verify import verify_files
 from runtime.clock import ManualClock
 from runtime.errors import IntegrityError
-from runtime.settings import Settings
-from tests.support import make_bundle
+from tests.support import make_bundle, settings_for
 
 
 def written_now() -> ManualClock:
@@ -115,7 +114,7 @@ def test_an_unreadable_stamps_file_costs_a_hash_and_is_rewritten(
 def test_the_runtime_source_keeps_stamps_in_the_state_dir(
     settled: Path, tmp_path: Path, later: ManualClock
 ) -> None:
-    settings = Settings(bundle_source=str(settled), state_dir=str(tmp_path / "state"))
+    settings = settings_for(tmp_path, bundle_source=str(settled))
     source = open_source(settings, clock=later)
     source.fetch(source.manifest("sourced"), lambda n: None)
     assert (tmp_path / "state" / "verified.json").is_file()

@@ -25,11 +25,11 @@ from runtime.bundles.sources.nodecache import MARKER
 from runtime.bundles.sources.s3 import S3Source, make_client, parse_url
 from runtime.bundles.verify import verify_bundle
 from runtime.errors import BundleError, ConfigError, IntegrityError, LoadFailed, UnknownBundle
-from runtime.settings import Settings
 from tests import aws_fixtures
 from tests.aws_fixtures import CREDENTIALS, client, make_bucket
 from tests.bundles.sources.s3_proxy import misbehaving_proxy
 from tests.jobs.tmpfs import fill, mounted
+from tests.support import settings_for
 
 moto_endpoint = aws_fixtures.moto_endpoint  # fixtures: the session's moto server
 aws_env = aws_fixtures.aws_env
@@ -362,7 +362,9 @@ def test_a_transfer_that_never_recovers_fails_cleanly(
 
 
 def test_from_settings_and_open_source(aws_env: str, tmp_path: Path) -> None:
-    settings = Settings(bundle_source="s3://models/prod/bundles/", cache_dir=str(tmp_path))
+    settings = settings_for(
+        tmp_path, bundle_source="s3://models/prod/bundles/", cache_dir=str(tmp_path)
+    )
     src = open_source(settings)
     assert isinstance(src, S3Source)
     assert (src.bucket, src.prefix, src.cache_dir) == ("models", "prod/bundles/", tmp_path)
