@@ -240,8 +240,11 @@ class Dispatcher:
         if jobless:
             work.cancel()
             raise self.warming.refuse(spec, await self._estimate_s(spec), wait)
-        # Still waiting for a run slot of its batch: the fleet's (claims.py).
-        queued = self.jobs.shared_queue and self.batcher.holds(work)
+        # Still waiting for its models (its handler not reached: no leases yet) or for
+        # a run slot of its batch: the fleet's, claimed before it runs (claims.py).
+        queued = self.jobs.shared_queue and (
+            (bool(spec.uses) and not work.leases) or self.batcher.holds(work)
+        )
         job = await self.recorder.turn_into_job(spec, event, work, key_id, queued)
         return Accepted(job, retry_after_s=max(1.0, await self._estimate_s(spec)))
 

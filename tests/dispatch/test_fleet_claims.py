@@ -1,0 +1,79 @@
+"""Work a handler's capacity holds back is the fleet's (runtime/dispatch/claims.py).
+
+One instance in-process on a real PostgreSQL job store (a fleet's), serving
+`one_at_a_time` (tests/handlers/one_at_a_time.py: max_concurrent=1, each run
+held until the test ends it). While a call runs, a job submitted is recorded
+queued, for any instance to claim, and so is the job of a sync caller answered
+202 at its deadline while its batch member waits; as each batch is about to
+run, this instance claims its member's job by id (taking back what nobody else
+took), so every job runs once, here, one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime.dispatch.answers import JOB_NOW
+from runtime.jobs.job import JobStatus
+from tests.handlers.one_at_a_time import RUNS
+from tests.jobs import postgres_fixtures
+from tests.support import SAFETY_S, running_instance, settings_for
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(
+        importlib.util.find_spec("psycopg") is None, reason="needs psycopg (the postgres extra)"
+    ),
+]
+postgres_cluster = postgres_fixtures.postgres_cluster
+HANDLER = "one_at_a_time"
+
+
+@pytest.fixture
+def dsn(postgres_cluster: postgres_fixtures.PostgresCluster) -> Iterator[str]:
+    name = postgres_cluster.create_database()
+    yield postgres_cluster.dsn(name)
+    postgres_cluster.drop_database(name)
+
+
+async def settled(done: object, what: str) -> None:
+    for _ in range(20_000):
+        if done():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"never: {what}")
+
+
+async def test_work_waiting_for_capacity_is_recorded_queued_and_taken_back_in_turn(
+    dsn: str, tmp_path: Path
+) -> None:
+    RUNS.reset()
+    settings = settings_for(
+        tmp_path, job_store=dsn, handlers=("tests.handlers.one_at_a_time",), job_lease_s=600.0
+    )
+    async with running_instance(settings) as instance:
+        await settled(lambda: instance.jobs.shared_queue, "the fleet's queue is on")
+        first = await instance.invoke(HANDLER, {"id": "job-0"}, policy=JOB_NOW, request_id="0")
+        assert first.job is not None and first.job.status is JobStatus.RUNNING
+        await settled(lambda: RUNS.started == ["job-0"], "the first job runs")
+        behind = await instance.invoke(HANDLER, {"id": "job-1"}, policy=JOB_NOW, request_id="1")
+        assert behind.job is not None and behind.job.status is JobStatus.QUEUED, behind
+        sync = await instance.invoke(HANDLER, {"id": "sync"}, wait_s=0.5, request_id="s")
+        assert sync.job is not None and sync.job.status is JobStatus.QUEUED, sync
+        assert RUNS.started == ["job-0"], "nothing started beside the running call"
+
+        for expected in ("job-1", "sync"):
+            [running] = RUNS.open
+            RUNS.finish(running)
+            await settled(lambda e=expected: RUNS.started[-1:] == [e], f"{expected} runs")
+        RUNS.finish_all()
+        for job in (first.job, behind.job, sync.job):
+            done = await instance.jobs.get(job.id, key_id=None, wait_s=SAFETY_S)
+            assert done.status is JobStatus.SUCCEEDED, done
+            assert done.attempts == 1
+        assert RUNS.started == ["job-0", "job-1", "sync"] and RUNS.peak == 1
