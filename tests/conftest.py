@@ -117,7 +117,10 @@ def pytest_configure(config: pytest.Config) -> None:
         asked = getattr(config.option, "numprocesses", None)  # xdist's -n: a count, or 'auto'
         processes = asked if isinstance(asked, int) and asked > 0 else cores if asked else 1
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // processes)))
-    if IN_PROCESS_ONLY:
+    # Where tests run: in a worker, or in a run without workers (the controller of
+    # `-n 2` starts its workers as processes, and runs no test).
+    runs_tests = workerinput is not None or not getattr(config.option, "numprocesses", None)
+    if IN_PROCESS_ONLY and runs_tests:
         sys.addaudithook(_audit)
 
 
