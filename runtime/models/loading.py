@@ -58,7 +58,7 @@ class WarmUp(Protocol):
 
     Given to the cache by the composition root (runtime/instance.py); how a
     handler runs (threads, torch modes, a batch of one) is the dispatch
-    layer's (`HandlerCalls.warm_up`), and what the handler raised arrives as
+    layer's (`Executor.warm_up`), and what the handler raised arrives as
     Thaw's error.
     """
 
