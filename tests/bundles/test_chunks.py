@@ -168,3 +168,15 @@ def test_a_fetch_for_a_load_leaves_chunked_shards_to_it(
     assert not old.pending
     notes = [r.getMessage() for r in caplog.records if "rebuilding" in r.getMessage()]
     assert len(notes) == 1 and "format 1" in notes[0], notes
+
+
+def test_read_ahead_asks_for_every_shard_and_skips_what_it_cannot_open(tmp_path: Path) -> None:
+    from runtime.bundles.sources.local import read_ahead
+
+    present = tmp_path / "a.safetensors"
+    present.write_bytes(os.urandom(3 * CHUNK))
+    thread = read_ahead([tmp_path / "missing.safetensors", present])
+    assert thread is not None
+    thread.join(60)
+    assert not thread.is_alive()
+    assert read_ahead([]) is None
