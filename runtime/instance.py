@@ -76,6 +76,10 @@ class Instance:
     fleet: Fleet | None = None
     _background: set[asyncio.Task[None]] = field(default_factory=set)
     _drain: asyncio.Task[None] | None = None
+    # A store a fleet may share (PostgreSQL) that this instance has not joined yet:
+    # not ready until it has, so that work it cannot start soon is the fleet's
+    # (recorded queued) from its first request behind a load balancer.
+    _joining: bool = False
 
     @classmethod
     def create(
@@ -163,6 +167,7 @@ class Instance:
             instance_id,
             clock,
         )
+        instance._joining = settings.job_store.startswith(("postgresql://", "postgres://"))
         metrics.fleet.handlers = tuple(sorted(registry.handlers))
         instance.fleet_queue = FleetQueueReader(store, metrics.fleet, clock)
         instance.fleet = Fleet(dispatcher.jobs)
@@ -209,6 +214,7 @@ class Instance:
             work = _FleetWork(self)
             self.spawn(self.fleet.judge(work))
             self.spawn(self.fleet.take_queued(work))
+        self._joining = False
         await self._maintain()
 
     async def _maintain(self) -> None:
@@ -269,8 +275,8 @@ class Instance:
         return True
 
     def ready(self) -> bool:
-        """Prewarm set READY, healthy, and not draining."""
-        if self.dispatcher.draining or not self.health.ok:
+        """Prewarm set READY, healthy, not draining, and in its fleet (if it has one)."""
+        if self.dispatcher.draining or not self.health.ok or self._joining:
             return False
         return all(
             name in self.cache.entries and self.cache.entries[name].lifecycle.state is State.READY

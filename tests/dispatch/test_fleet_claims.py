@@ -57,7 +57,8 @@ async def test_work_waiting_for_capacity_is_recorded_queued_and_taken_back_in_tu
         tmp_path, job_store=dsn, handlers=("tests.handlers.one_at_a_time",), job_lease_s=600.0
     )
     async with running_instance(settings) as instance:
-        await settled(lambda: instance.jobs.shared_queue, "the fleet's queue is on")
+        await settled(instance.ready, "ready")
+        assert instance.jobs.shared_queue, "ready only once in its fleet"
         first = await instance.invoke(HANDLER, {"id": "job-0"}, policy=JOB_NOW, request_id="0")
         assert first.job is not None and first.job.status is JobStatus.RUNNING
         await settled(lambda: RUNS.started == ["job-0"], "the first job runs")
