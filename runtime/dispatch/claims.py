@@ -6,16 +6,16 @@ threads are all busy, a batched handler runs `max_concurrent` batches or has a
 queue, a step-level handler's sequences are all taken), is recorded queued,
 not running and leased here, so that an idle warm instance of the fleet can
 take it (runtime/jobs/fleet.py). A sync caller answered 202 at its deadline
-while its batch member still waited for a run slot joins the same queue
+while its work still waited for its models or a run slot joins the same queue
 (`claim_recorded`). Its work still waits here as any other (a load starts, a
 thread or a run slot is waited for), and `Work.claim` is the job's claim by
 id, made at the last moment: on the handler thread once one is free for it (a
-sync handler), as its batch is about to run (a batched one: the batcher holds
-the run slot while it claims), or once the models are leased (async and
-step-level ones). One winner: if another instance claimed the job first, the
-work ends here without running (cancelled: nothing is counted, its outcome is
-discarded), and whoever waits for the job here reads its row, as for a job
-another instance accepted.
+sync handler, or a sequence's prefill once it has a decode slot), as its batch
+is about to run (a batched one: the batcher holds the run slot while it
+claims), or once the models are leased (an async one). One winner: if another
+instance claimed the job first, the work ends here without running (cancelled:
+nothing is counted, its outcome is discarded), and whoever waits for the job
+here reads its row, as for a job another instance accepted.
 """
 
 from __future__ import annotations

@@ -180,8 +180,10 @@ class Decoder:
             lane.prefill_idle.clear()
             member.admitted_at = self._clock.monotonic()
             member.work.started(member.admitted_at, member.queued_at)
+            # A queued job's claim is made on the prefill's thread, its slot held (claims.py).
+            claim, member.work.claim = member.work.claim, None
             self._executor.run(
-                lane.spec, partial(_begin, lane, member), partial(self._begun, lane, member)
+                lane.spec, partial(_begin, lane, member), partial(self._begun, lane, member), claim
             )
 
     def _begun(self, lane: _Lane, member: _Member, done: Outcome) -> None:
@@ -194,8 +196,11 @@ class Decoder:
             with lane.lock:
                 lane.slots -= 1
             self._fail(lane, member, exc or Draining("this instance is shutting down"))
+        elif (outs := done.result()) is None:  # its job's claim lost: the work ended unrun
+            with lane.lock:
+                lane.slots -= 1
+            lane.members.discard(member)
         else:
-            outs: list[_Out] = done.result()
             self._deliver(lane, outs)
             if outs and outs[-1].error is None and not outs[-1].finished:
                 with lane.lock:

@@ -307,12 +307,9 @@ class Dispatcher:
         settles the work). A coroutine is returned, for the caller to drive, only
         where a queued job's claim must be won first (claims.py)."""
         spec = work.spec
-        # A batched member is claimed as its batch is about to run (batcher.py).
-        if (
-            work.claim is not None
-            and spec.batch is None
-            and (spec.is_async or spec.decode is not None)
-        ):
+        # A batched member is claimed as its batch is about to run (batcher.py), a
+        # sequence as its prefill takes a slot (decode.py), a sync call on its thread.
+        if work.claim is not None and spec.is_async and spec.batch is None:
             run = partial(self._run, work, event, models, started, load_ms)
             return claims.claimed_then(work, run)
         if work.stream is not None:  # models leased: a READY stream answers now, never a job

@@ -78,3 +78,42 @@ async def test_work_waiting_for_capacity_is_recorded_queued_and_taken_back_in_tu
             assert done.status is JobStatus.SUCCEEDED, done
             assert done.attempts == 1
         assert RUNS.started == ["job-0", "job-1", "sync"] and RUNS.peak == 1
+
+
+async def test_a_sequence_waiting_for_a_decode_slot_is_queued_and_claimed_as_it_gets_one(
+    dsn: str, tmp_path: Path
+) -> None:
+    from tests.handlers import stepped
+
+    gate = stepped.GATES["fleet-claims"]
+    gate.clear()
+    settings = settings_for(
+        tmp_path, job_store=dsn, handlers=("tests.handlers.stepped",), job_lease_s=600.0
+    )
+    async with running_instance(settings) as instance:
+        await settled(instance.ready, "ready")
+        decoder = instance.dispatcher.decoder
+        held = [
+            asyncio.ensure_future(
+                instance.invoke(
+                    "stepped",
+                    {"name": f"held{i}", "n": 2, "hold_at": 1, "gate": "fleet-claims"},
+                    wait_s=SAFETY_S,
+                    request_id=f"held{i}",
+                )
+            )
+            for i in range(3)
+        ]
+        try:
+            await settled(lambda: decoder.busy("stepped"), "every slot taken")
+            queued = await instance.invoke(
+                "stepped", {"name": "queued", "n": 2}, policy=JOB_NOW, request_id="q"
+            )
+            assert queued.job is not None and queued.job.status is JobStatus.QUEUED, queued
+        finally:
+            gate.set()
+        for i, call in enumerate(held):
+            assert (await call).output == [f"held{i}:0", f"held{i}:1"]
+        done = await instance.jobs.get(queued.job.id, key_id=None, wait_s=SAFETY_S)
+        assert done.status is JobStatus.SUCCEEDED and done.attempts == 1, done
+        assert done.output == ["queued:0", "queued:1"]
