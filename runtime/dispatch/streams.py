@@ -205,8 +205,3 @@ class Streams:
 
     def get(self, job_id: str) -> Stream | None:
         return self._by_job.get(job_id)
-
-
-from runtime.dispatch.answers import Streaming  # noqa: E402  (where it was: its old home)
-
-__all__ = ["Stream", "Streaming", "Streams"]

@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 
-from runtime.dispatch.answers import STREAM, WAIT, Accepted, Completed
-from runtime.dispatch.streams import Streaming
+from runtime.dispatch.answers import STREAM, WAIT, Accepted, Completed, Streaming
 from runtime.instance import Instance
 from tests.handlers import batched, gated, stepped
 from tests.support import make_bundle, running_instance, settings_for
