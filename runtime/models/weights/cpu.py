@@ -123,18 +123,6 @@ class Shard:
             file=self.rel,
         )
 
-    def read_into(self, view: memoryview, offset: int) -> None:
-        """Fill `view` from the file at `offset`; a file that ended early has changed."""
-        done = 0
-        while done < len(view):
-            try:
-                n = os.preadv(self.fd, [view[done:]], offset + done)
-            except OSError as exc:
-                raise BundleError(f"{self.rel}: read failed ({exc.strerror})") from exc
-            if n == 0:
-                raise self.changed()
-            done += n
-
     def read_many(self, views: list[memoryview], offset: int) -> None:
         """Fill `views`, in order, from the file's consecutive bytes at `offset`."""
         views = [v for v in views if len(v)]
