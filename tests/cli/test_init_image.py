@@ -25,6 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A wheel of this checkout and the wheels of what it and the blank project need
     (from pip's configured local wheel directories: no download)."""
+    torch = pytest.importorskip("torch")
+    if "+cpu" not in torch.__version__:
+        # Pinned to a PyPI build, pip would fetch it with its CUDA wheels (gigabytes).
+        pytest.skip(f"torch {torch.__version__} is not a CPU build whose wheel is local")
     house = tmp_path_factory.mktemp("wheelhouse")
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     env = {**os.environ, "SOURCE_DATE_EPOCH": "315532800"}
