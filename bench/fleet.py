@@ -367,6 +367,11 @@ def run_burst(args: argparse.Namespace) -> list[Row]:
                 "TEST_RUN_LOG": str(log),
             }
             with fleet(dsn, count, root / f"burst-{count}", **thaw) as running:
+                for instance in running.instances:
+                    # Ready once it has joined the fleet: before, it records no job queued.
+                    with instance.client() as direct:
+                        while direct.get("/readyz").status_code != 200:
+                            time.sleep(0.05)
                 for jobs in args.bursts:
                     say(f"burst: {jobs} jobs to one of {count} instances")
                     rows.append(one_burst(running, jobs, args.run_s, log))

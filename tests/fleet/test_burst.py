@@ -59,6 +59,10 @@ def test_a_burst_to_one_instance_is_shared_by_the_fleet_within_capacity(
         THAW_JOB_LEASE_S=LEASE_S,
         THAW_TEST_RUN_LOG=str(log),
     )
+    for server in fleet.instances:
+        # Ready once it has joined the fleet: before, it records no job queued.
+        with server.client() as direct:
+            until(lambda: direct.get("/readyz").status_code == 200, "the instance to be ready")
     hold.touch()
     with fleet.instances[0].client() as first:
         ids = [
