@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 ROOT = Path(__file__).resolve().parents[2]
 IDS = [[5, 6, 7, 8, 9], [10, 11, 12, 13, 14]]

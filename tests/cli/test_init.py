@@ -23,8 +23,6 @@ from runtime.cli.init import EXAMPLES, create
 from runtime.errors import ConfigError
 from runtime.settings import Settings, find_project
 
-pytestmark = pytest.mark.process  # starts a process (tests/conftest.py)
-
 ROOT = Path(__file__).resolve().parents[2]
 THAW = Path(sys.executable).parent / "thaw"
 SHAPE = (
@@ -53,9 +51,7 @@ def thaw(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def blank(tmp_path: Path) -> Path:
     project = tmp_path / "my-function"
-    done = thaw("init", str(project), cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert "thaw invoke hello" in done.stdout
+    create(project, "blank")
     return project
 
 
@@ -75,16 +71,25 @@ def test_each_example_has_the_projects_shape(example: str, tmp_path: Path) -> No
     assert "localhost/some-project:latest" in (project / "template.yaml").read_text()
 
 
-def test_a_directory_that_is_not_empty_is_refused(tmp_path: Path) -> None:
-    (tmp_path / "notes.txt").write_text("mine")
-    done = thaw("init", str(tmp_path), cwd=tmp_path)
+@pytest.mark.process
+def test_thaw_init_says_what_next_and_refuses_a_directory_that_is_not_empty(
+    tmp_path: Path,
+) -> None:
+    made = thaw("init", str(tmp_path / "fn"), "--example", "causal-lm", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    assert "thaw bundle build" in made.stdout and "thaw invoke generate" in made.stdout
+    assert (tmp_path / "fn" / "handlers" / "generate.py").is_file()
+    tests = tmp_path / "fn" / "tests"  # a directory that is not empty
+    done = thaw("init", str(tests), cwd=tmp_path)
     assert done.returncode != 0
     assert done.stderr.startswith("thaw: error: ") and "is not empty" in done.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in tests.iterdir()) == ["conftest.py", "test_generate.py"]
+    assert (tests / "conftest.py").read_text().startswith('"""`invoke`')  # left as it was
     with pytest.raises(ConfigError, match="no example 'gpt'"):
         create(tmp_path / "new", "gpt")
 
 
+@pytest.mark.process
 def test_the_blank_projects_tests_pass_as_created(blank: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
@@ -98,6 +103,7 @@ def test_the_blank_projects_tests_pass_as_created(blank: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 @pytest.mark.parametrize("example", ["encoder", "causal-lm"])
 def test_the_transformers_examples_tests_pass_as_created(example: str, tmp_path: Path) -> None:
     pytest.importorskip("transformers")
@@ -113,6 +119,7 @@ def test_the_transformers_examples_tests_pass_as_created(example: str, tmp_path:
     assert "1 passed" in done.stdout and "skipped" not in done.stdout
 
 
+@pytest.mark.process
 def test_a_project_serves_its_handlers_only(blank: Path) -> None:
     said = thaw("invoke", "hello", "--event", '{"name": "Ada"}', cwd=blank / "handlers")
     assert said.returncode == 0, said.stderr
@@ -128,6 +135,7 @@ def test_a_project_serves_its_handlers_only(blank: Path) -> None:
     assert other.returncode != 0 and "no handler named 'hello'" in other.stderr
 
 
+@pytest.mark.process
 def test_a_bundle_built_anywhere_in_a_project_lands_in_its_bundles(
     blank: Path, tmp_path: Path
 ) -> None:
@@ -144,6 +152,7 @@ def test_a_bundle_built_anywhere_in_a_project_lands_in_its_bundles(
     assert not (blank / "tests" / "bundles").exists()
 
 
+@pytest.mark.process
 def test_emulate_reads_the_projects_template_and_serves_its_handlers(blank: Path) -> None:
     proc = subprocess.Popen(
         [str(THAW), "emulate", "--port", "0"],
@@ -166,6 +175,7 @@ def test_emulate_reads_the_projects_template_and_serves_its_handlers(blank: Path
         proc.wait(30)
 
 
+@pytest.mark.process
 def test_outside_a_project_the_error_says_how_to_make_one(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
@@ -200,6 +210,7 @@ def test_a_pyproject_without_the_table_is_not_a_project(tmp_path: Path) -> None:
         find_project(tmp_path)
 
 
+@pytest.mark.process
 def test_the_template_passes_cfn_lint_and_the_dockerfile_hadolint(tmp_path: Path) -> None:
     create(tmp_path / "p", "encoder")
     for tool, path in (("cfn-lint", "template.yaml"), ("hadolint", "Dockerfile")):

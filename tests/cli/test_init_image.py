@@ -19,6 +19,7 @@ from runtime.cli.image import ImageBuildError, check_here, ensure_lock, read_loc
 from runtime.cli.init import create
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.process  # pip runs as a process of its own
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ from tests.deploy.conftest import ROOT, record
 from tests.emulator.conftest import Emulator
 from tests.emulator.test_invoke_api import lambda_client
 
-pytestmark = [pytest.mark.image, pytest.mark.slow]
+pytestmark = [pytest.mark.image, pytest.mark.slow, pytest.mark.process]
 
 TAG = "localhost/thaw-test-project:latest"
 IDS = [[5, 6, 7, 8, 9], [10, 11, 12, 13, 14]]
