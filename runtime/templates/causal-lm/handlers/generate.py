@@ -51,7 +51,9 @@ class LM:
         with torch.inference_mode():
             for _ in range(max_new_tokens):
                 out = self.model(input_ids=step, use_cache=True, **{self.cache_arg: past})
-                past = out["cache"] if "cache" in out else out.past_key_values
+                past = getattr(out, "cache", None)
+                if past is None:
+                    past = out.past_key_values
                 token = int(out.logits[0, -1].argmax())
                 yield token
                 if token == eos:
