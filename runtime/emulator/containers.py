@@ -153,6 +153,26 @@ class ContainerLauncher:
         except ValueError:
             return 0
 
+    async def remove(self, sandboxes: list[Sandbox]) -> None:
+        """Remove the containers of `sandboxes`, whatever state they are in: `--rm` is
+        the engine client's to carry out, and a client that is slow (a busy machine)
+        or killed with the emulator leaves its container behind."""
+        if not sandboxes:
+            return
+        argv = [self.engine, "rm", "--force"]
+        if self.podman:
+            # Without --time, podman's --force first waits a stop timeout; --ignore: a
+            # container its client did remove is no error (docker's exit code is ignored).
+            argv += ["--time", "0", "--ignore"]
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            *(self.name(sandbox) for sandbox in sandboxes),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        await process.wait()
+
     def exit_reason(self, code: int) -> str:
         # The engine's client exits 128 + N when the container's process died of signal N.
         if 128 < code < 128 + 65:

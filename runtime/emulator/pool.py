@@ -392,8 +392,9 @@ class Pool:
         self._notify()
 
     async def shutdown(self) -> None:
+        started = list(self.sandboxes.values())
         self.begin_shutdown()
-        waits = [i.exited.wait() for i in list(self.sandboxes.values())]
+        waits = [i.exited.wait() for i in started]
         if waits:
             await asyncio.wait([asyncio.ensure_future(w) for w in waits], timeout=STOP_GRACE_S)
         stragglers = list(self.sandboxes.values())
@@ -402,6 +403,8 @@ class Pool:
         if stragglers:
             exits = [asyncio.ensure_future(i.exited.wait()) for i in stragglers]
             await asyncio.wait(exits, timeout=STOP_GRACE_S)
+        for launcher in self.launchers.values():
+            await launcher.remove([i for i in started if i.launcher is launcher])
         for sid in list(self.listeners):
             self._close_listener(sid)
         if self._tasks:

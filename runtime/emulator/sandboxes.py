@@ -67,6 +67,10 @@ class Launcher(Protocol):
         """Lambda's words for how the runtime ended: `exit status 3`, `signal: SIGKILL`."""
         ...
 
+    async def remove(self, sandboxes: list[Sandbox]) -> None:
+        """Leave nothing of `sandboxes` behind once the emulator stops."""
+        ...
+
 
 def exit_reason(code: int) -> str:
     return f"signal: {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
@@ -99,6 +103,9 @@ class ProcessLauncher:
 
     def exit_reason(self, code: int) -> str:
         return exit_reason(code)
+
+    async def remove(self, sandboxes: list[Sandbox]) -> None:
+        return None  # a process leaves nothing once it has been killed
 
 
 class SandboxState(StrEnum):
