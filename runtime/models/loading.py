@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from runtime.bundles.sources.source import BundleSource, fetch_for_load
 from runtime.clock import Clock
 from runtime.context import Context
-from runtime.errors import HandlerError, LoadFailed, ThawError
+from runtime.errors import LoadFailed, ThawError
 from runtime.models import weights as weights_mod
 from runtime.models.budget import MemoryBudget
 from runtime.models.entry import Entry
@@ -408,6 +408,9 @@ class Loader:
                 except LoadFailed:
                     raise
                 except ThawError as exc:
-                    raise HandlerError(
-                        f"warm-up {index} of handler {spec.name!r} failed: {exc.message}"
+                    # The model never became READY: the load failed, in its warm-up
+                    # (docs/handlers.md), as a warm-up that hangs does.
+                    raise LoadFailed(
+                        f"warm-up {index} of handler {spec.name!r} failed: {exc.message}",
+                        phase="warmup",
                     ) from exc

@@ -33,3 +33,17 @@ def paths(event: Any, model: Paths, ctx: Context) -> dict[str, Any]:
             (ctx.request_id, str(event.get("path")), threading.current_thread().name)
         )
     return {"calls": len(model.calls)}
+
+
+@bundle("fussy")
+def build_fussy(weights: dict[str, Any]) -> Paths:
+    return Paths()
+
+
+@handler("fussy", uses=["fussy"], warmup=[{"path": "small"}, {"path": "refused"}])
+def fussy(event: Any, model: Paths, ctx: Context) -> dict[str, Any]:
+    """Fails its second warm-up example, as a handler that cannot take a warm-up
+    shape does: its bundle never becomes READY."""
+    if ctx.warmup and event.get("path") == "refused":
+        raise ValueError("this shape is not supported")
+    return {"path": event.get("path")}

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from runtime.dispatch.answers import Completed
+from runtime.errors import LoadFailed
 from runtime.instance import Instance
 from runtime.registry import discover
 from runtime.settings import Settings
@@ -46,6 +47,31 @@ async def test_every_declared_path_is_warm_before_the_first_request_is_served(
         assert warmups == ["small", "sampled"]  # on the CPU: no accelerator example
         first_real = next(i for i, (rid, _, _) in enumerate(calls) if not rid.startswith("warmup"))
         assert first_real == len(warmups), calls
+    finally:
+        await instance.stop()
+
+
+async def test_a_warm_up_that_raises_fails_the_load_naming_warmup_and_others_serve(
+    tmp_path: Path,
+) -> None:
+    make_bundle(tmp_path / "bundles", "fussy")
+    settings = warmed_settings(tmp_path)
+    instance = Instance.create(settings, discover(settings.handlers))
+    await instance.start()
+    try:
+        with pytest.raises(LoadFailed) as failed:
+            await instance.dispatcher.invoke(
+                "fussy", {"path": "real"}, wait_s=60.0, request_id="r1"
+            )
+        assert (failed.value.status, failed.value.slug) == (503, "load-failed")
+        assert failed.value.extra == {"phase": "warmup"}
+        assert "warm-up 1 of handler 'fussy' failed" in failed.value.message
+        assert instance.cache.entries["fussy"].model is None  # nothing half-built kept
+        # The instance keeps serving its other models.
+        served = await instance.dispatcher.invoke(
+            "paths", {"path": "real"}, wait_s=60.0, request_id="r2"
+        )
+        assert served.output == {"calls": 3}
     finally:
         await instance.stop()
 
