@@ -132,6 +132,8 @@ class Settings:
     # working directory's project, found upward, if any (docs/projects.md).
     project_dir: str = ""
     max_queue: int = 64
+    # Sync handlers' calls run on at most this many threads at once (the thread limit).
+    handler_threads: int = 64
     max_body_bytes: int = 6 * 1024 * 1024
     # A request body must arrive whole within this long (408 otherwise).
     body_timeout_s: float = 30.0
@@ -237,6 +239,8 @@ class Settings:
             raise ConfigError("THAW_WAIT_S must be >= 0")
         if self.max_queue < 1:
             raise ConfigError("THAW_MAX_QUEUE must be >= 1")
+        if self.handler_threads < 1:
+            raise ConfigError("THAW_HANDLER_THREADS must be >= 1")
         if self.job_max_attempts < 1:
             raise ConfigError("THAW_JOB_MAX_ATTEMPTS must be >= 1")
         if self.max_body_bytes < 1:
