@@ -6,11 +6,14 @@ threads are all busy, a batched handler runs `max_concurrent` batches or has a
 queue, a step-level handler's sequences are all taken), is recorded queued,
 not running and leased here, so that an idle warm instance of the fleet can
 take it (runtime/jobs/fleet.py). A sync caller answered 202 at its deadline
-while its work still waited for its models or a run slot joins the same queue
+while its work still waited for its models, a run slot or a handler thread
+joins the same queue
 (`claim_recorded`). Its work still waits here as any other (a load starts, a
 thread or a run slot is waited for), and `Work.claim` is the job's claim by
 id, made at the last moment: on the handler thread once one is free for it (a
-sync handler, or a sequence's prefill once it has a decode slot), as its batch
+sync handler, or a sequence's prefill once it has a decode slot; a sync call
+that already waits in the threads' queue at its caller's deadline is gated
+there, `claimed`: a warm call that finds a thread free pays nothing), as its batch
 is about to run (a batched one: the batcher holds the run slot while it
 claims), or once the models are leased (an async one). One winner: if another
 instance claimed the job first, the work ends here without running (cancelled:
@@ -65,6 +68,18 @@ async def claim_recorded(
     instance's alone), then the claim by id."""
     job = await recorded
     return True if job is None else await claim_job(jobs, streams, job.id, work)
+
+
+async def claimed(work: Work) -> bool:
+    """The gate of a sync call that still waited for a handler thread at its caller's
+    deadline (Executor.gate_waiting, `Work.waits`), awaited as a thread takes it:
+    the claim set on the work since (`claim_recorded`); True when this instance
+    won it or none was set, and the work runs from now."""
+    claim, work.claim = work.claim, None
+    if (claim is not None and not await claim()) or work.outcome.done():
+        return False
+    work.started(work.workload.now())
+    return True
 
 
 async def claimed_then(work: Work, run: Callable[[], Coroutine[Any, Any, None] | None]) -> None:

@@ -240,10 +240,17 @@ class Dispatcher:
         if jobless:
             work.cancel()
             raise self.warming.refuse(spec, await self._estimate_s(spec), wait)
-        # Still waiting for its models (its handler not reached: no leases yet) or for
-        # a run slot of its batch: the fleet's, claimed before it runs (claims.py).
-        queued = self.jobs.shared_queue and (
-            (bool(spec.uses) and not work.leases) or self.batcher.holds(work)
+        # Still waiting for its models (its handler not reached: no leases yet), for a
+        # run slot of its batch or for a handler thread (its call gated now: the claim
+        # set below is made as a thread takes it): the fleet's, claimed before it runs
+        # (claims.py).
+        shared = self.jobs.shared_queue
+        if gated := shared and work.call is not None:
+            gated = self.executor.gate_waiting(work.call, partial(claims.claimed, work))
+            if gated:
+                work.waits()
+        queued = gated or (
+            shared and ((bool(spec.uses) and not work.leases) or self.batcher.holds(work))
         )
         job = await self.recorder.turn_into_job(spec, event, work, key_id, queued)
         return Accepted(job, retry_after_s=max(1.0, await self._estimate_s(spec)))
@@ -325,9 +332,11 @@ class Dispatcher:
             return None
         work.started(work.queued(started, load_ms))
         gate, work.claim = work.claim, None  # a queued job's claim, on its thread (claims.py)
-        running = self.executor.run(
-            spec, partial(spec.fn, event, *models, work.ctx), work.ended_with, gate
-        )
+        call = partial(spec.fn, event, *models, work.ctx)
+        if not spec.is_async:
+            work.call = self.executor.submit(spec, call, work.ended_with, gate)
+            return None
+        running = self.executor.run(spec, call, work.ended_with, gate)
         if running is not None and not running.done():
             work.task = running  # an async call that waits: stopped if the work is cut off
         return None

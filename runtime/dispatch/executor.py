@@ -198,6 +198,14 @@ class Executor:
             else:
                 outcome.add_done_callback(then)
             return outcome
+        self.submit(spec, call, then, gate)
+        return None
+
+    def submit(
+        self, spec: HandlerSpec, call: Callable[[], Any], then: Then, gate: Gate | None = None
+    ) -> ThreadOutcome | None:
+        """`run` for a sync handler: the future of its call on the handler threads (None:
+        they were shut down), which `gate_waiting` may still gate while it waits."""
         loop = asyncio.get_running_loop()
         models = bool(spec.uses)
         if models:
@@ -214,7 +222,16 @@ class Executor:
             loop.call_soon(then, refused)
             return None
         done.add_done_callback(partial(_back_to_loop, loop, then))
-        return None
+        return done
+
+    def gate_waiting(self, call: ThreadOutcome, gate: Gate) -> bool:
+        """Gate a sync call (`submit`'s future) that still waits for a handler thread: the
+        thread that takes it awaits `gate()` on the loop first, and runs the call
+        only if it says True (a 202'd caller's job, recorded queued meanwhile:
+        claims.py). False once a thread has taken it: it runs as it was. Only a
+        call that waited comes here; a warm call with a free thread pays nothing."""
+        loop = asyncio.get_running_loop()
+        return self._pool.wrap_waiting(call, lambda fn: partial(_gated, loop, gate, fn))
 
     async def warm_up(
         self, spec: HandlerSpec, example: dict[str, Any], models: list[Any], ctx: Context

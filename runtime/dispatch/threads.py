@@ -121,6 +121,21 @@ class HandlerThreads:
         except Exception:
             log.debug("could not end a handler thread's OpenMP team", exc_info=True)
 
+    def wrap_waiting(
+        self, future: Future[Any], wrap: Callable[[Callable[[], Any]], Callable[[], Any]]
+    ) -> bool:
+        """If the call of `future` still waits in the queue, put `wrap(fn)` in place of its
+        `fn` and say True; False once a thread has taken it (it runs as it was).
+        Under the lock a thread takes calls under, so the two never cross: the
+        call runs wrapped or as it was, never both. The queue is scanned: only a
+        call that waited past its caller's deadline comes here, never a warm one."""
+        with self._lock:
+            for index, (fn, queued, models) in enumerate(self._queued):
+                if queued is future:
+                    self._queued[index] = (wrap(fn), queued, models)
+                    return True
+        return False
+
     def saturated(self) -> bool:
         """Whether a call submitted now would wait for a thread (a hint: no lock taken)."""
         return not self._idle and self.started >= self.max_threads

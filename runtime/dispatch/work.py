@@ -36,7 +36,7 @@ from typing import Any
 
 from runtime.clock import Clock
 from runtime.context import Context
-from runtime.dispatch.executor import Gate, Outcome, user_error
+from runtime.dispatch.executor import Gate, Outcome, ThreadOutcome, user_error
 from runtime.dispatch.overruns import Overruns
 from runtime.dispatch.streams import Stream
 from runtime.errors import Draining, HandlerTimeout, ThawError
@@ -135,6 +135,7 @@ class Work:
     __slots__ = (
         "_phase",
         "batch_size",
+        "call",
         "claim",
         "ctx",
         "handler",
@@ -192,6 +193,9 @@ class Work:
         self.batch_size: int | None = None
         # A generator handler's items (runtime/dispatch/streams.py).
         self.stream = stream
+        # A sync call's future on the handler threads (Executor.submit): gated by its
+        # job's claim if its caller's deadline comes while it still waits for a thread.
+        self.call: ThreadOutcome | None = None
         # A job recorded queued (its instance could not start it at once) is claimed
         # by id just before its handler runs: the claim, True when this instance won.
         self.claim: Gate | None = None
@@ -250,6 +254,14 @@ class Work:
         self.running = True
         self.run_started = at
         self.workload.overruns.watch(self, at)
+
+    def waits(self) -> None:
+        """Its sync call still waits for a handler thread after all (gated at its
+        caller's deadline, claims.py): queued, its run watch forgotten, until it is
+        `started` again as a thread takes it."""
+        self._phase = "queued"
+        self.running = False
+        self.workload.overruns.forget(self)
 
     def ran(self, run_s: float | None = None, leader: bool = True) -> None:
         """Its call returned (after `run_s`; None: since it started), for Server-Timing,

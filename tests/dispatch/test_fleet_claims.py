@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +33,7 @@ pytestmark = [
 ]
 postgres_cluster = postgres_fixtures.postgres_cluster
 HANDLER = "one_at_a_time"
+THREADED = "serial_threads"
 
 
 @pytest.fixture
@@ -117,3 +119,65 @@ async def test_a_sequence_waiting_for_a_decode_slot_is_queued_and_claimed_as_it_
         done = await instance.jobs.get(queued.job.id, key_id=None, wait_s=SAFETY_S)
         assert done.status is JobStatus.SUCCEEDED and done.attempts == 1, done
         assert done.output == ["queued:0", "queued:1"]
+
+
+async def wait_for(event: threading.Event, what: str) -> None:
+    if not await asyncio.to_thread(event.wait, SAFETY_S):
+        raise AssertionError(f"never: {what}")
+
+
+@pytest.mark.parametrize("taken_by", ["this instance", "another instance"])
+async def test_a_sync_202_waiting_for_a_handler_thread_is_queued_and_runs_once(
+    dsn: str, tmp_path: Path, taken_by: str
+) -> None:
+    """A plain sync handler on one handler thread: a sync caller's deadline comes while
+    its call waits for the thread, so its job is recorded queued (the fleet's), and
+    its call, gated, claims the job as the thread takes it. Whoever claims first
+    runs it: this instance once the thread frees, or another that took it meanwhile
+    (this one then discards its call unrun)."""
+    from tests.handlers.serial_threads import RUNS
+
+    RUNS.reset()
+    handlers = ("tests.handlers.serial_threads",)
+    settings = settings_for(
+        tmp_path, job_store=dsn, handlers=handlers, job_lease_s=600.0, handler_threads=1
+    )
+    async with running_instance(settings) as instance:
+        await settled(instance.ready, "ready")
+        held = asyncio.ensure_future(
+            instance.invoke(
+                THREADED, {"tag": "held", "gate": "held"}, wait_s=SAFETY_S, request_id="h"
+            )
+        )
+        await wait_for(RUNS.begun("held"), "the held call runs on the one thread")
+        sync = await instance.invoke(THREADED, {"tag": "sync"}, wait_s=0.2, request_id="s")
+        assert sync.job is not None and sync.job.status is JobStatus.QUEUED, sync
+        row = await asyncio.to_thread(instance.jobs.store.get, sync.job.id)
+        assert row is not None and row.status is JobStatus.QUEUED, row
+        assert RUNS.started == ["held"], "nothing started beside the running call"
+
+        if taken_by == "another instance":
+            other_root = tmp_path / "other"
+            other = settings_for(other_root, job_store=dsn, handlers=handlers, handler_threads=1)
+            async with running_instance(other) as idle:
+                await settled(idle.ready, "the other instance ready")
+                done = await idle.jobs.get(sync.job.id, key_id=None, wait_s=SAFETY_S)
+                assert done.status is JobStatus.SUCCEEDED, done
+                assert RUNS.started == ["held", "sync"]
+                RUNS.gate("held").set()  # this instance's thread frees: its claim loses
+                assert (await held).output["tag"] == "held"
+                await instance.dispatcher.workload.quiet_by(None)
+        else:
+            RUNS.gate("held").set()
+            assert (await held).output["tag"] == "held"
+            done = await instance.jobs.get(sync.job.id, key_id=None, wait_s=SAFETY_S)
+            assert done.status is JobStatus.SUCCEEDED, done
+        assert done.attempts == 1 and done.output["tag"] == "sync", done
+        assert RUNS.started == ["held", "sync"], "once, fleet-wide"
+        # This instance's one thread ran the held call, and the 202'd call only if it won.
+        here = RUNS.ran_on["sync"] is RUNS.ran_on["held"]
+        assert here is (taken_by == "this instance"), RUNS.ran_on
+        if here:
+            assert RUNS.peak == 1
+        final = await instance.jobs.get(sync.job.id, key_id=None)
+        assert final.status is JobStatus.SUCCEEDED and final.output == done.output, final
