@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from runtime.errors import IntegrityError
 
@@ -195,6 +195,15 @@ def threads() -> int:
     return max(2, min(cpus, 16))
 
 
+class Landed(Protocol):
+    """Shards a fetch is reading into the memory their tensors will keep, checking each
+    chunk as it lands (runtime/bundles/sources/landing.py `Landing`)."""
+
+    def wait(self, on_progress: Callable[[int], None] | None = None) -> None: ...
+    def take(self, rel: str) -> Any: ...
+    def discard(self, *, wait: bool = False) -> None: ...
+
+
 @dataclass
 class Pending:
     """Shards a fetch left unhashed, for the load to check chunk by chunk as it reads
@@ -204,6 +213,8 @@ class Pending:
     # Records the shards' stamps (stamps.py): called with the stat each had when
     # the load opened it, once every chunk of every one of them matched.
     on_verified: Callable[[dict[str, os.stat_result]], None] | None = None
+    # The shards landing in memory already (the load takes them, checked, as its tensors).
+    landing: Landed | None = None
 
     def __bool__(self) -> bool:
         return bool(self.files)

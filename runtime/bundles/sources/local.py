@@ -11,6 +11,9 @@ the memory that keeps it (runtime/bundles/chunks.py), so each byte is read
 once. A shard with only a whole-file digest (format 1) is hashed here, as
 before, and the load reads it again: a one-line note says that rebuilding the
 bundle makes its loads faster (where its shards are larger than a chunk).
+While the framework is still to import, the shards land in memory at once
+(landing.py): the load finds them read and checked; else the kernel is asked
+to read them ahead.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 
 from runtime.bundles.chunks import CHUNK_BYTES, Fetched, Pending
 from runtime.bundles.manifest import MANIFEST, Manifest, read_manifest
+from runtime.bundles.sources.landing import Landing, land, should_land
 from runtime.bundles.sources.source import Progress
 from runtime.bundles.stamps import VerifiedStamps, shard_stamps
 from runtime.bundles.verify import verify_files
@@ -67,6 +71,8 @@ class LocalSource:
     def __init__(self, root: Path, stamps: VerifiedStamps | None = None) -> None:
         self.root = root
         self.stamps = stamps
+        # Landings not yet let go of, by manifest id (`release` discards what the load left).
+        self._landings: dict[str, Landing] = {}
 
     def describe(self) -> str:
         return str(self.root)
@@ -112,8 +118,21 @@ class LocalSource:
                 manifest.format,
             )
         stamps = shard_stamps(directory, [f.path for f in manifest.files])
-        read_ahead([directory / rel for rel in stamps])
+        shards = [f for f in manifest.files if f.path.endswith(".safetensors")]
+        if should_land(directory, sum(f.size for f in shards)):
+            pending.landing = land(directory, manifest, pending.files)
+        if pending.landing is not None:
+            old = self._landings.pop(manifest.id, None)
+            if old is not None:
+                old.discard()
+            self._landings[manifest.id] = pending.landing  # type: ignore[assignment]
+        else:
+            read_ahead([directory / rel for rel in stamps])
         return Fetched(directory, stamps, pending)
 
     def release(self, manifest: Manifest) -> None:
-        """Nothing to let go: the files are the user's, and never removed."""
+        """The files are the user's, and never removed; what landed of them and the load
+        did not take is let go of."""
+        landing = self._landings.pop(manifest.id, None)
+        if landing is not None:
+            landing.discard()

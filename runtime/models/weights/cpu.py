@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import torch
 
     from runtime.bundles.chunks import Chunked
+    from runtime.bundles.sources.landing import LandedShard
 
 # One read task: large enough that syscalls and thread hand-offs vanish in the
 # copy, small enough that a big tensor spreads over every read thread.
@@ -165,6 +166,35 @@ def _writable(tensor: torch.Tensor) -> memoryview:
     import ctypes
 
     return memoryview((ctypes.c_char * tensor.nbytes).from_address(tensor.data_ptr())).cast("B")
+
+
+def wrap_landed(
+    shard: Shard, landed: LandedShard, dtype: torch.dtype | None
+) -> dict[str, torch.Tensor]:
+    """The tensors of a shard a fetch landed in memory (runtime/bundles/sources/landing.py),
+    as views of that memory (torch.frombuffer keeps it alive with them): no copy.
+
+    The landing read the file `shard` opened since: the same stat and the same header
+    bytes, or the load fails as for a shard changed while read. A floating tensor of
+    another dtype than `dtype` (a landing avoids those) is converted, its bytes freed."""
+    import torch
+
+    if stamp_of(landed.opened) != stamp_of(shard.opened) or landed.head != bytes(shard.head):
+        raise shard.changed()
+    out: dict[str, torch.Tensor] = {}
+    buffers, landed.buffers = landed.buffers, {}
+    for spec in shard.tensors:
+        if not spec.nbytes:
+            out[spec.name] = torch.empty(spec.shape, dtype=spec.dtype)
+            continue
+        buffer = buffers.pop(spec.offset, None)
+        if buffer is None or len(buffer) != spec.nbytes:
+            raise shard.changed()
+        tensor = torch.frombuffer(buffer, dtype=spec.dtype).reshape(spec.shape)
+        if dtype is not None and spec.dtype.is_floating_point and spec.dtype != dtype:
+            tensor = tensor.to(dtype)
+        out[spec.name] = tensor
+    return out
 
 
 def read_shards(

@@ -13,16 +13,17 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import traceback
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runtime.bundles.chunks import Pending, verify_chunks
+from runtime.bundles.chunks import Landed, Pending, verify_chunks
 from runtime.bundles.manifest import BundleFile, Manifest
 from runtime.bundles.stamps import Stamp, shard_stamps
 from runtime.errors import BundleError
-from runtime.models.weights.cpu import CHUNK_BYTES, Shard, read_shards
+from runtime.models.weights.cpu import CHUNK_BYTES, Shard, read_shards, wrap_landed
 from runtime.models.weights.device import load_mapped
 
 if TYPE_CHECKING:
@@ -167,8 +168,33 @@ def open_weights(
     the memory that keeps them (or from the mapping the tensors view), before this
     returns: no tensor leaves here unverified, and a chunk that does not match fails
     the load with `IntegrityError` naming the file and the chunk. Once they all
-    matched, `pending.verified` records their stamps.
+    matched, `pending.verified` records their stamps. Shards the fetch landed in
+    memory already (`pending.landing`: runtime/bundles/sources/landing.py), read and
+    checked while the framework imported, become the tensors as they are, once every
+    chunk of them matched; a load that does not copy lets go of them.
     """
+    landing = pending.landing if pending is not None else None
+    if pending is not None:
+        pending.landing = None  # this load's now
+    try:
+        return _open(
+            bundle_dir, manifest, device, verified, chunk_bytes, on_progress, pending, landing
+        )
+    finally:
+        if landing is not None:
+            landing.discard()  # what it did not take (another device, a mapped load, a failure)
+
+
+def _open(
+    bundle_dir: Path,
+    manifest: Manifest,
+    device: str,
+    verified: Mapping[str, Stamp] | None,
+    chunk_bytes: int,
+    on_progress: Callable[[int], None] | None,
+    pending: Pending | None,
+    landing: Landed | None,
+) -> Loaded:
     expected = verified or {}
     checks = pending.files if pending is not None else {}
     import torch
@@ -200,7 +226,7 @@ def open_weights(
                     if pending is not None:
                         pending.verified(opened)
                     return loaded
-            weights = read_shards(shards, dtype, chunk_bytes, on_progress, checks)
+            weights = _copied(shards, dtype, chunk_bytes, on_progress, checks, landing)
             for shard in shards:
                 shard.check_unchanged()
             if pending is not None:
@@ -233,6 +259,47 @@ def open_weights(
             if on_progress is not None:  # a device load is told a shard at a time
                 on_progress(f.size)
     return Loaded(weights, how="device")
+
+
+def _copied(
+    shards: list[Shard],
+    dtype: torch.dtype | None,
+    chunk_bytes: int,
+    on_progress: Callable[[int], None] | None,
+    checks: Mapping[str, Chunked],
+    landing: Landed | None,
+) -> dict[str, torch.Tensor]:
+    """Every tensor in memory of this process: the landed shards' as views of the memory
+    they landed in (once all of it matched), the others read now (`read_shards`)."""
+    landed: dict[str, dict[str, torch.Tensor]] = {}
+    weights: dict[str, torch.Tensor] = {}
+    try:
+        if landing is not None:
+            landing.wait(on_progress)
+            for shard in shards:
+                part = landing.take(shard.rel)
+                if part is not None:
+                    try:
+                        landed[shard.rel] = wrap_landed(shard, part, dtype)
+                    finally:
+                        part.close()
+        rest = [s for s in shards if s.rel not in landed]
+        if rest:
+            weights = read_shards(rest, dtype, chunk_bytes, on_progress, checks)
+        for part in landed.values():
+            duplicate = weights.keys() & part.keys()
+            if duplicate:
+                raise BundleError(f"tensor {sorted(duplicate)[0]!r} appears in two shards")
+            weights.update(part)
+        return weights
+    except BaseException as exc:
+        # Nothing read stays (the error's frames would hold it).
+        landed.clear()
+        weights = {}
+        traceback.clear_frames(exc.__traceback__)
+        raise
+    finally:
+        landed.clear()
 
 
 def _staged(

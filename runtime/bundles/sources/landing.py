@@ -1,0 +1,346 @@
+"""Shards landed in memory while the framework imports: read once, checked where they stay.
+
+The first load of an instance waits for `import torch` (1-2 s), which holds the
+GIL for long stretches but leaves the disk and the other cores idle. A fetch
+that leaves shards to the load (LocalSource.fetch_for_load) lands them instead:
+each tensor of each shard gets anonymous memory of its own (a private mapping,
+untouched until read), and reader threads, one per core, read each chunk with
+one preadv into the memory of the tensors it spans and check its digest from
+there (preadv and hashlib release the GIL), while the import runs. After the
+import the load wraps that memory as the tensors themselves (torch.frombuffer,
+which keeps the mapping alive as long as the tensor): no byte is copied twice,
+and no tensor reaches a builder before every chunk of its shard matched
+(runtime/models/weights/loaded.py waits for them).
+
+Only where the load would copy anyway: not on a read-only filesystem (those
+shards are mapped: mapped.py), not where an accelerator may take the weights
+(CUDA loads go through the staging pool), not where the load converts a
+floating tensor to another dtype (the file's dtype would be held in full), and
+only while the framework is not imported yet, so that the memory it takes before
+the load reserves its budget is the instance's first and fits the memory
+available now. Anything odd in a shard (a header it cannot lay out) leaves it to
+the load, which says why. A landing nobody takes (a failed load, another
+device) is let go of by `discard` (the source's `release`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import mmap
+import os
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import orjson
+
+from runtime.bundles import chunks
+from runtime.bundles.chunks import Chunked
+from runtime.bundles.manifest import Manifest
+from runtime.errors import BundleError, IntegrityError
+
+# One read of a shard without chunk digests (as cpu.py reads it).
+READ_BYTES = 16 * 1024 * 1024
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+
+_IOV_MAX = 512
+# Device nodes of an accelerator torch may pick: CUDA, ROCm (torch.cuda), WSL.
+_ACCELERATORS = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
+_FLOATS = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+}
+_LOAD_DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+}
+_lock = threading.Lock()
+_in_flight_bytes = 0  # of landings not yet taken or discarded, in this process
+
+
+class LandedShard:
+    """One shard's tensors in anonymous memory: by file offset, the mapping that
+    holds its bytes; `head` the bytes before the data, as read."""
+
+    def __init__(self, path: Path, rel: str, entry: Chunked | None) -> None:
+        self.rel = rel
+        self.entry = entry
+        self.fd = os.open(
+            path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
+        )
+        try:
+            self.opened = os.fstat(self.fd)
+            self.size = self.opened.st_size
+            prefix = os.pread(self.fd, 8, 0)
+            header_len = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+            if not 0 <= header_len <= self.size - 8 or header_len > 64 * 1024 * 1024:
+                raise ValueError("header")
+            raw = os.pread(self.fd, header_len, 8)
+            self.head = prefix + raw
+            self.data_start = 8 + header_len
+            self.layout = _layout(raw, self.size - self.data_start)
+            self.buffers: dict[int, mmap.mmap] = {}
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def allocate(self) -> None:
+        for begin, stop in self.layout:
+            if stop > begin:
+                offset = self.data_start + begin
+                self.buffers[offset] = mmap.mmap(-1, stop - begin, flags=mmap.MAP_PRIVATE)
+
+    def ranges(self) -> list[tuple[int, int, int]]:
+        """(chunk index or -1, start, end): the manifest's chunks, else READ_BYTES of data."""
+        if self.entry is not None:
+            count = len(self.entry.chunks)
+            return [
+                (i, *chunks.chunk_span(self.size, self.entry.chunk_bytes, i)) for i in range(count)
+            ]
+        starts = range(self.data_start, self.size, READ_BYTES)
+        return [(-1, at, min(self.size, at + READ_BYTES)) for at in starts]
+
+    def read(self, index: int, begin: int, stop: int) -> None:
+        """Read [begin, stop) into the tensors' memory with one preadv; check chunk `index`."""
+        lo = max(begin, self.data_start)
+        offsets = sorted(self.buffers)
+        views: list[memoryview] = []
+        for offset in offsets[max(0, bisect.bisect_right(offsets, lo) - 1) :]:
+            if offset >= stop:
+                break
+            buffer = self.buffers[offset]
+            start, end = max(lo, offset), min(stop, offset + len(buffer))
+            if end > start:
+                _prefault(buffer, start - offset, end - start)
+                views.append(memoryview(buffer)[start - offset : end - offset])
+        try:
+            _read_many(self, list(views), lo)
+            if self.entry is not None:
+                head = self.head[begin : min(stop, self.data_start)]
+                chunks.check(self.entry, index, [head, *views])
+        finally:
+            for view in views:
+                view.release()
+
+    def changed(self) -> IntegrityError:
+        return IntegrityError(
+            f"{self.rel}: changed while it was being read (it is verified again on the next load)",
+            file=self.rel,
+        )
+
+    def close(self) -> None:
+        self.buffers = {}
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class Landing:
+    """A bundle's shards landing in memory (see the module docstring)."""
+
+    def __init__(self, shards: list[LandedShard], nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.shards = {s.rel: s for s in shards}
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(1, chunks.threads()), thread_name_prefix="thaw-land"
+        )
+        self._futures: list[tuple[int, Future[None]]] = [
+            (stop - begin, self._pool.submit(shard.read, index, begin, stop))
+            for shard in shards
+            for index, begin, stop in shard.ranges()
+        ]
+        self._pool.shutdown(wait=False)
+        self._done = False
+
+    def wait(self, on_progress: Callable[[int], None] | None = None) -> None:
+        """Return once every chunk is read and matched; else let go of everything and
+        raise what failed first (a mismatch names the file and the chunk)."""
+        try:
+            for nbytes, future in self._futures:
+                future.result()
+                if on_progress is not None:
+                    on_progress(nbytes)
+        except BaseException as exc:
+            self.discard(wait=True)
+            traceback.clear_frames(exc.__traceback__)
+            raise
+
+    def take(self, rel: str) -> LandedShard | None:
+        """The landed shard `rel`, handed over (after `wait`): this object lets go of it."""
+        shard = self.shards.pop(rel, None)
+        if not self.shards:
+            self._settle()
+        return shard
+
+    def discard(self, *, wait: bool = False) -> None:
+        """Let go of every shard not taken; reads under way finish first (on a thread
+        of their own, unless `wait`), as none may write into memory already freed."""
+        for _nbytes, future in self._futures:
+            future.cancel()
+        shards, self.shards = list(self.shards.values()), {}
+        self._settle()
+
+        def finish() -> None:
+            for _nbytes, future in self._futures:
+                if not future.cancelled():
+                    future.exception()  # waits; what it raised was raised to `wait`
+            self._futures = []
+            for shard in shards:
+                shard.close()
+
+        if wait:
+            finish()
+        else:
+            threading.Thread(target=finish, name="thaw-land-discard", daemon=True).start()
+
+    def _settle(self) -> None:
+        global _in_flight_bytes
+        with _lock:
+            if not self._done:
+                self._done = True
+                _in_flight_bytes -= self.nbytes
+
+
+def should_land(directory: Path, nbytes: int) -> bool:
+    """Whether landing `nbytes` of shards in `directory` now is this load's way (see the
+    module docstring): the framework is still to import, no accelerator, a writable
+    filesystem, and room in the memory available now."""
+    if not hasattr(os, "preadv") or sys.platform != "linux" or nbytes <= 0:
+        return False
+    torch = sys.modules.get("torch")
+    if torch is not None and not getattr(getattr(torch, "__spec__", None), "_initializing", False):
+        return False  # imported: the load reads at once, within its budget
+    if any(os.path.exists(node) for node in _ACCELERATORS):
+        return False
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return False
+    except OSError:
+        return False
+    with _lock:
+        return _in_flight_bytes + nbytes <= 0.8 * _available_bytes()
+
+
+def land(directory: Path, manifest: Manifest, pending: Mapping[str, Chunked]) -> Landing | None:
+    """Start landing the bundle's safetensors shards (those in `pending` checked chunk by
+    chunk as they land); None where no shard can be (the load reads them itself)."""
+    global _in_flight_bytes
+    target = _LOAD_DTYPES.get(manifest.load_dtype or "")
+    if manifest.load_dtype is not None and target is None:
+        return None
+    shards: list[LandedShard] = []
+    try:
+        for f in manifest.files:
+            if not f.path.endswith(".safetensors"):
+                continue
+            try:
+                shard = LandedShard(directory / f.path, f.path, pending.get(f.path))
+            except (OSError, ValueError):
+                continue
+            converts = target is not None and any(
+                _FLOATS.get(code, target) != target for code in shard.layout.codes
+            )
+            if shard.size != f.size or converts:
+                shard.close()
+                continue
+            shards.append(shard)
+            shard.allocate()
+    except BaseException:
+        for shard in shards:
+            shard.close()
+        raise
+    if not shards:
+        return None
+    nbytes = sum(s.size for s in shards)
+    with _lock:
+        _in_flight_bytes += nbytes
+    return Landing(shards, nbytes)
+
+
+class _Layout(list[tuple[int, int]]):
+    """A header's tensor byte ranges in its data section, in order; `codes` their dtypes."""
+
+    codes: set[str]
+
+
+def _layout(raw: bytes, data_bytes: int) -> _Layout:
+    """The ranges a safetensors header lays out, torch-free: they must tile the data
+    section exactly (so nothing past the file's size is allocated). ValueError if not;
+    the load's own parse (format.py) checks the rest once torch is imported."""
+    header = orjson.loads(raw)
+    if not isinstance(header, dict):
+        raise ValueError("header")
+    layout = _Layout()
+    layout.codes = set()
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not isinstance(offsets, list) or len(offsets) != 2:
+            raise ValueError("offsets")
+        begin, stop = offsets
+        if not (type(begin) is int and type(stop) is int and 0 <= begin <= stop):
+            raise ValueError("offsets")
+        layout.append((begin, stop))
+        layout.codes.add(str(info.get("dtype")))
+    layout.sort()
+    end = 0
+    for begin, stop in layout:
+        if begin != end:
+            raise ValueError("tiling")
+        end = stop
+    if end != data_bytes:
+        raise ValueError("tiling")
+    return layout
+
+
+def _prefault(buffer: mmap.mmap, start: int, nbytes: int) -> None:
+    """Map the range for writing in one call (cpu.py `_prefault`: a fault per page costs
+    more than the copy). Best effort: older kernels refuse it."""
+    page = mmap.PAGESIZE
+    begin = start - start % page
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        buffer.madvise(_MADV_POPULATE_WRITE, begin, min(len(buffer), start + nbytes) - begin)
+
+
+def _read_many(shard: LandedShard, views: list[memoryview], at: int) -> None:
+    """Fill `views`, in order, from the shard's consecutive bytes at `at`."""
+    views = [v for v in views if len(v)]
+    while views:
+        try:
+            n = os.preadv(shard.fd, views[:_IOV_MAX], at)
+        except OSError as exc:
+            raise BundleError(f"{shard.rel}: read failed ({exc.strerror})") from exc
+        if n == 0:
+            raise shard.changed()
+        at += n
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if n:
+            views[0] = views[0][n:]
+
+
+def _available_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
