@@ -119,8 +119,15 @@ class LocalSource:
             )
         stamps = shard_stamps(directory, [f.path for f in manifest.files])
         shards = [f for f in manifest.files if f.path.endswith(".safetensors")]
-        if should_land(directory, sum(f.size for f in shards)):
+        nbytes = sum(f.size for f in shards)
+        if should_land(directory, nbytes):
             pending.landing = land(directory, manifest, pending.files)
+            if pending.landing is not None:
+                log.info(
+                    "%s: landing %.1f MiB of shards in memory while the framework imports",
+                    manifest.short_id,
+                    pending.landing.nbytes / 2**20,
+                )
         if pending.landing is not None:
             old = self._landings.pop(manifest.id, None)
             if old is not None:
