@@ -113,3 +113,74 @@ def test_a_burst_to_one_instance_is_shared_by_the_fleet_within_capacity(
     assert {run.pid for run in record} == {
         server.proc.pid for server in fleet.instances if server.proc is not None
     }
+
+
+def test_a_burst_to_a_sync_handler_on_one_thread_is_shared_within_capacity(
+    make_fleet: MakeFleet, tmp_path: Path
+) -> None:
+    """A plain sync handler, unbatched, on instances of one handler thread each
+    (THAW_HANDLER_THREADS=1: the thread limit is its capacity). Jobs behind the
+    busy thread, and sync callers answered 202 while their calls wait for it, are
+    the fleet's: each runs once, on whichever instance claims it, never two at once
+    on one instance."""
+    log, hold = tmp_path / "runs.log", tmp_path / "hold"
+    fleet = make_fleet(
+        2,
+        THAW_HANDLERS="tests.handlers.serial_threads",
+        THAW_HANDLER_THREADS="1",
+        THAW_JOB_LEASE_S=LEASE_S,
+        THAW_TEST_RUN_LOG=str(log),
+    )
+    for server in fleet.instances:
+        with server.client() as direct:
+            until(lambda: direct.get("/readyz").status_code == 200, "the instance to be ready")
+
+    def backlog(client: httpx.Client) -> float:
+        text = client.get("/metrics").raise_for_status().text
+        return metric_lines(text, "thaw_fleet_jobs_queued").get('{handler="serial_threads"}', 0.0)
+
+    hold.touch()
+    with fleet.instances[0].client() as first:
+        ids = [
+            first.post(
+                "/handlers/serial_threads/jobs",
+                json={"tag": f"job{n}", "hold": str(hold), "s": 0.05},
+            )
+            .raise_for_status()
+            .json()["id"]
+            for n in range(4)
+        ]
+        until(lambda: len({run.pid for run in runs(log)}) == 2, "each instance to start a run")
+        assert len(runs(log)) == 2, runs(log)  # one each: one thread
+        sync = [
+            first.post(
+                "/invoke/serial_threads",
+                json={"tag": f"sync{n}", "s": 0.05},
+                headers={"Prefer": "wait=1"},
+            )
+            for n in range(2)
+        ]
+        assert [r.status_code for r in sync] == [202, 202], [r.text for r in sync]
+        ids += [r.json()["id"] for r in sync]
+        with fleet.client() as anywhere:
+            try:
+                until(lambda: backlog(anywhere) == 4, "the fleet gauge to count 2 jobs + 2 syncs")
+            except AssertionError as exc:
+                read = backlog(anywhere)
+                raise AssertionError(f"{exc}: it reads {read}; {statuses(first, ids)}") from exc
+        assert len(runs(log)) == 2  # nothing started beside the held runs
+
+        hold.unlink()
+        done = [final(first, job_id) for job_id in ids]
+        assert [job["status"] for job in done] == ["succeeded"] * len(ids), done
+        assert [job["attempts"] for job in done] == [1] * len(ids), done
+        with fleet.client() as anywhere:
+            until(lambda: backlog(anywhere) == 0, "the fleet gauge to return to 0")
+
+    record = runs(log)
+    tags = sorted(run.tag for run in record)
+    assert tags == sorted([f"job{n}" for n in range(4)] + ["sync0", "sync1"]), record
+    assert overlaps(log) == [], overlaps(log)
+    assert {run.pid for run in record} == {
+        server.proc.pid for server in fleet.instances if server.proc is not None
+    }
