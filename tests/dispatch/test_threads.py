@@ -340,3 +340,32 @@ def test_a_thread_woken_for_a_call_another_thread_took_goes_idle_again() -> None
     assert {f.result(WAIT_S) for f in futures} == {woken, idle_last, finisher}
     assert pool.started == 3
     pool.shutdown()
+
+
+def test_a_call_still_waiting_is_wrapped_and_one_a_thread_took_is_not() -> None:
+    """wrap_waiting (a 202'd caller's call gated for its job's claim): a call still in
+    the queue runs wrapped, in its place and in its turn; a call a thread has taken
+    runs as it was, and the wrap is refused, so the call never runs both ways."""
+    pool = HandlerThreads(1, "t")
+    [gate], [held] = overlapping(pool, 1)
+    ran: list[str] = []
+
+    def log(what: str) -> str:
+        ran.append(what)
+        return what
+
+    waiting = pool.submit(partial(log, "call"))
+    behind = pool.submit(partial(log, "behind"))
+
+    def wrap(fn: Callable[[], Any]) -> Callable[[], Any]:
+        return lambda: ("wrapped", fn())
+
+    assert pool.wrap_waiting(waiting, wrap)
+    assert not pool.wrap_waiting(held, wrap), "a thread has it: it runs as it was"
+    gate.set()
+    assert held.result(WAIT_S) == "t_0"
+    assert waiting.result(WAIT_S) == ("wrapped", "call")
+    assert behind.result(WAIT_S) == "behind"
+    assert ran == ["call", "behind"]
+    assert not pool.wrap_waiting(waiting, wrap), "done: nothing left to wrap"
+    pool.shutdown()
