@@ -74,29 +74,48 @@ _in_flight_bytes = 0  # of landings not yet taken or discarded, in this process
 
 class LandedShard:
     """One shard's tensors in anonymous memory: by file offset, the mapping that
-    holds its bytes; `head` the bytes before the data, as read."""
+    holds its bytes; `head` the bytes before the data. Read from its file
+    (`open`), or filled as its parts arrive (arrival.py: `arrived` once whole)."""
 
-    def __init__(self, path: Path, rel: str, entry: Chunked | None) -> None:
+    def __init__(self, rel: str, entry: Chunked | None, size: int, head: bytes) -> None:
+        header_len = int.from_bytes(head[:8], "little") if len(head) >= 8 else -1
+        if not 0 <= header_len <= size - 8 or len(head) != 8 + header_len:
+            raise ValueError("header")
         self.rel = rel
         self.entry = entry
-        self.fd = os.open(
+        self.size = size
+        self.head = head
+        self.data_start = 8 + header_len
+        self.layout = _layout(head[8:], size - self.data_start)
+        self.buffers: dict[int, mmap.mmap] = {}
+        self.fd = -1
+        self.opened: os.stat_result | None = None
+        self.arrived = False
+
+    @classmethod
+    def open(cls, path: Path, rel: str, entry: Chunked | None) -> LandedShard:
+        """The shard at `path`, to be read (`read`) from the descriptor opened here."""
+        fd = os.open(
             path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
         )
         try:
-            self.opened = os.fstat(self.fd)
-            self.size = self.opened.st_size
-            prefix = os.pread(self.fd, 8, 0)
+            opened = os.fstat(fd)
+            prefix = os.pread(fd, 8, 0)
             header_len = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
-            if not 0 <= header_len <= self.size - 8 or header_len > 64 * 1024 * 1024:
+            if not 0 <= header_len <= min(opened.st_size - 8, 64 * 1024 * 1024):
                 raise ValueError("header")
-            raw = os.pread(self.fd, header_len, 8)
-            self.head = prefix + raw
-            self.data_start = 8 + header_len
-            self.layout = _layout(raw, self.size - self.data_start)
-            self.buffers: dict[int, mmap.mmap] = {}
+            shard = cls(rel, entry, opened.st_size, prefix + os.pread(fd, header_len, 8))
         except BaseException:
-            os.close(self.fd)
+            os.close(fd)
             raise
+        shard.fd, shard.opened = fd, opened
+        return shard
+
+    def converts(self, target: str | None) -> bool:
+        """Whether a floating tensor of it is of another dtype than `target`."""
+        return target is not None and any(
+            _FLOATS.get(code, target) != target for code in self.layout.codes
+        )
 
     def allocate(self) -> None:
         for begin, stop in self.layout:
@@ -105,7 +124,10 @@ class LandedShard:
                 self.buffers[offset] = mmap.mmap(-1, stop - begin, flags=mmap.MAP_PRIVATE)
 
     def ranges(self) -> list[tuple[int, int, int]]:
-        """(chunk index or -1, start, end): the manifest's chunks, else READ_BYTES of data."""
+        """(chunk index or -1, start, end) to read: the manifest's chunks, else READ_BYTES
+        of data; none once arrived."""
+        if self.arrived:
+            return []
         if self.entry is not None:
             count = len(self.entry.chunks)
             return [
@@ -152,8 +174,11 @@ class LandedShard:
 class Landing:
     """A bundle's shards landing in memory (see the module docstring)."""
 
-    def __init__(self, shards: list[LandedShard], nbytes: int) -> None:
-        self.nbytes = nbytes
+    def __init__(self, shards: list[LandedShard]) -> None:
+        global _in_flight_bytes
+        self.nbytes = sum(s.size for s in shards)
+        with _lock:
+            _in_flight_bytes += self.nbytes
         self.shards = {s.rel: s for s in shards}
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, chunks.threads()), thread_name_prefix="thaw-land"
@@ -226,6 +251,8 @@ def should_land(directory: Path, nbytes: int) -> bool:
         return False  # imported: the load reads at once, within its budget
     if any(os.path.exists(node) for node in _ACCELERATORS):
         return False
+    while not directory.exists() and directory.parent != directory:
+        directory = directory.parent  # a node cache the fetch is still to make
     try:
         if os.statvfs(directory).f_flag & os.ST_RDONLY:
             return False
@@ -235,26 +262,38 @@ def should_land(directory: Path, nbytes: int) -> bool:
         return _in_flight_bytes + nbytes <= 0.8 * _available_bytes()
 
 
-def land(directory: Path, manifest: Manifest, pending: Mapping[str, Chunked]) -> Landing | None:
-    """Start landing the bundle's safetensors shards (those in `pending` checked chunk by
-    chunk as they land); None where no shard can be (the load reads them itself)."""
-    global _in_flight_bytes
+def load_dtype(manifest: Manifest) -> tuple[bool, str | None]:
+    """Whether a landing can serve `manifest`'s load dtype, and that dtype's name."""
     target = _LOAD_DTYPES.get(manifest.load_dtype or "")
-    if manifest.load_dtype is not None and target is None:
+    return manifest.load_dtype is None or target is not None, target
+
+
+def land(
+    directory: Path,
+    manifest: Manifest,
+    pending: Mapping[str, Chunked],
+    arrived: Mapping[str, LandedShard] | None = None,
+) -> Landing | None:
+    """Start landing the bundle's safetensors shards (those in `pending` checked chunk by
+    chunk as they land; those `arrived` whole already as they are); None where no shard
+    can be (the load reads them itself)."""
+    ok, target = load_dtype(manifest)
+    if not ok:
         return None
+    arrived = arrived or {}
     shards: list[LandedShard] = []
     try:
         for f in manifest.files:
             if not f.path.endswith(".safetensors"):
                 continue
+            if f.path in arrived:
+                shards.append(arrived[f.path])
+                continue
             try:
-                shard = LandedShard(directory / f.path, f.path, pending.get(f.path))
+                shard = LandedShard.open(directory / f.path, f.path, pending.get(f.path))
             except (OSError, ValueError):
                 continue
-            converts = target is not None and any(
-                _FLOATS.get(code, target) != target for code in shard.layout.codes
-            )
-            if shard.size != f.size or converts:
+            if shard.size != f.size or shard.converts(target):
                 shard.close()
                 continue
             shards.append(shard)
@@ -263,12 +302,7 @@ def land(directory: Path, manifest: Manifest, pending: Mapping[str, Chunked]) ->
         for shard in shards:
             shard.close()
         raise
-    if not shards:
-        return None
-    nbytes = sum(s.size for s in shards)
-    with _lock:
-        _in_flight_bytes += nbytes
-    return Landing(shards, nbytes)
+    return Landing(shards) if shards else None
 
 
 class _Layout(list[tuple[int, int]]):

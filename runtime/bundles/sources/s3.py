@@ -26,6 +26,10 @@ Why it is built this way:
   but progressing one never is. An aborted range is retried from the last
   byte written, with jittered back-off; retries reset whenever a try made
   progress. botocore's own (standard mode) retries cover the request itself.
+- For a load while the framework is still to import (landing.py), each part
+  of a shard also lands in the memory its tensors will keep as it arrives, and
+  each chunk is checked from there once whole (arrival.py); shards found in the
+  node cache are read into memory during the import. The load reads nothing back.
 - Any failure removes everything this fetch wrote. Errors are translated once,
   here: UnknownBundle (no manifest), IntegrityError (size or hash), BundleError
   (a listed file is missing), LoadFailed (S3 unreachable after retries).
@@ -47,7 +51,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from runtime.bundles.chunks import Fetched
+from runtime.bundles.chunks import Fetched, Pending
 from runtime.bundles.manifest import (
     MANIFEST,
     MAX_MANIFEST_BYTES,
@@ -55,7 +59,9 @@ from runtime.bundles.manifest import (
     Manifest,
     parse_manifest,
 )
-from runtime.bundles.sources import nodecache
+from runtime.bundles.sources import arrival, nodecache
+from runtime.bundles.sources.arrival import ArrivingShard
+from runtime.bundles.sources.landing import Landing, load_dtype
 from runtime.bundles.sources.source import Progress
 from runtime.bundles.sources.transfer import FileTransfer
 from runtime.bundles.stamps import shard_stamps
@@ -165,6 +171,8 @@ class S3Source:
         # (nodecache.hold): from its fetch until `release`.
         self._held: dict[str, int] = {}
         self._held_lock = threading.Lock()
+        # Landings not yet let go of, by manifest id (`release` discards what the load left).
+        self._landings: dict[str, Landing] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings) -> S3Source:
@@ -223,6 +231,14 @@ class S3Source:
         return manifest
 
     def fetch(self, manifest: Manifest, on_progress: Progress) -> Path:
+        return self._fetch(manifest, on_progress, None)
+
+    def _fetch(
+        self,
+        manifest: Manifest,
+        on_progress: Progress,
+        arrivals: dict[str, ArrivingShard] | None,
+    ) -> Path:
         directory = nodecache.version_dir(self.cache_dir, manifest)
         lock = threading.Lock()
 
@@ -236,7 +252,7 @@ class S3Source:
             if not nodecache.is_complete(directory, manifest):
                 with nodecache.filling(self.cache_dir, manifest):
                     if not nodecache.is_complete(directory, manifest):  # not done while we waited
-                        self._populate(directory, manifest, report)
+                        self._populate(directory, manifest, report, arrivals)
                         fetched = True
             if not fetched:
                 for f in manifest.files:
@@ -249,11 +265,29 @@ class S3Source:
         return directory
 
     def fetch_for_load(self, manifest: Manifest, on_progress: Progress) -> Fetched:
-        """`fetch`: every file is hashed as its parts arrive, nothing is left pending."""
-        directory = self.fetch(manifest, on_progress)
-        return Fetched(directory, shard_stamps(directory, [f.path for f in manifest.files]))
+        """`fetch`: every file is hashed as its parts arrive, nothing is left to the load's
+        checks. While the framework is still to import, the shards land in memory too
+        (`Fetched.pending.landing`): as their parts arrive, or read from the node cache."""
+        arrivals = arrival.arrivals_for(self.cache_dir, manifest)
+        try:
+            directory = self._fetch(manifest, on_progress, arrivals)
+            pending = Pending(landing=arrival.settle(directory, manifest, arrivals))
+        except BaseException:
+            for arriving in (arrivals or {}).values():
+                arriving.close()
+            raise
+        if pending.landing is not None:
+            old = self._landings.pop(manifest.id, None)
+            if old is not None:
+                old.discard()
+            self._landings[manifest.id] = pending.landing  # type: ignore[assignment]
+        stamps = shard_stamps(directory, [f.path for f in manifest.files])
+        return Fetched(directory, stamps, pending)
 
     def release(self, manifest: Manifest) -> None:
+        landing = self._landings.pop(manifest.id, None)
+        if landing is not None:
+            landing.discard()
         with self._held_lock:
             fd = self._held.pop(manifest.id, None)
         if fd is not None:
@@ -270,10 +304,16 @@ class S3Source:
             else:
                 self._held[manifest.id] = fd
 
-    def _populate(self, directory: Path, manifest: Manifest, report: Progress) -> None:
+    def _populate(
+        self,
+        directory: Path,
+        manifest: Manifest,
+        report: Progress,
+        arrivals: dict[str, ArrivingShard] | None,
+    ) -> None:
         """Fetch what is missing, marker last; on failure remove it all. Needs the node lock."""
         try:
-            self._fetch_missing(directory, manifest, report)
+            self._fetch_missing(directory, manifest, report, arrivals)
         except BaseException as exc:
             nodecache.discard(directory)
             full = nodecache.out_of_room(exc, directory, manifest)
@@ -281,7 +321,13 @@ class S3Source:
                 raise full from exc
             raise
 
-    def _fetch_missing(self, directory: Path, manifest: Manifest, report: Progress) -> None:
+    def _fetch_missing(
+        self,
+        directory: Path,
+        manifest: Manifest,
+        report: Progress,
+        arrivals: dict[str, ArrivingShard] | None,
+    ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         (directory / nodecache.MARKER).unlink(missing_ok=True)
         for stale in directory.glob(f"{FileTransfer.TMP_PREFIX}*"):
@@ -297,9 +343,14 @@ class S3Source:
         nodecache.ensure_room(directory, manifest, [f for _, f in missing])
         transfers: list[FileTransfer] = []
         try:
+            dtype = load_dtype(manifest)[1]
             for index, f in missing:
                 key = self._key(manifest.name, f.path)
-                transfers.append(FileTransfer(f, directory / f.path, directory, index, key))
+                sink = None
+                if arrivals is not None and f.path.endswith(".safetensors"):
+                    entry = f if f.chunks else None
+                    sink = arrivals[f.path] = ArrivingShard(f.path, f.size, entry, dtype)
+                transfers.append(FileTransfer(f, directory / f.path, directory, index, key, sink))
             self._download(transfers, report)
         finally:
             for transfer in transfers:

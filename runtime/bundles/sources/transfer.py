@@ -9,7 +9,8 @@ never read twice from the network, nor held whole in memory.
 
 The data goes to a temporary name in the bundle directory; `finish()` renames
 it to its manifest path only when size and hash match, and `discard()` removes
-whatever is left after a failure.
+whatever is left after a failure. With a `sink` (arrival.py), every range written
+also lands in the memory a load will keep, checked chunk by chunk as it arrives.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import threading
 from pathlib import Path
 
 from runtime.bundles.manifest import BundleFile, sha256_file
+from runtime.bundles.sources.arrival import ArrivingShard
 from runtime.errors import IntegrityError
 
 _READBACK_BYTES = 4 * 1024 * 1024
@@ -32,9 +34,16 @@ class FileTransfer:
     TMP_PREFIX = ".thaw-tmp-"
 
     def __init__(
-        self, file: BundleFile, final: Path, directory: Path, index: int, key: str
+        self,
+        file: BundleFile,
+        final: Path,
+        directory: Path,
+        index: int,
+        key: str,
+        sink: ArrivingShard | None = None,
     ) -> None:
         self.file = file
+        self.sink = sink
         self.final = final
         self.key = key
         self.tmp = directory / f"{self.TMP_PREFIX}{index}-{os.getpid()}-{threading.get_ident()}"
@@ -86,6 +95,21 @@ class FileTransfer:
                 self._hash.update(data)
                 self._hashed += len(data)
             self._catch_up(fd)
+        if self.sink is not None:
+            self.sink.write(offset, data, self._read_back)
+
+    def _read_back(self, offset: int, nbytes: int) -> bytes:
+        """Bytes this transfer wrote already (from the page cache)."""
+        fd = self._require_fd()
+        parts = []
+        while nbytes > 0:
+            part = os.pread(fd, nbytes, offset)
+            if not part:
+                break
+            parts.append(part)
+            offset += len(part)
+            nbytes -= len(part)
+        return b"".join(parts)
 
     def _frontier(self) -> int:
         """End of the contiguous prefix on disk."""

@@ -179,7 +179,12 @@ def wrap_landed(
     another dtype than `dtype` (a landing avoids those) is converted, its bytes freed."""
     import torch
 
-    if stamp_of(landed.opened) != stamp_of(shard.opened) or landed.head != bytes(shard.head):
+    opened = landed.opened
+    if (
+        opened is None
+        or stamp_of(opened) != stamp_of(shard.opened)
+        or landed.head != bytes(shard.head)
+    ):
         raise shard.changed()
     out: dict[str, torch.Tensor] = {}
     buffers, landed.buffers = landed.buffers, {}
