@@ -335,6 +335,9 @@ class Work:
         if self.settled:
             return
         self.settled = True
+        # Its thread's future holds its callback, which holds this work: let go of it,
+        # so the work is freed by its count, not left to the cycle collector.
+        self.call = None
         if self.leases:
             leases, self.leases = self.leases, []
             for lease in leases:
