@@ -95,7 +95,7 @@ class Instance:
         registry = registry if registry is not None else discover(settings.handlers)
         metrics = Metrics()
         health = Health(clock)
-        executor = Executor(settings.handler_threads)
+        executor = Executor(settings.handler_threads, now=clock.monotonic)
         estimator = Estimator(
             settings.state_path,
             default_bandwidth_bytes_s=settings.default_bandwidth_bytes_s,

@@ -107,6 +107,7 @@ class Dispatcher:
             metrics=metrics,
             health=health,
             run_timeout_s=settings.run_timeout_s,
+            taken_at=executor.taken_at,
         )
         # Queue slots by handler, and the outcomes of the work in flight (the workload's).
         self.pending = self.workload.pending

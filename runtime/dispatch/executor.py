@@ -39,6 +39,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import logging
+import time
 import traceback
 from collections.abc import Callable, Coroutine
 from functools import partial
@@ -171,8 +172,8 @@ class Executor:
     """Runs user code (`run`): sync handlers on the handler threads, async ones on the
     loop; `warm_up` runs one warm-up example the way a request runs."""
 
-    def __init__(self, threads: int) -> None:
-        self._pool = HandlerThreads(threads, "thaw-handler")
+    def __init__(self, threads: int, now: Callable[[], float] = time.monotonic) -> None:
+        self._pool = HandlerThreads(threads, "thaw-handler", now=now)
 
     def run(
         self,
@@ -265,6 +266,11 @@ class Executor:
             # An exception in its item's place: InvalidInput is a 400, as it is.
             raise user_error(spec, ctx, output)
         return output
+
+    def taken_at(self, call: ThreadOutcome) -> float | None:
+        """When a thread took sync `call` after it waited for one (None: it did not wait,
+        or waits still)."""
+        return self._pool.taken_at(call)
 
     def saturated(self) -> bool:
         """Whether a sync handler submitted now would wait for a handler thread."""

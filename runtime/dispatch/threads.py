@@ -37,6 +37,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -59,12 +61,24 @@ class HandlerThreads:
     """At most `max_threads` daemon threads named `<name>_<n>`; see the module docstring."""
 
     def __init__(
-        self, max_threads: int, name: str, release_team: Callable[[], object] = teams.release
+        self,
+        max_threads: int,
+        name: str,
+        release_team: Callable[[], object] = teams.release,
+        now: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`release_team` ends the calling thread's OpenMP team (teams.release)."""
+        """`release_team` ends the calling thread's OpenMP team (teams.release); `now`
+        is the clock that `taken_at` reads."""
         if max_threads < 1:
             raise ValueError("max_threads must be at least 1")
         self.max_threads = max_threads
+        self._now = now
+        # When each call that had to wait in the queue was taken by a thread (calls
+        # handed to an idle thread at once are not here: they began as submitted).
+        # Weak: an entry goes with its call's future.
+        self._taken_at: weakref.WeakKeyDictionary[Future[Any], float] = (
+            weakref.WeakKeyDictionary()
+        )
         self.name = name
         self.release_team = release_team
         # Model calls submitted and not yet returned (running or waiting).
@@ -161,6 +175,7 @@ class HandlerThreads:
         # Under the lock.
         if self._queued:
             call = self._queued.popleft()
+            self._taken_at[call[1]] = self._now()
             self._wake_one()  # for the rest of the queue
             return True, call, False
         if self._closed:
@@ -170,6 +185,11 @@ class HandlerThreads:
             worker.team = False
         self._idle.append(worker)
         return True, None, release
+
+    def taken_at(self, future: Future[Any]) -> float | None:
+        """When a thread took the call of `future` after it waited in the queue (None:
+        it has not waited, or is waiting still: see `future.running()`)."""
+        return self._taken_at.get(future)
 
     def shutdown(self) -> None:
         """Take no more calls and cancel the waiting ones; idle threads end now,

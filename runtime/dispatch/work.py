@@ -60,8 +60,11 @@ class Workload:
         metrics: Metrics,
         health: Health,
         run_timeout_s: float,
+        taken_at: Callable[[ThreadOutcome], float | None] = lambda call: None,
     ) -> None:
         self.clock = clock
+        # When a handler thread took a sync call that waited for one (Executor.taken_at).
+        self.taken_at = taken_at
         self.now = clock.monotonic
         self.estimator = estimator
         self.metrics = metrics
@@ -311,6 +314,20 @@ class Work:
         if self.outcome.done():
             return
         workload = self.workload
+        call = self.call
+        if call is not None and not call.done():
+            # A sync call's watch began as it was submitted, but a call that had to
+            # wait for a handler thread begins to run only when one takes it: the
+            # limit counts from there, or a backlog behind busy threads would time
+            # out (and wedge the instance) without having run at all.
+            if not call.running():
+                workload.overruns.watch(self, workload.now())  # waits still: look again
+                return
+            taken = workload.taken_at(call)
+            if taken is not None and taken > self.run_started:
+                self.run_started = taken
+                workload.overruns.watch(self, taken)
+                return
         limit_s = workload.run_timeout_s
         if not self.spec.is_async and self.spec.decode is None:
             # Its thread cannot be stopped, and keeps the model and memory it holds (a
