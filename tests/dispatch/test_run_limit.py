@@ -12,7 +12,7 @@ the moment its thread took it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from runtime.errors import HandlerTimeout
 from runtime.instance import Instance
 from runtime.registry import discover
 from tests.handlers import held_calls
-from tests.inproc import settings_for
+from tests.inproc import settings_for, until
 
 pytestmark = pytest.mark.anyio
 LIMIT_S = 10.0
@@ -51,15 +51,6 @@ async def instance(tmp_path: Path, clock: ManualClock) -> AsyncIterator[Instance
         held_calls.reset()
         await until(lambda: not instance.dispatcher.in_flight, "every call ended")
         await instance.stop()
-
-
-async def until(done: Callable[[], bool], what: str) -> None:
-    """Yield to the loop and the handler thread until `done()`; a hang guard only."""
-    for _ in range(20_000):
-        if done():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError(f"never: {what}")
 
 
 def call(instance: Instance, run_id: str) -> asyncio.Future[Any]:

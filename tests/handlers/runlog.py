@@ -21,7 +21,8 @@ from typing import Any
 from runtime import Context, handler
 
 
-def _append(line: str) -> None:
+def append(line: str) -> None:
+    """One line onto `THAW_TEST_RUN_LOG` (if set), in one write."""
     path = os.environ.get("THAW_TEST_RUN_LOG")
     if not path:
         return
@@ -37,15 +38,15 @@ def logged(event: Any, ctx: Context) -> dict[str, Any]:
     event = event if isinstance(event, dict) else {}
     tag = str(event.get("tag", ctx.request_id))
     started = time.time()
-    _append(f"{tag} start {os.getpid()} {started!r}")
+    append(f"{tag} start {os.getpid()} {started!r}")
     hold = event.get("hold")
     while hold and Path(hold).exists():
         time.sleep(0.02)
     time.sleep(float(event.get("s", 0.0)))
     if event.get("fail"):
-        _append(f"{tag} end {os.getpid()} {time.time()!r}")
+        append(f"{tag} end {os.getpid()} {time.time()!r}")
         raise RuntimeError(f"injected failure of run {tag}")
-    _append(f"{tag} end {os.getpid()} {time.time()!r}")
+    append(f"{tag} end {os.getpid()} {time.time()!r}")
     return {"tag": tag, "pid": os.getpid(), "started": started}
 
 

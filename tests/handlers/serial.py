@@ -20,30 +20,20 @@ from pathlib import Path
 from typing import Any
 
 from runtime import Batch, Context, handler
+from tests.handlers.runlog import append
 
 ONE_AT_A_TIME = Batch(max_size=1, max_wait_ms=0, max_concurrent=1)
-
-
-def _append(line: str) -> None:
-    path = os.environ.get("THAW_TEST_RUN_LOG")
-    if not path:
-        return
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, f"{line}\n".encode())
-    finally:
-        os.close(fd)
 
 
 def _run(event: Any, ctx: Context) -> dict[str, Any]:
     event = event if isinstance(event, dict) else {}
     tag = str(event.get("tag", ctx.request_id))
-    _append(f"{tag} start {os.getpid()} {time.monotonic()!r}")
+    append(f"{tag} start {os.getpid()} {time.monotonic()!r}")
     hold = event.get("hold")
     while hold and Path(hold).exists():
         time.sleep(0.01)
     time.sleep(float(event.get("s", 0.0)))
-    _append(f"{tag} end {os.getpid()} {time.monotonic()!r}")
+    append(f"{tag} end {os.getpid()} {time.monotonic()!r}")
     return {"tag": tag, "pid": os.getpid()}
 
 
