@@ -26,14 +26,15 @@ device) is let go of by `discard` (the source's `release`).
 from __future__ import annotations
 
 import bisect
-import contextlib
+import collections
+import ctypes
+import functools
 import mmap
 import os
 import sys
 import threading
 import traceback
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import orjson
@@ -49,24 +50,13 @@ _MADV_POPULATE_WRITE = 23  # Linux 5.14+
 _IOV_MAX = 512
 # Device nodes of an accelerator torch may pick: CUDA, ROCm (torch.cuda), WSL.
 _ACCELERATORS = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
-_FLOATS = {
-    "F64": "float64",
-    "F32": "float32",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E4M3FNUZ": "float8_e4m3fnuz",
-    "F8_E5M2": "float8_e5m2",
-    "F8_E5M2FNUZ": "float8_e5m2fnuz",
-}
+# Floating dtypes by safetensors code (a float8 is never a load dtype: it converts).
+_FLOATS = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+_FLOATS |= dict.fromkeys(("F8_E4M3", "F8_E4M3FNUZ", "F8_E5M2", "F8_E5M2FNUZ"), "float8")
 _LOAD_DTYPES = {
-    "float32": "float32",
-    "fp32": "float32",
-    "float16": "float16",
-    "fp16": "float16",
-    "half": "float16",
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
+    **dict.fromkeys(("float32", "fp32"), "float32"),
+    **dict.fromkeys(("float16", "fp16", "half"), "float16"),
+    **dict.fromkeys(("bfloat16", "bf16"), "bfloat16"),
 }
 _lock = threading.Lock()
 _in_flight_bytes = 0  # of landings not yet taken or discarded, in this process
@@ -172,7 +162,12 @@ class LandedShard:
 
 
 class Landing:
-    """A bundle's shards landing in memory (see the module docstring)."""
+    """A bundle's shards landing in memory (see the module docstring).
+
+    While the framework imports, one core is its: the reads run on one thread per
+    core but one. The load's `wait` then reads what is left on its own thread too,
+    so every core works once the import is done (on 2 cores, 6 GiB: the same total
+    as a reader per core, with the import 1.3 s instead of 1.9-2.1 s)."""
 
     def __init__(self, shards: list[LandedShard]) -> None:
         global _in_flight_bytes
@@ -180,25 +175,43 @@ class Landing:
         with _lock:
             _in_flight_bytes += self.nbytes
         self.shards = {s.rel: s for s in shards}
-        self._pool = ThreadPoolExecutor(
-            max_workers=max(1, chunks.threads()), thread_name_prefix="thaw-land"
+        self._tasks = collections.deque(
+            (shard, index, begin, stop) for shard in shards for index, begin, stop in shard.ranges()
         )
-        self._futures: list[tuple[int, Future[None]]] = [
-            (stop - begin, self._pool.submit(shard.read, index, begin, stop))
-            for shard in shards
-            for index, begin, stop in shard.ranges()
-        ]
-        self._pool.shutdown(wait=False)
+        self._cond = threading.Condition()
+        self._running = 0
+        self._read_bytes = 0
+        self._error: BaseException | None = None
+        self._stopped = False
         self._done = False
+        workers = min(len(self._tasks), max(1, chunks.threads() - 1))
+        for number in range(workers):
+            name = f"thaw-land-{number}"
+            threading.Thread(target=self._work, name=name, daemon=True).start()
 
     def wait(self, on_progress: Callable[[int], None] | None = None) -> None:
-        """Return once every chunk is read and matched; else let go of everything and
-        raise what failed first (a mismatch names the file and the chunk)."""
+        """Return once every chunk is read and matched (reading what is left here too);
+        else let go of everything and raise what failed first (a mismatch names the
+        file and the chunk)."""
+        told = 0
         try:
-            for nbytes, future in self._futures:
-                future.result()
-                if on_progress is not None:
-                    on_progress(nbytes)
+            while True:
+                task = self._next()
+                if task is None:
+                    break
+                self._run(task)
+                read = self._read_bytes
+                if on_progress is not None and read > told:
+                    on_progress(read - told)
+                    told = read
+            with self._cond:
+                while self._running:
+                    self._cond.wait()
+                error, self._error = self._error, None
+            if on_progress is not None and self._read_bytes > told:
+                on_progress(self._read_bytes - told)
+            if error is not None:
+                raise error
         except BaseException as exc:
             self.discard(wait=True)
             traceback.clear_frames(exc.__traceback__)
@@ -214,16 +227,17 @@ class Landing:
     def discard(self, *, wait: bool = False) -> None:
         """Let go of every shard not taken; reads under way finish first (on a thread
         of their own, unless `wait`), as none may write into memory already freed."""
-        for _nbytes, future in self._futures:
-            future.cancel()
+        with self._cond:
+            self._stopped = True
+            self._tasks.clear()
         shards, self.shards = list(self.shards.values()), {}
         self._settle()
 
         def finish() -> None:
-            for _nbytes, future in self._futures:
-                if not future.cancelled():
-                    future.exception()  # waits; what it raised was raised to `wait`
-            self._futures = []
+            with self._cond:
+                while self._running:
+                    self._cond.wait()
+                self._error = None
             for shard in shards:
                 shard.close()
 
@@ -231,6 +245,34 @@ class Landing:
             finish()
         else:
             threading.Thread(target=finish, name="thaw-land-discard", daemon=True).start()
+
+    def _next(self) -> tuple[LandedShard, int, int, int] | None:
+        with self._cond:
+            if self._stopped or self._error is not None or not self._tasks:
+                return None
+            self._running += 1
+            return self._tasks.popleft()
+
+    def _run(self, task: tuple[LandedShard, int, int, int]) -> None:
+        shard, index, begin, stop = task
+        try:
+            shard.read(index, begin, stop)
+        except BaseException as exc:
+            with self._cond:
+                if self._error is None:
+                    self._error = exc
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._read_bytes += stop - begin
+                self._cond.notify_all()
+
+    def _work(self) -> None:
+        while True:
+            task = self._next()
+            if task is None:
+                return
+            self._run(task)
 
     def _settle(self) -> None:
         global _in_flight_bytes
@@ -342,13 +384,38 @@ def _layout(raw: bytes, data_bytes: int) -> _Layout:
     return layout
 
 
+@functools.cache
+def _madvise() -> Callable[[int, int, int], int] | None:
+    """libc's madvise through ctypes, which releases the GIL (mmap.madvise holds it:
+    populating 6 GiB under it serialised the readers and stalled the import)."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return]
+
+
+def _address(buffer: mmap.mmap) -> int:
+    view = ctypes.c_char.from_buffer(buffer)
+    try:
+        return ctypes.addressof(view)
+    finally:
+        del view
+
+
 def _prefault(buffer: mmap.mmap, start: int, nbytes: int) -> None:
     """Map the range for writing in one call (cpu.py `_prefault`: a fault per page costs
     more than the copy). Best effort: older kernels refuse it."""
+    madvise = _madvise()
+    if madvise is None or nbytes <= 0:
+        return
     page = mmap.PAGESIZE
     begin = start - start % page
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        buffer.madvise(_MADV_POPULATE_WRITE, begin, min(len(buffer), start + nbytes) - begin)
+    madvise(
+        _address(buffer) + begin, min(len(buffer), start + nbytes) - begin, _MADV_POPULATE_WRITE
+    )
 
 
 def _read_many(shard: LandedShard, views: list[memoryview], at: int) -> None:
