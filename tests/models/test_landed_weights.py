@@ -158,6 +158,7 @@ def child(root: Path) -> dict[str, object]:
     return report
 
 
+@pytest.mark.process  # a fresh child process: torch not yet imported
 def test_a_fresh_process_lands_while_torch_imports(tmp_path: Path) -> None:
     root = tmp_path / "bundles"
     manifest = write_bundle(root, "wsum_a", shards=2, seed=7)
@@ -166,6 +167,7 @@ def test_a_fresh_process_lands_while_torch_imports(tmp_path: Path) -> None:
     assert report["weights"] == expected(root / "wsum_a", manifest)
 
 
+@pytest.mark.process  # a fresh child process: torch not yet imported
 def test_a_corrupt_chunk_found_during_the_import_fails_the_load(tmp_path: Path) -> None:
     root = tmp_path / "bundles"
     manifest = write_bundle(root, "wsum_a", shards=2, seed=8)
