@@ -31,7 +31,8 @@ def test_without_torch_the_control_plane_serves_and_loads_fail_clearly(
         assert answer.status_code == 503, answer.text
         problem = answer.json()
         assert problem["type"].endswith("/load-failed")
-        assert "'torch'" in problem["detail"] and "thaw-runtime[torch]" in problem["detail"], problem
+        detail = problem["detail"]
+        assert "'torch'" in detail and "thaw-runtime[torch]" in detail, problem
     # The server said what it serves once it listened, without importing torch.
     log = server.log()
     assert f"serving {server.url}" in log and "alpha" in log and "echo" in log
