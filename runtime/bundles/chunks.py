@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from runtime.errors import IntegrityError
+from runtime.errors import BundleError, IntegrityError
 
 
 class Chunked(Protocol):
@@ -234,3 +234,29 @@ class Fetched:
     directory: Path
     stamps: dict[str, tuple[int, int, int, int, int]]
     pending: Pending = field(default_factory=Pending)
+
+
+# Buffers per preadv (the kernel's IOV_MAX is 1024).
+_IOV_MAX = 512
+
+
+def read_into(
+    fd: int, views: list[memoryview], at: int, rel: str, changed: Callable[[], Exception]
+) -> None:
+    """Fill `views`, in order, from the consecutive bytes of `fd` (the bundle file
+    `rel`) at `at`, as few preadv calls as it takes; `changed()` is raised where
+    the file ends early (it was truncated after its size was checked)."""
+    views = [view for view in views if len(view)]
+    while views:
+        try:
+            n = os.preadv(fd, views[:_IOV_MAX], at)
+        except OSError as exc:
+            raise BundleError(f"{rel}: read failed ({exc.strerror})") from exc
+        if n == 0:
+            raise changed()
+        at += n
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if n:
+            views[0] = views[0][n:]

@@ -40,14 +40,13 @@ from pathlib import Path
 import orjson
 
 from runtime.bundles import chunks
-from runtime.bundles.chunks import Chunked
+from runtime.bundles.chunks import Chunked, read_into
 from runtime.bundles.manifest import Manifest
-from runtime.errors import BundleError, IntegrityError
+from runtime.errors import IntegrityError
 
 # One read of a shard without chunk digests (as cpu.py reads it).
 READ_BYTES = 16 * 1024 * 1024
 _MADV_POPULATE_WRITE = 23  # Linux 5.14+
-_IOV_MAX = 512
 # Device nodes of an accelerator torch may pick: CUDA, ROCm (torch.cuda), WSL.
 _ACCELERATORS = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
 # Floating dtypes by safetensors code (a float8 is never a load dtype: it converts).
@@ -140,7 +139,7 @@ class LandedShard:
                 _prefault(buffer, start - offset, end - start)
                 views.append(memoryview(buffer)[start - offset : end - offset])
         try:
-            _read_many(self, list(views), lo)
+            read_into(self.fd, list(views), lo, self.rel, self.changed)
             if self.entry is not None:
                 head = self.head[begin : min(stop, self.data_start)]
                 chunks.check(self.entry, index, [head, *views])
@@ -416,24 +415,6 @@ def _prefault(buffer: mmap.mmap, start: int, nbytes: int) -> None:
     madvise(
         _address(buffer) + begin, min(len(buffer), start + nbytes) - begin, _MADV_POPULATE_WRITE
     )
-
-
-def _read_many(shard: LandedShard, views: list[memoryview], at: int) -> None:
-    """Fill `views`, in order, from the shard's consecutive bytes at `at`."""
-    views = [v for v in views if len(v)]
-    while views:
-        try:
-            n = os.preadv(shard.fd, views[:_IOV_MAX], at)
-        except OSError as exc:
-            raise BundleError(f"{shard.rel}: read failed ({exc.strerror})") from exc
-        if n == 0:
-            raise shard.changed()
-        at += n
-        while views and n >= len(views[0]):
-            n -= len(views[0])
-            views.pop(0)
-        if n:
-            views[0] = views[0][n:]
 
 
 def _available_bytes() -> int:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runtime.bundles import chunks
+from runtime.bundles.chunks import read_into
 from runtime.bundles.stamps import Stamp, stamp_of
 from runtime.errors import BundleError, IntegrityError
 from runtime.models.weights.format import header_length, parse_header
@@ -37,8 +38,6 @@ if TYPE_CHECKING:
 CHUNK_BYTES = 16 * 1024 * 1024
 _MADV_POPULATE_WRITE = 23  # Linux 5.14+
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-# Buffers per preadv (the kernel's IOV_MAX is 1024).
-_IOV_MAX = 512
 
 
 @functools.cache
@@ -126,22 +125,7 @@ class Shard:
 
     def read_many(self, views: list[memoryview], offset: int) -> None:
         """Fill `views`, in order, from the file's consecutive bytes at `offset`."""
-        views = [v for v in views if len(v)]
-        at = offset
-        while views:
-            batch = views[:_IOV_MAX]
-            try:
-                n = os.preadv(self.fd, batch, at)
-            except OSError as exc:
-                raise BundleError(f"{self.rel}: read failed ({exc.strerror})") from exc
-            if n == 0:
-                raise self.changed()
-            at += n
-            while views and n >= len(views[0]):
-                n -= len(views[0])
-                views.pop(0)
-            if n:
-                views[0] = views[0][n:]
+        read_into(self.fd, views, offset, self.rel, self.changed)
 
     def check_unchanged(self) -> None:
         """Refuse the bytes read if the file, or what its path names, changed since it was
