@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from tests.fleet.conftest import MakeFleet
+from tests.fleet.harness import Fleet
 from tests.fleet.test_fleet import metric_lines
 from tests.handlers.serial import overlaps, runs
 from tests.support import until
@@ -30,9 +31,35 @@ from tests.support import until
 LEASE_S = "600"
 
 
-def queued(client: httpx.Client) -> float:
+def queued(client: httpx.Client, handler: str) -> float:
     text = client.get("/metrics").raise_for_status().text
-    return metric_lines(text, "thaw_fleet_jobs_queued").get('{handler="serial"}', 0.0)
+    return metric_lines(text, "thaw_fleet_jobs_queued").get(f'{{handler="{handler}"}}', 0.0)
+
+
+def sync_202s(client: httpx.Client, handler: str) -> list[str]:
+    """Two sync callers who cannot wait for a handler at capacity everywhere: each
+    gets a 202 job before its deadline (the jobs join the backlog); their ids."""
+    sync = [
+        client.post(
+            f"/invoke/{handler}", json={"tag": f"sync{n}", "s": 0.05}, headers={"Prefer": "wait=1"}
+        )
+        for n in range(2)
+    ]
+    assert [r.status_code for r in sync] == [202, 202], [r.text for r in sync]
+    return [r.json()["id"] for r in sync]
+
+
+def gauge_counts(
+    fleet: Fleet, handler: str, count: int, first: httpx.Client, ids: list[str]
+) -> None:
+    """Until the fleet gauge of `handler` reads `count` (failing with what it read and
+    each job's status)."""
+    with fleet.client() as anywhere:
+        try:
+            until(lambda: queued(anywhere, handler) == count, f"the fleet gauge to count {count}")
+        except AssertionError as exc:
+            read = queued(anywhere, handler)
+            raise AssertionError(f"{exc}: it reads {read}; {statuses(first, ids)}") from exc
 
 
 def statuses(client: httpx.Client, ids: list[str]) -> list[object]:
@@ -79,32 +106,16 @@ def test_a_burst_to_one_instance_is_shared_by_the_fleet_within_capacity(
             f"each of the {instances} instances to start a run of the burst",
         )
         assert len(runs(log)) == instances, runs(log)  # one each: capacity 1
-        # Two sync callers who cannot wait: the handler is at capacity everywhere, so
-        # each gets a 202 job before its deadline, and the job joins the backlog.
-        sync = [
-            first.post(
-                "/invoke/serial",
-                json={"tag": f"sync{n}", "s": 0.05},
-                headers={"Prefer": "wait=1"},
-            )
-            for n in range(2)
-        ]
-        assert [r.status_code for r in sync] == [202, 202], [r.text for r in sync]
-        ids += [r.json()["id"] for r in sync]
-        backlog = jobs - instances + len(sync)
-        with fleet.client() as anywhere:
-            try:
-                until(lambda: queued(anywhere) == backlog, f"the fleet gauge to count {backlog}")
-            except AssertionError as exc:
-                read = queued(anywhere)
-                raise AssertionError(f"{exc}: it reads {read}; {statuses(first, ids)}") from exc
+        sync = sync_202s(first, "serial")
+        ids += sync
+        gauge_counts(fleet, "serial", jobs - instances + len(sync), first, ids)
         assert len(runs(log)) == instances  # nothing started beside the held runs
 
         hold.unlink()
         done = [final(first, job_id) for job_id in ids]
         assert [job["status"] for job in done] == ["succeeded"] * len(ids), done
         with fleet.client() as anywhere:
-            until(lambda: queued(anywhere) == 0, "the fleet gauge to return to 0")
+            until(lambda: queued(anywhere, "serial") == 0, "the fleet gauge to return to 0")
 
     record = runs(log)
     tags = sorted(run.tag for run in record)
@@ -135,10 +146,6 @@ def test_a_burst_to_a_sync_handler_on_one_thread_is_shared_within_capacity(
         with server.client() as direct:
             until(lambda: direct.get("/readyz").status_code == 200, "the instance to be ready")
 
-    def backlog(client: httpx.Client) -> float:
-        text = client.get("/metrics").raise_for_status().text
-        return metric_lines(text, "thaw_fleet_jobs_queued").get('{handler="serial_threads"}', 0.0)
-
     hold.touch()
     with fleet.instances[0].client() as first:
         ids = [
@@ -152,22 +159,8 @@ def test_a_burst_to_a_sync_handler_on_one_thread_is_shared_within_capacity(
         ]
         until(lambda: len({run.pid for run in runs(log)}) == 2, "each instance to start a run")
         assert len(runs(log)) == 2, runs(log)  # one each: one thread
-        sync = [
-            first.post(
-                "/invoke/serial_threads",
-                json={"tag": f"sync{n}", "s": 0.05},
-                headers={"Prefer": "wait=1"},
-            )
-            for n in range(2)
-        ]
-        assert [r.status_code for r in sync] == [202, 202], [r.text for r in sync]
-        ids += [r.json()["id"] for r in sync]
-        with fleet.client() as anywhere:
-            try:
-                until(lambda: backlog(anywhere) == 4, "the fleet gauge to count 2 jobs + 2 syncs")
-            except AssertionError as exc:
-                read = backlog(anywhere)
-                raise AssertionError(f"{exc}: it reads {read}; {statuses(first, ids)}") from exc
+        ids += sync_202s(first, "serial_threads")
+        gauge_counts(fleet, "serial_threads", 4, first, ids)  # 2 jobs + 2 sync 202s
         assert len(runs(log)) == 2  # nothing started beside the held runs
 
         hold.unlink()
@@ -175,7 +168,7 @@ def test_a_burst_to_a_sync_handler_on_one_thread_is_shared_within_capacity(
         assert [job["status"] for job in done] == ["succeeded"] * len(ids), done
         assert [job["attempts"] for job in done] == [1] * len(ids), done
         with fleet.client() as anywhere:
-            until(lambda: backlog(anywhere) == 0, "the fleet gauge to return to 0")
+            until(lambda: queued(anywhere, "serial_threads") == 0, "the fleet gauge to return to 0")
 
     record = runs(log)
     tags = sorted(run.tag for run in record)
