@@ -22,9 +22,11 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from runtime.errors import BundleError, IntegrityError
+
+T = TypeVar("T")
 
 
 class Chunked(Protocol):
@@ -260,3 +262,18 @@ def read_into(
             views.pop(0)
         if n:
             views[0] = views[0][n:]
+
+
+def run_all(tasks: list[T], run: Callable[[T], object], workers: int, name: str) -> None:
+    """`run(task)` for every task on `workers` threads named `name`; the first error is
+    raised once every read already running has ended (the tasks not yet begun are
+    cancelled), so no thread writes into memory its caller frees on that error."""
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name) as pool:
+        futures = [pool.submit(run, task) for task in tasks]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise

@@ -16,7 +16,6 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -234,17 +233,7 @@ def read_shards(
     hashing = any(task.entry is not None for task in tasks)
     workers = max(1, min(len(tasks), chunks.threads() if hashing else _read_threads()))
     try:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="thaw-read") as pool:
-            futures = [pool.submit(run, task) for task in tasks]
-            try:
-                for future in futures:
-                    future.result()
-            except BaseException:
-                # Leaving the block waits for reads already running: none may write
-                # into a tensor after it is freed.
-                for future in futures:
-                    future.cancel()
-                raise
+        chunks.run_all(tasks, run, workers, "thaw-read")
     except BaseException as exc:
         # Nothing read stays: the error's frames (the reading threads') held tensors.
         out.clear()

@@ -23,7 +23,6 @@ import contextlib
 import queue
 import traceback
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from runtime.bundles import chunks
@@ -80,15 +79,7 @@ def read_to_device(
             on_progress(task.stop - task.begin)
 
     try:
-        with ThreadPoolExecutor(min(threads, len(ranges)), thread_name_prefix="thaw-stage") as ex:
-            futures = [ex.submit(run, task) for task in ranges]
-            try:
-                for future in futures:
-                    future.result()
-            except BaseException:
-                for future in futures:
-                    future.cancel()
-                raise
+        chunks.run_all(ranges, run, min(threads, len(ranges)), "thaw-stage")
         if stream is not None:
             stream.synchronize()
         return _converted(out, dtype)
