@@ -20,8 +20,8 @@ composition: it hands it a wrapped transport and every event asyncio delivers,
 and reads none of its state. What it relies on is the contract of `http=` (the
 class is made with the keywords `config`, `server_state`, `app_state`, `_loop`)
 the server's request tasks in `server_state.tasks` (a busy server joins its
-writes), and asyncio's Protocol and Transport; tests/http/test_connections.py
-and test_writes.py run it on the installed uvicorn.
+writes; a stopping one cancels them), and asyncio's Protocol and Transport;
+tests/http/test_connections.py and test_writes.py run it on the installed uvicorn.
 
 `Connections.app(app)` is the per-request layer that tells a connection when
 its requests begin and end: while uvicorn's protocol reads a connection's
@@ -54,6 +54,8 @@ class Connections:
         # Head timers run on it (tests pass a manual one); the system's is the loop's own.
         self.clock = clock
         self.live: set[Connection] = set()
+        # The requests running: the server's request tasks (uvicorn's
+        # `server_state.tasks`, which every connection is handed).
         self.running: set[asyncio.Task[Any]] = set()
         self.stopped = False
 
@@ -90,17 +92,14 @@ class _Requests:
         if connection is None:
             await self.app(scope, receive, send)
             return
-        task = asyncio.current_task()
-        assert task is not None
-        running = self.connections.running
-        running.add(task)
         connection.began()
         if self.connections.stopped:
+            task = asyncio.current_task()
+            assert task is not None
             task.cancel()  # its first wait ends it: `Edge` answers 503 `drained`
         try:
             await self.app(scope, receive, send)
         finally:
-            running.discard(task)
             connection.ended()
 
 
@@ -120,13 +119,19 @@ class Connection(asyncio.Protocol):
             config=config, server_state=server_state, app_state=app_state, _loop=_loop
         )
         self.tasks: set[asyncio.Task[Any]] = server_state.tasks
+        self.owner.running = self.tasks
         self.loop = _loop or asyncio.get_running_loop()
         clock = self.owner.clock
-        self.call_later: Callable[[float, Callable[[], None]], Timer] = (
-            self.loop.call_later if clock is SYSTEM else clock.call_later
+        system = clock is SYSTEM
+        # The system clock's timers are the loop's own, on its clock (monotonic).
+        self.now: Callable[[], float] = self.loop.time if system else clock.monotonic
+        self.call_at: Callable[[float, Callable[[], None]], Timer] = (
+            self.loop.call_at if system else clock.call_at
         )
         self.transport: OneSendPerTurn | None = None
         self.in_flight = 0
+        # When the wait for a next head ends; None while a request runs.
+        self.idle_until: float | None = None
         self.timer: Timer | None = None
 
     # ---- asyncio's side ------------------------------------------------------------
@@ -153,7 +158,7 @@ class Connection(asyncio.Protocol):
         self.inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
+        self._cancel_timer()
         self.owner.live.discard(self)
         self.inner.connection_lost(exc)
 
@@ -180,16 +185,31 @@ class Connection(asyncio.Protocol):
         if not self.in_flight and not transport.is_closing():
             self._arm()
 
+    # One timer per connection, not one per request: a request moves `idle_until`
+    # and the timer, when it fires, re-arms itself for the time that is left.
+    # Arming and cancelling a loop timer for every request cost a busy server
+    # more than the rest of this adapter together.
+
     def _arm(self) -> None:
-        self._disarm()
-        self.timer = self.call_later(self.owner.keep_alive_s, self._idle)
+        self.idle_until = until = self.now() + self.owner.keep_alive_s
+        if self.timer is None:
+            self.timer = self.call_at(until, self._idle)
 
     def _disarm(self) -> None:
+        self.idle_until = None
+
+    def _cancel_timer(self) -> None:
+        self.idle_until = None
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
 
     def _idle(self) -> None:
         self.timer = None
-        if not self.in_flight and self.transport is not None:
-            self.transport.close()
+        until = self.idle_until
+        if until is None or self.transport is None:
+            return  # a request runs: its end arms the timer again
+        if self.now() < until:
+            self.timer = self.call_at(until, self._idle)
+            return
+        self.transport.close()

@@ -71,8 +71,10 @@ class WorkMachine(RuleBasedStateMachine):
         self.clock = ManualClock()
         self.metrics = Metrics()
         self.health = Health(self.clock)
+        # The estimator's state directory, removed in teardown: one per example.
+        self.state = tempfile.TemporaryDirectory(prefix="thaw-work-")
         estimator = Estimator(
-            Path(tempfile.mkdtemp(prefix="thaw-work-")),
+            Path(self.state.name),
             default_bandwidth_bytes_s=1e9,
             default_init_s=0.1,
         )
@@ -101,6 +103,7 @@ class WorkMachine(RuleBasedStateMachine):
         self.spin()
         self.check_books()
         self.loop.close()
+        self.state.cleanup()
 
     # ---- what the dispatcher, the schedulers and the executor do -------------------
 
