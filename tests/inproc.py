@@ -112,19 +112,6 @@ class Listening:
         return httpx.AsyncClient(base_url=self.url, timeout=kwargs.pop("timeout", 60.0), **kwargs)
 
 
-class _Uvicorn(uvicorn.Server):
-    """uvicorn, saying when it listens."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.listening = asyncio.Event()
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if not self.should_exit:
-            self.listening.set()
-
-
 @contextlib.asynccontextmanager
 async def listening(
     settings: Settings, instance: Instance | None = None
@@ -144,17 +131,18 @@ async def listening(
         timeout_keep_alive=5,
         timeout_graceful_shutdown=5,
     )
-    server = _Uvicorn(config)
+    server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
-    started = asyncio.ensure_future(server.listening.wait())
     try:
-        await asyncio.wait({started, task}, return_when=asyncio.FIRST_COMPLETED)
-        if not started.done():
+        # uvicorn says it listens through `Server.started` only: asked as `thaw serve`
+        # asks it (runtime/http/server.py), every millisecond, with no time limit.
+        while not server.started and not task.done():
+            await asyncio.sleep(0.001)
+        if not server.started:
             task.result()
             raise RuntimeError("uvicorn stopped before it listened")
         yield Listening(app, f"http://127.0.0.1:{port}")
     finally:
-        started.cancel()
         server.should_exit = True
         await task
         sock.close()
@@ -195,11 +183,19 @@ def captured_logs(level: int = logging.INFO) -> Iterator[LogLines]:
         root.setLevel(before)
 
 
-async def until(condition: Any, what: str, *, attempts: int = 6000, every_s: float = 0.01) -> Any:
-    """Await `condition()` (a plain or async callable) until it is truthy: a safety
-    limit on the number of looks, not an assertion on time."""
+async def until(
+    condition: Any,
+    what: str,
+    *,
+    attempts: int = 6000,
+    every_s: float = 0.01,
+    in_thread: bool = False,
+) -> Any:
+    """Await `condition()` (a plain or async callable) until it is truthy, and return
+    it: a safety limit on the number of looks, not an assertion on time. With
+    `in_thread`, a condition that blocks (a database read) is asked in a thread."""
     for _ in range(attempts):
-        value = condition()
+        value = await asyncio.to_thread(condition) if in_thread else condition()
         if asyncio.iscoroutine(value):
             value = await value
         if value:

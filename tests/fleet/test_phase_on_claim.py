@@ -8,27 +8,16 @@ The load and the stream are held by files, so the order is the test's.
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from runtime.dispatch.answers import JOB_NOW, Accepted
 from runtime.jobs.job import Job, JobStatus
+from tests.inproc import until
 from tests.support import SAFETY_S, make_bundle, running_instance, settings_for
 
 pytestmark = pytest.mark.anyio
-
-
-async def until(condition: Callable[[], Any], what: str) -> Any:
-    give_up = time.monotonic() + SAFETY_S  # a safety limit against a hang, not a bound
-    while not (value := await asyncio.to_thread(condition)):
-        assert time.monotonic() < give_up, f"never: {what}"
-        await asyncio.sleep(0.01)
-    return value
 
 
 async def test_a_claimed_queued_job_shows_running_while_it_streams(
@@ -48,7 +37,7 @@ async def test_a_claimed_queued_job_shows_running_while_it_streams(
     )
     try:
         async with running_instance(settings) as instance:
-            await until(lambda: instance.jobs.shared_queue, "the fleet started")
+            await until(lambda: instance.jobs.shared_queue, "the fleet started", in_thread=True)
             event = {"n": 3, "hold": str(run_hold), "hold_at": 1}
             outcome = await instance.dispatcher.invoke(
                 "model_ticks", event, policy=JOB_NOW, request_id="queued"
@@ -61,9 +50,13 @@ async def test_a_claimed_queued_job_shows_running_while_it_streams(
                 return job
 
             load_hold.unlink()  # the load ends: the instance claims its own job and runs it
-            await until(lambda: ticks.exists() and "tick 0" in ticks.read_text(), "tick 0")
-            await until(lambda: stored().status is JobStatus.RUNNING, "the claim")
-            await until(lambda: stored().phase == "running", "running, not `claimed`")
+            await until(
+                lambda: ticks.exists() and "tick 0" in ticks.read_text(), "tick 0", in_thread=True
+            )
+            await until(lambda: stored().status is JobStatus.RUNNING, "the claim", in_thread=True)
+            await until(
+                lambda: stored().phase == "running", "running, not `claimed`", in_thread=True
+            )
             run_hold.unlink()
             done = await instance.jobs.get(outcome.job.id, key_id=None, wait_s=SAFETY_S)
             assert done.status is JobStatus.SUCCEEDED and done.attempts == 1

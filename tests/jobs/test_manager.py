@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from runtime.jobs.job import Job, JobStatus
 from runtime.jobs.manager import JobManager
 from runtime.jobs.stores.sqlite import SQLiteJobStore
 from runtime.telemetry.metrics import Metrics
+from tests.inproc import until
 
 pytestmark = pytest.mark.anyio
 
@@ -54,15 +54,6 @@ def manager(store: SQLiteJobStore) -> JobManager:
 async def finishes(clock: ManualClock, value: Any, after_s: float) -> Any:
     await clock.sleep(after_s)
     return value
-
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    """Poll `condition` while real threads (store calls) work towards it."""
-    for _ in range(int(SAFETY_S / 0.005)):
-        if condition():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"never happened: {what}")
 
 
 async def advance(clock: ManualClock, seconds: float, armed: int) -> None:

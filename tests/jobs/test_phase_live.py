@@ -9,11 +9,8 @@ have been recorded with.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,18 +19,10 @@ from runtime.dispatch.answers import JOB_NOW, Accepted
 from runtime.instance import Instance
 from runtime.jobs.job import Job, JobStatus
 from runtime.registry import discover
-from tests.support import SAFETY_S, make_bundle, settings_for
+from tests.inproc import until
+from tests.support import make_bundle, settings_for
 
 pytestmark = pytest.mark.anyio
-
-
-async def until(condition: Callable[[], Any], what: str) -> Any:
-    """Poll `condition` (a safety limit against a hang, not a bound on time)."""
-    give_up = time.monotonic() + SAFETY_S
-    while not (value := await asyncio.to_thread(condition)):
-        assert time.monotonic() < give_up, f"never: {what}"
-        await asyncio.sleep(0.01)
-    return value
 
 
 async def test_the_stored_phase_follows_the_work_without_a_heartbeat(
@@ -66,14 +55,20 @@ async def test_the_stored_phase_follows_the_work_without_a_heartbeat(
         def phase_is(phase: str) -> Callable[[], bool]:
             return lambda: stored().phase == phase
 
-        await until(phase_is("loading"), "the job shows its load")
+        await until(phase_is("loading"), "the job shows its load", in_thread=True)
         assert stored().status is JobStatus.RUNNING
         load_hold.unlink()  # the load ends; the stream runs, its first tick out
-        await until(lambda: ticks.exists() and "tick 0" in ticks.read_text(), "tick 0 is out")
-        await until(phase_is("running"), "the job shows it runs while it streams")
+        await until(
+            lambda: ticks.exists() and "tick 0" in ticks.read_text(),
+            "tick 0 is out",
+            in_thread=True,
+        )
+        await until(phase_is("running"), "the job shows it runs while it streams", in_thread=True)
         run_hold.unlink()
         done = await until(
-            lambda: stored().status is JobStatus.SUCCEEDED and stored(), "the job ends"
+            lambda: stored().status is JobStatus.SUCCEEDED and stored(),
+            "the job ends",
+            in_thread=True,
         )
         assert done.output == {"text": "t0 t1 t2 ", "ticks": 3}
         assert clock.monotonic() == 1000.0, "the clock never moved: no heartbeat fired"

@@ -15,6 +15,7 @@ from starlette.types import Message
 
 from runtime.errors import Overloaded, QuotaExceeded
 from runtime.http.holds import Holds
+from tests.inproc import until
 from tests.security.inprocess import TENANT_A, TENANT_B, auth, serving, settings_under
 
 pytestmark = pytest.mark.anyio
@@ -30,8 +31,7 @@ async def running_job(client: httpx.AsyncClient, key: str) -> str:
 
 async def until_held(app: Starlette, count: int) -> None:
     holds: Holds = app.state.holds
-    while holds.held < count:
-        await asyncio.sleep(0.01)
+    await until(lambda: holds.held >= count, f"{count} connections held")
 
 
 async def test_waits_are_bounded_per_key_then_in_total(tmp_path: Path) -> None:
