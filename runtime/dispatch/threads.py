@@ -76,9 +76,7 @@ class HandlerThreads:
         # When each call that had to wait in the queue was taken by a thread (calls
         # handed to an idle thread at once are not here: they began as submitted).
         # Weak: an entry goes with its call's future.
-        self._taken_at: weakref.WeakKeyDictionary[Future[Any], float] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._taken_at: weakref.WeakKeyDictionary[Future[Any], float] = weakref.WeakKeyDictionary()
         self.name = name
         self.release_team = release_team
         # Model calls submitted and not yet returned (running or waiting).

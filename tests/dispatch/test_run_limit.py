@@ -55,9 +55,7 @@ async def instance(tmp_path: Path, clock: ManualClock) -> AsyncIterator[Instance
 
 def call(instance: Instance, run_id: str) -> asyncio.Future[Any]:
     return asyncio.ensure_future(
-        instance.dispatcher.invoke(
-            "held_call", {"id": run_id}, wait_s=1000.0, request_id=run_id
-        )
+        instance.dispatcher.invoke("held_call", {"id": run_id}, wait_s=1000.0, request_id=run_id)
     )
 
 
