@@ -95,7 +95,9 @@ class Instance:
         registry = registry if registry is not None else discover(settings.handlers)
         metrics = Metrics()
         health = Health(clock)
-        executor = Executor(settings.handler_threads, now=clock.monotonic)
+        executor = Executor(
+            settings.handler_threads, run_limit_s=settings.run_timeout_s, clock=clock
+        )
         estimator = Estimator(
             settings.state_path,
             default_bandwidth_bytes_s=settings.default_bandwidth_bytes_s,

@@ -33,9 +33,11 @@ one output per event, fails every member with handler-error.
 
 This module owns only the queues, when they run and how an outcome is
 shared out. Each member is its request's `Work` (runtime/dispatch/work.py),
-whose own methods record what a batch means to it (its phase, timings, run
-limit) and settle it (its leases, its waiter, its stats): the batcher tells
-each member what happened, and calls nothing above it.
+whose own methods record what a batch means to it (its phase, timings, an
+overrun) and settle it (its leases, its waiter, its stats): the batcher hands
+the batch's call to the executor with its members as what it runs for (each
+watched for THAW_RUN_TIMEOUT_S there), tells each member what happened, and
+calls nothing above it.
 """
 
 from __future__ import annotations
@@ -240,7 +242,9 @@ class Batcher:
         # Every member leased the same model objects; the batch uses the first's.
         models = members[0].models
         ended = partial(self._ended, queue, members, started)
-        running = self._executor.run(spec, partial(spec.fn, events, *models, ctxs), ended)
+        call = partial(spec.fn, events, *models, ctxs)
+        watched = [m.work for m in members]  # each member's run: the batch's call
+        running = self._executor.run(spec, call, ended, None, watched, started)
         if running is None or running.done():
             return
 

@@ -74,7 +74,8 @@ async def claimed(work: Work) -> bool:
     """The gate of a sync call that still waited for a handler thread at its caller's
     deadline (Executor.gate_waiting, `Work.waits`), awaited as a thread takes it:
     the claim set on the work since (`claim_recorded`); True when this instance
-    won it or none was set, and the work runs from now."""
+    won it or none was set, and the work runs from now (its run limit counts
+    from when the thread took it: the executor's watch)."""
     claim, work.claim = work.claim, None
     if (claim is not None and not await claim()) or work.outcome.done():
         return False

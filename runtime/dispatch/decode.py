@@ -32,7 +32,9 @@ longer than alone, and so does each step
 makes the new caller's first token come sooner, and costs each held sequence
 at most one extra step's wait. Once prefilled, a sequence joins the held ones
 between two steps, never in the middle of one. A sequence that ends from
-outside is dropped, and its cache released, before the next step begins. A
+outside (its caller gone, a drain, past THAW_RUN_TIMEOUT_S: the executor times
+it from its prefill's hand-over) is dropped, and its cache released, before
+the next step begins. A
 streaming caller's stream began when its models were leased (the dispatcher's
 `_run`): a sequence waiting for a slot is a stream of heartbeats, never a 202 job.
 """
@@ -179,11 +181,18 @@ class Decoder:
             lane.prefilling = True
             lane.prefill_idle.clear()
             member.admitted_at = self._clock.monotonic()
-            member.work.started(member.admitted_at, member.queued_at)
+            work = member.work
+            work.started(member.admitted_at, member.queued_at)
             # A queued job's claim is made on the prefill's thread, its slot held (claims.py).
-            claim, member.work.claim = member.work.claim, None
+            claim, work.claim = work.claim, None
+            # Its run is watched from its prefill until its work ends, across the steps.
             self._executor.run(
-                lane.spec, partial(_begin, lane, member), partial(self._begun, lane, member), claim
+                lane.spec,
+                partial(_begin, lane, member),
+                partial(self._begun, lane, member),
+                claim,
+                (work,),
+                member.admitted_at,
             )
 
     def _begun(self, lane: _Lane, member: _Member, done: Outcome) -> None:

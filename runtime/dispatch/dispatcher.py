@@ -89,7 +89,8 @@ class Dispatcher:
         """`jobs` builds the job manager with this dispatcher as the runner of the
         jobs it recovers: the two need each other, and neither is patched after.
         `clock` is the instance's: deadlines are on its `monotonic()`, and every
-        timer here (deadlines, run limits, batches) is armed through it."""
+        timer here (deadlines, batches) is armed through it, as the executor's
+        run limits are."""
         self.settings = settings
         self.health = health
         self.registry = registry
@@ -106,8 +107,7 @@ class Dispatcher:
             estimator=estimator,
             metrics=metrics,
             health=health,
-            run_timeout_s=settings.run_timeout_s,
-            taken_at=executor.taken_at,
+            executor=executor,
         )
         # Queue slots by handler, and the outcomes of the work in flight (the workload's).
         self.pending = self.workload.pending
@@ -331,13 +331,14 @@ class Dispatcher:
             work.phase = "batching"
             self.batcher.join(work, event, models)
             return None
-        work.started(work.queued(started, load_ms))
+        at = work.queued(started, load_ms)
+        work.started(at)
         gate, work.claim = work.claim, None  # a queued job's claim, on its thread (claims.py)
         call = partial(spec.fn, event, *models, work.ctx)
         if not spec.is_async:
-            work.call = self.executor.submit(spec, call, work.ended_with, gate)
+            work.call = self.executor.submit(spec, call, work.ended_with, gate, (work,), at)
             return None
-        running = self.executor.run(spec, call, work.ended_with, gate)
+        running = self.executor.run(spec, call, work.ended_with, gate, (work,), at)
         if running is not None and not running.done():
             work.task = running  # an async call that waits: stopped if the work is cut off
         return None

@@ -29,8 +29,18 @@ loop turn after the thread ends, as it would after `await
 loop.run_in_executor(...)`; awaiting `asyncio.to_thread` inside a task takes
 two more turns.
 
-The run-limit watch (overruns.py) is the work's: it is watched from the
-moment the scheduler says it started (`Work.started`) until it settles.
+The executor also times what it runs (THAW_RUN_TIMEOUT_S, overruns.py: one
+timer for all). A scheduler names what a call runs for as it hands it over
+(`run`'s `watched`: the work of a lone call, a batch's members, a sequence
+whose prefill it is), each `Watched`; from then until that work ends
+(`forget`, in `Work.settle`) it is watched, however many calls it takes (a
+sequence goes on in the decode thread's steps). One that runs past the limit
+is told so once (`Watched.overrun`): what that means for it (a work fails with
+`handler-timeout`, and a sync handler's thread, which cannot be stopped,
+wedges the instance) is its own. A sync call that waited for a handler
+thread is timed from when one took it, not from its hand-over: a backlog
+behind busy threads must not time out (and wedge the instance) without
+having run at all.
 """
 
 from __future__ import annotations
@@ -39,14 +49,15 @@ import asyncio
 import concurrent.futures
 import contextvars
 import logging
-import time
 import traceback
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
+from runtime.clock import SYSTEM, Clock
 from runtime.context import Context
 from runtime.dispatch import eager
+from runtime.dispatch.overruns import Overruns
 from runtime.dispatch.threads import HandlerThreads
 from runtime.errors import Draining, HandlerError, ThawError
 from runtime.models import weights as weights_mod
@@ -168,12 +179,31 @@ def batch_outputs(spec: HandlerSpec, result: Any, size: int) -> list[Any]:
     return list(result)
 
 
+class Watched(Protocol):
+    """What a call runs for, watched for the run limit from its hand-over until it is
+    forgotten (a `Work`, runtime/dispatch/work.py): a dict key, told once if it
+    runs past the limit."""
+
+    def overrun(self) -> None: ...
+
+
 class Executor:
     """Runs user code (`run`): sync handlers on the handler threads, async ones on the
-    loop; `warm_up` runs one warm-up example the way a request runs."""
+    loop, each run watched for `run_limit_s` on `clock`; `warm_up` runs one
+    warm-up example the way a request runs."""
 
-    def __init__(self, threads: int, now: Callable[[], float] = time.monotonic) -> None:
-        self._pool = HandlerThreads(threads, "thaw-handler", now=now)
+    def __init__(self, threads: int, *, run_limit_s: float, clock: Clock = SYSTEM) -> None:
+        self._now = clock.monotonic
+        self._pool = HandlerThreads(threads, "thaw-handler", now=clock.monotonic)
+        self.run_limit_s = run_limit_s
+        # What runs now, by what it runs for (the watched), with its start and, for a
+        # sync call, its future on the handler threads.
+        self.overruns: Overruns[Watched, ThreadOutcome] = Overruns(
+            run_limit_s, self._overran, clock
+        )
+        # `Work.settle`'s, once per piece of work: the bound method itself, no frame
+        # of the executor's in between.
+        self.forget: Callable[[Watched], None] = self.overruns.forget
 
     def run(
         self,
@@ -181,9 +211,13 @@ class Executor:
         call: Callable[[], Any],
         then: Then,
         gate: Gate | None = None,
+        watched: Sequence[Watched] = (),
+        started_at: float | None = None,
     ) -> asyncio.Future[Any] | None:
         """Run `call()`, user code of handler `spec` (for an async handler, `call()` makes
-        its coroutine); `then(outcome)` runs on the loop once it ends.
+        its coroutine); `then(outcome)` runs on the loop once it ends. What it runs
+        for (`watched`) is watched for the run limit from `started_at` (None: now)
+        until each is forgotten (`forget`).
 
         An async call's future is returned (done, if it ended in its first step:
         `then` ran already); cancelling it stops the call at its next await. A
@@ -193,20 +227,31 @@ class Executor:
         free for it: claims.py).
         """
         if spec.is_async:
+            if watched:  # before its first step, which may end it (and forget it)
+                at = self._now() if started_at is None else started_at
+                for run in watched:  # `watch`, inline: once per call
+                    self.overruns.watch(run, at, None)
             outcome = eager.start(_exits_caught(call()))
             if outcome.done():
                 then(outcome)
             else:
                 outcome.add_done_callback(then)
             return outcome
-        self.submit(spec, call, then, gate)
+        self.submit(spec, call, then, gate, watched, started_at)
         return None
 
     def submit(
-        self, spec: HandlerSpec, call: Callable[[], Any], then: Then, gate: Gate | None = None
+        self,
+        spec: HandlerSpec,
+        call: Callable[[], Any],
+        then: Then,
+        gate: Gate | None = None,
+        watched: Sequence[Watched] = (),
+        started_at: float | None = None,
     ) -> ThreadOutcome | None:
         """`run` for a sync handler: the future of its call on the handler threads (None:
-        they were shut down), which `gate_waiting` may still gate while it waits."""
+        they were shut down: nothing runs, nothing is watched), which
+        `gate_waiting` may still gate while it waits."""
         loop = asyncio.get_running_loop()
         models = bool(spec.uses)
         if models:
@@ -223,7 +268,38 @@ class Executor:
             loop.call_soon(then, refused)
             return None
         done.add_done_callback(partial(_back_to_loop, loop, then))
+        # Watched once submitted (its outcome comes back one loop turn later at the
+        # soonest, so nothing forgets it before), with its future: see `_overran`.
+        if watched:
+            at = self._now() if started_at is None else started_at
+            for run in watched:  # `watch`, inline: once per call
+                self.overruns.watch(run, at, done)
         return done
+
+    def watch(
+        self, watched: Sequence[Watched], started_at: float, call: ThreadOutcome | None = None
+    ) -> None:
+        """Watch each of `watched` for the run limit from `started_at` (on the clock's
+        `monotonic()`), run by sync `call` (None: an async one) until it is
+        forgotten: what `run` and `submit` do for what a scheduler names."""
+        overruns = self.overruns
+        for run in watched:
+            overruns.watch(run, started_at, call)
+
+    def _overran(self, run: Watched, started_at: float, call: ThreadOutcome | None) -> None:
+        """`run` has been watched `run_limit_s` since `started_at`: it overran, unless
+        its sync call waited for a handler thread meanwhile. Such a call runs only
+        from when a thread took it, and is watched again from there (or, waiting
+        still, from now)."""
+        if call is not None and not call.done():
+            if not call.running():  # waits still (for a thread, or gated): look again
+                self.overruns.watch(run, self._now(), call)
+                return
+            taken = self._pool.taken_at(call)
+            if taken is not None and taken > started_at:
+                self.overruns.watch(run, taken, call)
+                return
+        run.overrun()
 
     def gate_waiting(self, call: ThreadOutcome, gate: Gate) -> bool:
         """Gate a sync call (`submit`'s future) that still waits for a handler thread: the
@@ -266,11 +342,6 @@ class Executor:
             # An exception in its item's place: InvalidInput is a 400, as it is.
             raise user_error(spec, ctx, output)
         return output
-
-    def taken_at(self, call: ThreadOutcome) -> float | None:
-        """When a thread took sync `call` after it waited for one (None: it did not wait,
-        or waits still)."""
-        return self._pool.taken_at(call)
 
     def saturated(self) -> bool:
         """Whether a sync handler submitted now would wait for a handler thread."""

@@ -9,21 +9,23 @@ through the work's own methods:
                                   dispatcher before the first await
     queued        queued()        queue (and load) times recorded
     started       started()       its handler's call began: phase, its wait for a
-                                  batch or a decode slot, its run watched for
-                                  THAW_RUN_TIMEOUT_S
+                                  batch or a decode slot (its run is watched for
+                                  THAW_RUN_TIMEOUT_S by the executor it is handed
+                                  to: executor.py)
     ran           ran()           run time: Server-Timing, estimator, stats
     ended         ended_with()    the executor's outcome of its own call, or
                   succeed() / fail() / cancel() (a batch's or a decode lane's
-                  share of theirs), or its outcome cancelled from outside (a
-                  drain, a job's lost lease, a streaming client gone)
+                  share of theirs), or overrun() (the executor found its run past
+                  the limit), or its outcome cancelled from outside (a drain, a
+                  job's lost lease, a streaming client gone)
     settled       settle()        the one end of every piece of work
 
 `settle` is the only place that lets go of the work's models, wakes its
-waiting request, takes it out of flight, forgets its run watch, gives back
-its queue slot and counts an error. It runs at once where the work ends on
-the loop (so the waiting request resumes one turn after the work ends, not
-two), and as the outcome's done callback for an end that comes from outside;
-whichever comes first settles, the other finds it settled.
+waiting request, takes it out of flight, has the executor forget its run,
+gives back its queue slot and counts an error. It runs at once where the work
+ends on the loop (so the waiting request resumes one turn after the work
+ends, not two), and as the outcome's done callback for an end that comes from
+outside; whichever comes first settles, the other finds it settled.
 """
 
 from __future__ import annotations
@@ -36,8 +38,7 @@ from typing import Any
 
 from runtime.clock import Clock
 from runtime.context import Context
-from runtime.dispatch.executor import Gate, Outcome, ThreadOutcome, user_error
-from runtime.dispatch.overruns import Overruns
+from runtime.dispatch.executor import Executor, Gate, Outcome, ThreadOutcome, user_error
 from runtime.dispatch.streams import Stream
 from runtime.errors import Draining, HandlerTimeout, ThawError
 from runtime.models.cache import Lease
@@ -49,8 +50,9 @@ from runtime.telemetry.metrics import HandlerStats, Metrics
 
 class Workload:
     """The work of one dispatcher in progress: queue slots taken, outcomes in flight,
-    runs watched for their limit, requests on their way to their start; and what
-    each piece of work reports its times to (clock, estimator, metrics, health)."""
+    requests on their way to their start; and what each piece of work reports
+    its times to (clock, estimator, metrics, health) and is run by (the executor,
+    which watches its run)."""
 
     def __init__(
         self,
@@ -59,22 +61,18 @@ class Workload:
         estimator: Estimator,
         metrics: Metrics,
         health: Health,
-        run_timeout_s: float,
-        taken_at: Callable[[ThreadOutcome], float | None] = lambda call: None,
+        executor: Executor,
     ) -> None:
         self.clock = clock
-        # When a handler thread took a sync call that waited for one (Executor.taken_at).
-        self.taken_at = taken_at
+        self.executor = executor
         self.now = clock.monotonic
         self.estimator = estimator
         self.metrics = metrics
         self.health = health
-        self.run_timeout_s = run_timeout_s
         # Queue slots taken, by handler (admitted and not settled).
         self.pending: dict[str, int] = defaultdict(int)
         # Outcomes of the work in flight (started and not settled).
         self.in_flight: set[asyncio.Future[Any]] = set()
-        self.overruns: Overruns[Work] = Overruns(run_timeout_s, Work.overrun, clock)
         # Requests between taking their queue slot and starting their work (awaits in
         # between: a cold estimate, a job record), which a drain waits for as for
         # work in flight; `admitted` is set, and woken by the last one to start, while
@@ -235,7 +233,8 @@ class Work:
         batch_size: int | None = None,
         leader: bool = True,
     ) -> None:
-        """Its handler's call began at `at`: it runs from there, its run watched.
+        """Its handler's call began at `at`: it runs from there (the scheduler hands the
+        call to the executor, which watches the run).
 
         `waited_since`: it waited for a place in a call (a batch's, a decode
         slot) from then, shown as Server-Timing's `batch`. `batch_size`: the
@@ -256,15 +255,13 @@ class Work:
             self.phase = "running"
         self.running = True
         self.run_started = at
-        self.workload.overruns.watch(self, at)
 
     def waits(self) -> None:
         """Its sync call still waits for a handler thread after all (gated at its
-        caller's deadline, claims.py): queued, its run watch forgotten, until it is
-        `started` again as a thread takes it."""
+        caller's deadline, claims.py): queued until it is `started` again as a
+        thread takes it (the executor times the call from then too)."""
         self._phase = "queued"
         self.running = False
-        self.workload.overruns.forget(self)
 
     def ran(self, run_s: float | None = None, leader: bool = True) -> None:
         """Its call returned (after `run_s`; None: since it started), for Server-Timing,
@@ -310,25 +307,12 @@ class Work:
             self.succeed(done.result())
 
     def overrun(self) -> None:
-        """Its handler ran past THAW_RUN_TIMEOUT_S: it fails with `handler-timeout`."""
+        """Its handler ran past THAW_RUN_TIMEOUT_S (the executor's watch says so: a work
+        is what it watches, `Watched`): it fails with `handler-timeout`."""
         if self.outcome.done():
             return
         workload = self.workload
-        call = self.call
-        if call is not None and not call.done():
-            # A sync call's watch began as it was submitted, but a call that had to
-            # wait for a handler thread begins to run only when one takes it: the
-            # limit counts from there, or a backlog behind busy threads would time
-            # out (and wedge the instance) without having run at all.
-            if not call.running():
-                workload.overruns.watch(self, workload.now())  # waits still: look again
-                return
-            taken = workload.taken_at(call)
-            if taken is not None and taken > self.run_started:
-                self.run_started = taken
-                workload.overruns.watch(self, taken)
-                return
-        limit_s = workload.run_timeout_s
+        limit_s = workload.executor.run_limit_s
         if not self.spec.is_async and self.spec.decode is None:
             # Its thread cannot be stopped, and keeps the model and memory it holds (a
             # sequence of the decode steps is dropped at the next step instead).
@@ -346,9 +330,10 @@ class Work:
     def settle(self, _outcome: object = None) -> None:
         """The one end of every piece of work, once its outcome is set (also its done
         callback): its models let go of, its waiting request woken, out of flight,
-        its run watch forgotten, its queue slot given back, an error counted. A
-        task still driving it is cancelled (an async handler stops at its next
-        await); a handler thread cannot be, and keeps its own reference to the model."""
+        its run forgotten by the executor, its queue slot given back, an error
+        counted. A task still driving it is cancelled (an async handler stops at
+        its next await); a handler thread cannot be, and keeps its own reference
+        to the model."""
         if self.settled:
             return
         self.settled = True
@@ -365,7 +350,7 @@ class Work:
         workload = self.workload
         outcome = self.outcome
         workload.in_flight.discard(outcome)
-        workload.overruns.forget(self)
+        workload.executor.forget(self)
         workload.pending[self.handler] -= 1
         task = self.task
         if task is not None and not task.done() and task is not asyncio.current_task():

@@ -32,8 +32,13 @@ MARGIN_S = 0.1
 
 
 @pytest.fixture
-def calls() -> Iterator[Executor]:
-    calls = Executor(1)
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def calls(clock: ManualClock) -> Iterator[Executor]:
+    calls = Executor(1, run_limit_s=600.0, clock=clock)
     yield calls
     calls.shutdown()
 
@@ -44,20 +49,19 @@ async def turns(n: int = 3) -> None:
 
 
 async def test_a_member_held_behind_a_running_batch_waits_past_its_start_by_time(
-    tmp_path: Path, calls: Executor
+    tmp_path: Path, clock: ManualClock, calls: Executor
 ) -> None:
     from tests.handlers import stuck
 
     stuck.CANCELLED.clear()
     spec = discover(["tests.handlers.stuck"]).handler("ahang_batch")
-    clock = ManualClock()
     metrics = Metrics()
     workload = Workload(
         clock=clock,
         estimator=Estimator(tmp_path, default_bandwidth_bytes_s=1e9, default_init_s=0.1),
         metrics=metrics,
         health=Health(),
-        run_timeout_s=600.0,
+        executor=calls,
     )
     batcher = Batcher(executor=calls, run_estimate_s=lambda _: 0.0, margin_s=MARGIN_S, clock=clock)
 

@@ -1,15 +1,17 @@
 """The whole life of `Work`, as a property: whatever happens to it, in any order.
 
 A Hypothesis state machine over real `Work`s kept in real `Workload`
-(runtime/dispatch/work.py) on the manual clock. Its rules are what the
-schedulers and the executor do to a piece of work (admit it, start it alone,
-in a batch or as a decode step, end its call with an output, an error or a
+(runtime/dispatch/work.py), run by a real `Executor` whose run-limit watch is
+on the manual clock. Its rules are what the schedulers and the executor do to
+a piece of work (admit it, start it alone, in a batch or as a decode step and
+hand it to the executor's watch, end its call with an output, an error or a
 cancellation) and what comes from outside (a cancel, a drain's cut-off, its
 run limit passing as the clock moves). After every step:
 
 - a settled work's outcome is set, and each work settles exactly once: its
   queue slot is given back once (the workload count the unsettled ones), it is
-  out of flight, its run is no longer watched, its waiting request is woken;
+  out of flight, the executor no longer watches its run, its waiting request
+  is woken;
 - each model lease is released exactly once, and only once its work settled;
 - only running, unsettled work is watched for its run limit.
 """
@@ -27,6 +29,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 from runtime.clock import ManualClock
 from runtime.context import Context
+from runtime.dispatch.executor import Executor
 from runtime.dispatch.work import Work, Workload
 from runtime.errors import HandlerError
 from runtime.models.estimate import Estimator
@@ -71,6 +74,9 @@ class WorkMachine(RuleBasedStateMachine):
         self.clock = ManualClock()
         self.metrics = Metrics()
         self.health = Health(self.clock)
+        # Its threads are never started: the rules hand the executor's watch what a
+        # scheduler would, and end each call themselves.
+        self.executor = Executor(1, run_limit_s=RUN_LIMIT_S, clock=self.clock)
         # The estimator's state directory, removed in teardown: one per example.
         self.state = tempfile.TemporaryDirectory(prefix="thaw-work-")
         estimator = Estimator(
@@ -83,7 +89,7 @@ class WorkMachine(RuleBasedStateMachine):
             estimator=estimator,
             metrics=self.metrics,
             health=self.health,
-            run_timeout_s=RUN_LIMIT_S,
+            executor=self.executor,
         )
         registry = discover(["tests.handlers.echo"])
         self.spec = next(iter(registry.handlers.values()))
@@ -102,6 +108,7 @@ class WorkMachine(RuleBasedStateMachine):
             tracked.work.cancel()
         self.spin()
         self.check_books()
+        self.executor.shutdown()
         self.loop.close()
         self.state.cleanup()
 
@@ -133,7 +140,9 @@ class WorkMachine(RuleBasedStateMachine):
     def start_alone(self, tracked: Tracked) -> None:
         work = tracked.work
         if not work.running and not work.settled:
-            work.started(work.queued(self.clock.monotonic(), {}))
+            at = work.queued(self.clock.monotonic(), {})
+            work.started(at)
+            self.executor.watch([work], at)
 
     @rule(members=st.lists(works, min_size=1, max_size=4, unique_by=id))
     def start_batch(self, members: list[Tracked]) -> None:
@@ -141,12 +150,15 @@ class WorkMachine(RuleBasedStateMachine):
         now = self.clock.monotonic()
         for index, work in enumerate(ready):
             work.started(now, now - 0.01, len(ready), leader=index == 0)
+        self.executor.watch(ready, now)  # one call for the batch, its members watched
 
     @rule(tracked=works)
     def decode_step_admits(self, tracked: Tracked) -> None:
         work = tracked.work
         if not work.running and not work.settled:
-            work.started(self.clock.monotonic(), work.queued(self.clock.monotonic(), {}))
+            at = self.clock.monotonic()
+            work.started(at, work.queued(at, {}))
+            self.executor.watch([work], at)  # from its prefill to its end
 
     @rule(tracked=works, output=st.integers())
     def call_returns(self, tracked: Tracked, output: int) -> None:
@@ -206,7 +218,7 @@ class WorkMachine(RuleBasedStateMachine):
         unsettled = [t.work for t in self.all if not t.work.settled]
         assert self.workload.pending[self.spec.name] == len(unsettled)
         assert self.workload.in_flight == {work.outcome for work in unsettled}
-        watched = len(self.workload.overruns)
+        watched = len(self.executor.overruns)
         assert watched <= sum(1 for work in unsettled if work.running)
         for tracked in self.all:
             work = tracked.work

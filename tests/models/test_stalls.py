@@ -252,7 +252,7 @@ async def test_a_warm_up_left_running_by_its_stall_runs_in_a_bundle_window(
 async def past_the_run_limit(instance: Instance, clock: ManualClock) -> None:
     """Once the one run of the test is watched (its run limit armed), the clock
     moves past that limit."""
-    overruns = instance.dispatcher.workload.overruns
+    overruns = instance.executor.overruns
     await until(lambda: len(overruns) == 1, "the run watched")
     clock.advance(RUN_LIMIT_S)
 
