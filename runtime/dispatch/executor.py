@@ -297,7 +297,7 @@ class Executor:
                 return
             taken = self._pool.taken_at(call)
             if taken is not None and taken > started_at:
-                self.overruns.watch(run, taken, call)
+                self.overruns.watch_again(run, taken, call)
                 return
         run.overrun()
 

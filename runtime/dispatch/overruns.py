@@ -11,12 +11,16 @@ matters on the warm path).
 
 Each run is kept with its start and what its watcher needs to look at it again
 when it is due (the executor: the future of a sync call, which may have waited
-for a handler thread, and then counts from when one took it).
+for a handler thread, and then counts from when one took it). A run found not
+due after all is watched again from a later start (`watch_again`), which may
+be before the starts of runs watched since: out of start order, it gets a
+timer of its own, so it is reported when it is due, not when they are.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Generic, TypeVar
 
 from runtime.clock import Clock, Timer
@@ -51,6 +55,14 @@ class Overruns(Generic[T, C]):
         if self._timer is None:
             self._arm(started_at + self.limit_s)
 
+    def watch_again(self, run: T, started_at: float, call: C | None = None) -> None:
+        """Watch `run` (reported, and found not due after all) again from `started_at`,
+        which may be before the starts of runs watched since: with a timer of its
+        own (only this rare path arms one per run)."""
+        entry = (started_at, call)
+        self._running[run] = entry
+        self._clock.call_at(started_at + self.limit_s, partial(self._fire_one, run, entry))
+
     def forget(self, run: T) -> None:
         self._running.pop(run, None)
 
@@ -71,3 +83,10 @@ class Overruns(Generic[T, C]):
         for run, (started_at, call) in due:
             del self._running[run]
             self._on_overrun(run, started_at, call)
+
+    def _fire_one(self, run: T, entry: tuple[float, C | None]) -> None:
+        # A run watched again: due now, unless it was forgotten (or reported already:
+        # `_fire` reports whatever is due when it comes to it).
+        if self._running.get(run) is entry:
+            del self._running[run]
+            self._on_overrun(run, *entry)

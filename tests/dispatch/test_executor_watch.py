@@ -104,6 +104,36 @@ async def test_a_sync_call_that_waited_for_a_thread_is_timed_from_when_one_took_
     assert done is not None and done.result() == {"id": "b"}
 
 
+async def test_a_call_watched_again_from_when_its_thread_took_it_is_told_when_that_is_due(
+    executor: Executor, clock: ManualClock, tmp_path: Path
+) -> None:
+    """Even where a run handed over since is due later: `b` is taken at t0 + 4 and
+    `x` handed over at t0 + 5, so at t0 + 10 `b` is watched again out of start
+    order; it is told at t0 + 14, not when `x` is due (t0 + 15)."""
+    t0 = clock.monotonic()
+    a, b, x = Run(clock), Run(clock), Run(clock)
+    start(executor, "held_call", {"id": "a"}, a)
+    start(executor, "held_call", {"id": "b"}, b)
+    await until(lambda: held_calls.STARTED == ["a"], "a runs; b waits for the thread")
+    clock.advance(4)
+    held_calls.release("a")
+    await until(lambda: held_calls.STARTED == ["a", "b"], "b takes the thread at t0 + 4")
+    await until(lambda: a.ended is not None, "a ended, and was forgotten")
+    clock.advance(1)  # t0 + 5
+    x_call = start(executor, "ahang", {"release": str(tmp_path / "never")}, x)
+    assert x_call is not None
+    clock.advance(5)  # t0 + 10: b was handed over 10 s ago, and has run 6 s
+    assert b.overran == [] and len(executor.overruns) == 2
+    clock.advance(4)  # t0 + 14
+    assert b.overran == [t0 + 14] and x.overran == []
+    clock.advance(1)  # t0 + 15
+    assert x.overran == [t0 + 15] and a.overran == []
+
+    x_call.cancel()
+    held_calls.release("b")
+    await until(lambda: b.ended is not None and x.ended is not None, "b and x ended")
+
+
 async def test_an_async_call_is_told_once_it_overran_and_forgotten_when_it_ends(
     executor: Executor, clock: ManualClock, tmp_path: Path
 ) -> None:
