@@ -73,9 +73,9 @@ class HandlerThreads:
             raise ValueError("max_threads must be at least 1")
         self.max_threads = max_threads
         self._now = now
-        # When each call that had to wait in the queue was taken by a thread (calls
-        # handed to an idle thread at once are not here: they began as submitted).
-        # Weak: an entry goes with its call's future.
+        # When a thread took each call from the queue (every call passes it: one
+        # that found a thread free is taken at once, one behind busy threads once
+        # one is free). Weak: an entry goes with its call's future.
         self._taken_at: weakref.WeakKeyDictionary[Future[Any], float] = weakref.WeakKeyDictionary()
         self.name = name
         self.release_team = release_team
@@ -185,8 +185,8 @@ class HandlerThreads:
         return True, None, release
 
     def taken_at(self, future: Future[Any]) -> float | None:
-        """When a thread took the call of `future` after it waited in the queue (None:
-        it has not waited, or is waiting still: see `future.running()`)."""
+        """When a thread took the call of `future` from the queue (None: it waits
+        still: see `future.running()`)."""
         return self._taken_at.get(future)
 
     def shutdown(self) -> None:
