@@ -224,7 +224,9 @@ class ServerProcess:
         return Path(f"/proc/{self.proc.pid}/maps").read_text()
 
     def __enter__(self) -> ServerProcess:
-        return self.start()
+        # `with ServerProcess(env).start() as server` started it already: a second
+        # start would leave the first process running, unstopped.
+        return self if self.proc is not None else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.kill()

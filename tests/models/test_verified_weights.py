@@ -252,7 +252,7 @@ def test_a_sharded_bundle_with_an_index_loads_in_a_real_server(
         "THAW_HANDLERS": "tests.handlers.weights_sum",
         "THAW_LOG_LEVEL": "INFO",
     }
-    with ServerProcess(env).start() as server, server.client(timeout=120) as client:
+    with ServerProcess(env) as server, server.client(timeout=120) as client:
         answer = client.post("/invoke/wsum_a", json={}, headers={"Prefer": "wait=110"})
         assert answer.status_code == 200, answer.text
         body = answer.json()
