@@ -1,24 +1,28 @@
 """Cold start at real model sizes: a synthetic sharded bundle, loaded by `thaw serve`.
 
-`python bench/bigload.py [--sizes 1,6,16] [--dir DIR]` writes, per size, a bundle
+`python bench/bigload.py [--sizes 1,6,16] [--dir DIR] [--rounds 3]` writes, per size, a bundle
 laid out as a Hugging Face sharded checkpoint (shards of at most 2 GiB,
 `model-0000i-of-0000n.safetensors` and `model.safetensors.index.json`, built
 with per-chunk digests by `build_bundle`), whose builder (below) keeps every
 tensor, and measures in the same run:
 
-- floors: the same bytes read by one thread per core (page cache dropped), and
-  `import torch` in a fresh process (page cache dropped);
-- a bare script: a fresh process that imports torch, `safetensors.torch.load_file`s
-  each shard and touches every page (page cache dropped), which verifies nothing;
-- Thaw, fresh node, page cache dropped: spawn -> first answer, with the phases of
-  its Server-Timing header (an empty state directory: no verified stamps);
-- Thaw, fresh node, page cache warm (an empty state directory again);
+- in each of `--rounds` cold rounds, each after a drop of the page cache: the
+  floors (the same bytes read by one thread per core; `import torch` in a fresh
+  process), a bare script (a fresh process that imports torch,
+  `safetensors.torch.load_file`s each shard and touches every page, which
+  verifies nothing), and Thaw on a fresh node: spawn -> first answer, with the
+  phases of its Server-Timing header (an empty state directory: no verified
+  stamps). The rows show the round whose Thaw / floor ratio is the median, and
+  the spread of that ratio over the rounds;
+- Thaw, fresh node, page cache warm (the files read once beforehand; an empty
+  state directory again): a landing copies from the page cache what it holds, and
+  reads what it does not with O_DIRECT (runtime/bundles/sources/landing.py);
 - Thaw, a second instance on the same node (the stamps the first one recorded).
 
 Peak RSS is each process's own (VmHWM, or ru_maxrss of the bare script). Dropping
 the page cache needs root (`echo 3 > /proc/sys/vm/drop_caches`); without it the
 "cold" rows say so. The multi-GiB files are removed when it ends (--keep keeps
-them). The machine may be shared: figures are noisy, and a row is one run.
+them). The warm rows are one run each.
 """
 
 from __future__ import annotations
@@ -245,7 +249,26 @@ def gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def measure(size_gib: float, work: Path) -> list[str]:
+@dataclass
+class Round:
+    """One round of the cold measurements, each after the page cache was dropped."""
+
+    read_s: float
+    import_s: float
+    bare_s: float
+    bare: dict[str, Any]
+    thaw: Run
+
+    @property
+    def floor_s(self) -> float:
+        return self.read_s + self.import_s
+
+    @property
+    def ratio(self) -> float:
+        return self.thaw.wall_s / self.floor_s
+
+
+def measure(size_gib: float, work: Path, rounds: int) -> list[str]:
     size_bytes = int(size_gib * GIB)
     rows: list[str] = []
     bundles = work / f"bundles-{size_gib:g}"
@@ -254,22 +277,35 @@ def measure(size_gib: float, work: Path) -> list[str]:
         paths, kept = write_bundle(bundles, size_bytes)
         rss_cap = int(kept * 1.1) + RSS_SLACK_BYTES
 
-        cold = drop_caches()
-        note = "" if cold else " (page cache NOT dropped: needs root)"
-        read_s = parallel_read_s(paths)
-        drop_caches()
-        import_s, _ = fresh_process_s(IMPORT_TORCH)
-        floor_s = read_s + import_s
-        drop_caches()
-        bare_s, bare = fresh_process_s(BARE % [str(p) for p in paths])
-
-        drop_caches()
-        first = thaw_first_answer(bundles, work / f"state-{size_gib:g}-cold")
+        # The page cache warm first (a cold node reads past it, with O_DIRECT, and
+        # would leave it cold).
+        parallel_read_s(paths)
         warm = thaw_first_answer(bundles, work / f"state-{size_gib:g}-warm")
         second = thaw_first_answer(bundles, work / f"state-{size_gib:g}-warm")
-        for run in (first, warm, second):
+        # Then the cold rounds, each measuring the floors, the bare script and Thaw
+        # after a drop of its own: one round swings by a third from one run to the
+        # next here (a microVM's host faults), and a ratio is taken within a round.
+        cold = drop_caches()
+        note = "" if cold else " (page cache NOT dropped: needs root)"
+        measured: list[Round] = []
+        for index in range(rounds):
+            print(f"[{size_gib:g} GiB] cold round {index + 1} of {rounds}", file=sys.stderr)
+            drop_caches()
+            read_s = parallel_read_s(paths)
+            drop_caches()
+            import_s, _ = fresh_process_s(IMPORT_TORCH)
+            drop_caches()
+            bare_s, bare = fresh_process_s(BARE % [str(p) for p in paths])
+            drop_caches()
+            thaw = thaw_first_answer(bundles, work / f"state-{size_gib:g}-cold-{index}")
+            measured.append(Round(read_s, import_s, bare_s, bare, thaw))
+        for run in (warm, second, *(r.thaw for r in measured)):
             assert run.answer["bytes"] == kept, run.answer
-        assert bare["bytes"] == kept, bare
+        assert all(r.bare["bytes"] == kept for r in measured)
+        ordered = sorted(measured, key=lambda r: r.ratio)
+        median = ordered[len(ordered) // 2]  # the round whose ratio is the median
+        spread = f"{ordered[0].ratio:.2f}-{ordered[-1].ratio:.2f}x over {rounds} rounds"
+        bare_ratios = sorted(r.thaw.wall_s / r.bare_s for r in measured)
 
         def phases(run: Run) -> str:
             return ", ".join(f"{k} {run.phases.get(k, 0.0):.2f}" for k in ("fetch", "load", "init"))
@@ -278,22 +314,23 @@ def measure(size_gib: float, work: Path) -> list[str]:
             rss = "—" if peak is None else f"{gib(peak)} ({'ok' if peak <= rss_cap else 'OVER'})"
             rows.append(f"| {size_gib:g} GiB | {what} | {wall:.2f} s | {detail} | {rss} | {vs} |")
 
-        row(f"parallel read, {len(paths)} shards{note}", read_s, "floor", None, "—")
-        row("`import torch`, fresh process", import_s, "floor", None, "—")
+        floor_s = median.floor_s
+        row(f"parallel read, {len(paths)} shards{note}", median.read_s, "floor", None, "—")
+        row("`import torch`, fresh process", median.import_s, "floor", None, "—")
         row("import + read", floor_s, "floor", None, "1.00x")
         row(
             "bare `load_file` script",
-            bare_s,
+            median.bare_s,
             "verifies nothing",
-            bare["peak"],
-            f"{bare_s / floor_s:.2f}x",
+            max(r.bare["peak"] for r in measured),
+            f"{median.bare_s / floor_s:.2f}x",
         )
         row(
             f"Thaw, fresh node, cold{note}",
-            first.wall_s,
-            phases(first),
-            first.peak_bytes,
-            f"{first.wall_s / floor_s:.2f}x (bare {first.wall_s / bare_s:.2f}x)",
+            median.thaw.wall_s,
+            f"{phases(median.thaw)}; {spread}",
+            max(r.thaw.peak_bytes for r in measured),
+            f"{median.ratio:.2f}x (bare {bare_ratios[len(bare_ratios) // 2]:.2f}x)",
         )
         row("Thaw, fresh node, warm", warm.wall_s, phases(warm), warm.peak_bytes, "—")
         row("Thaw, second instance (stamps)", second.wall_s, phases(second), second.peak_bytes, "—")
@@ -309,6 +346,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="1", help="GiB, comma-separated (e.g. 1,6,16)")
     parser.add_argument("--dir", default="/var/tmp", help="where the bundles are written")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="cold rounds per size, the median shown (3)"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="thaw-bigload-", dir=args.dir))
     try:
@@ -317,7 +357,7 @@ def main() -> None:
             "|---|---|---|---|---|---|",
         ]
         for size in args.sizes.split(","):
-            rows += measure(float(size), work)
+            rows += measure(float(size), work, max(1, args.rounds))
             print("\n".join(rows), file=sys.stderr)  # so far, should a later size fail
         print("\n".join(rows))
     finally:

@@ -6,6 +6,12 @@ copy). A chunk that does not match fails the load naming the file and the chunk,
 and nothing landed stays alive. In a fresh process, where torch is still to
 import, the fetch itself lands the shards, and a flipped byte found while the
 import runs fails the load the same way.
+
+Each of these runs twice: with the shards in the page cache (a buffered read
+copies them out of it), and with them dropped from it, as on a fresh node, where
+the landing reads them from the disk with O_DIRECT straight into the tensors'
+memory (widened to whole blocks: the bytes of a tensor's neighbours read into
+its mapping must never show in the tensor).
 """
 
 from __future__ import annotations
@@ -14,16 +20,19 @@ import ctypes
 import gc
 import json
 import mmap
+import os
 import subprocess
 import sys
+import tempfile
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from runtime.bundles.chunks import Pending
 from runtime.bundles.manifest import Manifest
-from runtime.bundles.sources.landing import Landing, land
+from runtime.bundles.sources.landing import LandedShard, Landing, land
 from runtime.bundles.sources.local import LocalSource
 from runtime.bundles.stamps import shard_stamps
 from runtime.errors import IntegrityError
@@ -34,10 +43,57 @@ from tests.models.test_verified_weights import CHUNK, expected, write_bundle
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def landed(tmp_path: Path, *, flip_at: int | None = None) -> tuple[Path, Manifest, Pending]:
+@pytest.fixture(params=["cached", "cold"])
+def cold(request: pytest.FixtureRequest) -> bool:
+    """Whether the bundle's files are dropped from the page cache before they land."""
+    return bool(request.param == "cold")
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, cold: bool) -> Iterator[Path]:
+    """Where the bundle is written: for a cold bundle, on a disk whose page cache can be
+    dropped (/var/tmp: the test's own tmp_path may be a tmpfs, the page cache itself)."""
+    if not cold:
+        yield tmp_path
+        return
+    with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="thaw-landed-") as directory:
+        yield Path(directory)
+
+
+def evict(directory: Path) -> None:
+    """Drop the files' pages from the page cache, as on a node that never read them."""
+    for path in directory.iterdir():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # only clean pages can be dropped
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def check_path(landing: Landing, cold: bool) -> None:
+    """Each shard is read the way its page cache calls for: buffered from the cache,
+    or with O_DIRECT from the disk."""
+    direct = {shard.rel: shard.direct_fd >= 0 for shard in landing.shards.values()}
+    if cold and not any(direct.values()):
+        pytest.skip("this filesystem keeps its files in memory or refuses O_DIRECT")
+    assert direct == dict.fromkeys(direct, cold)
+
+
+def mappings(shard: LandedShard) -> list[mmap.mmap]:
+    """The anonymous mappings a landed shard's tensors live in."""
+    if shard.direct:
+        return [mapping for mapping, _ in shard.direct.values()]
+    return [buffer for buffer in shard.buffers.values() if isinstance(buffer, mmap.mmap)]
+
+
+def landed(
+    workdir: Path, cold: bool, *, flip_at: int | None = None
+) -> tuple[Path, Manifest, Pending]:
     """A two-shard bundle (chunks of CHUNK), its shards landing for a load; with
-    `flip_at`, one byte of the second shard flipped there first."""
-    root = tmp_path / "bundles"
+    `flip_at`, one byte of the second shard flipped there first; `cold`, dropped from
+    the page cache."""
+    root = workdir / "bundles"
     manifest = write_bundle(root, "wsum_a", shards=2, seed=5)
     bundle_dir = root / "wsum_a"
     if flip_at is not None:
@@ -45,10 +101,13 @@ def landed(tmp_path: Path, *, flip_at: int | None = None) -> tuple[Path, Manifes
         damaged = bytearray(victim.read_bytes())
         damaged[flip_at] ^= 0x01
         victim.write_bytes(bytes(damaged))
+    if cold:
+        evict(bundle_dir)
     shards = [f for f in manifest.files if f.path.endswith(".safetensors")]
     pending = Pending({f.path: f for f in shards})
     pending.landing = land(bundle_dir, manifest, pending.files)
     assert isinstance(pending.landing, Landing)
+    check_path(pending.landing, cold)
     return bundle_dir, manifest, pending
 
 
@@ -63,8 +122,8 @@ def addresses(landing: Landing) -> dict[int, int]:
     return spans
 
 
-def test_the_tensors_are_the_memory_the_chunks_were_checked_in(tmp_path: Path) -> None:
-    bundle_dir, manifest, pending = landed(tmp_path)
+def test_the_tensors_are_the_memory_the_chunks_were_checked_in(workdir: Path, cold: bool) -> None:
+    bundle_dir, manifest, pending = landed(workdir, cold)
     assert isinstance(pending.landing, Landing)
     spans = addresses(pending.landing)
     stamps = shard_stamps(bundle_dir, [f.path for f in manifest.files])
@@ -78,17 +137,17 @@ def test_the_tensors_are_the_memory_the_chunks_were_checked_in(tmp_path: Path) -
 
 
 def test_a_flipped_byte_fails_naming_file_and_chunk_and_frees_what_landed(
-    tmp_path: Path,
+    workdir: Path, cold: bool
 ) -> None:
     flip_at = 2 * CHUNK + 12345
-    bundle_dir, manifest, pending = landed(tmp_path, flip_at=flip_at)
+    bundle_dir, manifest, pending = landed(workdir, cold, flip_at=flip_at)
     assert isinstance(pending.landing, Landing)
     buffers = [
-        weakref.ref(buffer)
+        weakref.ref(mapping)
         for shard in pending.landing.shards.values()
-        for buffer in shard.buffers.values()
+        for mapping in mappings(shard)
     ]
-    assert all(isinstance(ref(), mmap.mmap) for ref in buffers)
+    assert buffers and all(isinstance(ref(), mmap.mmap) for ref in buffers)
     stamps = shard_stamps(bundle_dir, [f.path for f in manifest.files])
     with pytest.raises(IntegrityError, match="sha256 mismatch in chunk 2") as caught:
         weights_mod.load_weights(bundle_dir, manifest, "cpu", stamps, pending=pending)
@@ -96,6 +155,23 @@ def test_a_flipped_byte_fails_naming_file_and_chunk_and_frees_what_landed(
     del caught
     gc.collect()
     assert [ref() for ref in buffers] == [None] * len(buffers)
+
+
+def test_shards_verified_before_land_whole_and_unchecked(workdir: Path, cold: bool) -> None:
+    """A shard whose stamp says it was verified already (no chunk left to check) lands
+    the same way, read in whole blocks, and its tensors are the file's."""
+    root = workdir / "bundles"
+    manifest = write_bundle(root, "wsum_a", shards=2, seed=9)
+    bundle_dir = root / "wsum_a"
+    if cold:
+        evict(bundle_dir)
+    pending = Pending()
+    pending.landing = land(bundle_dir, manifest, pending.files)
+    assert isinstance(pending.landing, Landing)
+    check_path(pending.landing, cold)
+    stamps = shard_stamps(bundle_dir, [f.path for f in manifest.files])
+    tensors = weights_mod.load_weights(bundle_dir, manifest, "cpu", stamps, pending=pending)
+    assert describe(tensors) == expected(bundle_dir, manifest)
 
 
 def test_a_landing_the_load_does_not_take_is_let_go_of(tmp_path: Path) -> None:
@@ -159,9 +235,11 @@ def child(root: Path) -> dict[str, object]:
 
 
 @pytest.mark.process  # a fresh child process: torch not yet imported
-def test_a_fresh_process_lands_while_torch_imports(tmp_path: Path) -> None:
-    root = tmp_path / "bundles"
+def test_a_fresh_process_lands_while_torch_imports(workdir: Path, cold: bool) -> None:
+    root = workdir / "bundles"
     manifest = write_bundle(root, "wsum_a", shards=2, seed=7)
+    if cold:
+        evict(root / "wsum_a")
     report = child(root)
     assert report["how"] == "copied"
     assert report["weights"] == expected(root / "wsum_a", manifest)

@@ -4,9 +4,12 @@ The first load of an instance waits for `import torch` (1-2 s), which holds the
 GIL for long stretches but leaves the disk and the other cores idle. A fetch
 that leaves shards to the load (LocalSource.fetch_for_load) lands them instead:
 each tensor of each shard gets anonymous memory of its own (a private mapping,
-untouched until read), and reader threads, one per core, read each chunk with
-one preadv into the memory of the tensors it spans and check its digest from
-there (preadv and hashlib release the GIL), while the import runs. After the
+untouched until read), and reader threads read each chunk into the memory of
+the tensors it spans and check its digest from there (preadv and hashlib
+release the GIL), while the import runs. A shard the page cache holds is copied
+out of it with one preadv per chunk; one it does not hold (a fresh node) is read
+with O_DIRECT, from the disk into that memory, filling no page cache to be
+copied out again (pages.py; docs/decisions/0021). After the
 import the load wraps that memory as the tensors themselves (torch.frombuffer,
 which keeps the mapping alive as long as the tensor): no byte is copied twice,
 and no tensor reaches a builder before every chunk of its shard matched
@@ -27,8 +30,7 @@ from __future__ import annotations
 
 import bisect
 import collections
-import ctypes
-import functools
+import errno
 import mmap
 import os
 import sys
@@ -42,11 +44,11 @@ import orjson
 from runtime.bundles import chunks
 from runtime.bundles.chunks import Chunked, read_into
 from runtime.bundles.manifest import Manifest
-from runtime.errors import IntegrityError
+from runtime.bundles.sources import pages
+from runtime.errors import BundleError, IntegrityError
 
 # One read of a shard without chunk digests (as cpu.py reads it).
 READ_BYTES = 16 * 1024 * 1024
-_MADV_POPULATE_WRITE = 23  # Linux 5.14+
 # Device nodes of an accelerator torch may pick: CUDA, ROCm (torch.cuda), WSL.
 _ACCELERATORS = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
 # Floating dtypes by safetensors code (a float8 is never a load dtype: it converts).
@@ -76,8 +78,13 @@ class LandedShard:
         self.head = head
         self.data_start = 8 + header_len
         self.layout = _layout(head[8:], size - self.data_start)
-        self.buffers: dict[int, mmap.mmap] = {}
+        # By file offset: each tensor's bytes (an mmap, or a view of `direct`'s).
+        self.buffers: dict[int, mmap.mmap | memoryview] = {}
+        # Read with O_DIRECT (`direct_fd`): by file offset, each tensor's mapping and
+        # the file offset of its first byte, a block boundary at or before the tensor.
+        self.direct: dict[int, tuple[mmap.mmap, int]] = {}
         self.fd = -1
+        self.direct_fd = -1
         self.opened: os.stat_result | None = None
         self.arrived = False
 
@@ -98,6 +105,9 @@ class LandedShard:
             os.close(fd)
             raise
         shard.fd, shard.opened = fd, opened
+        aligned = entry is None or entry.chunk_bytes % pages.BLOCK == 0
+        if aligned and not pages.cached(fd, opened.st_size):
+            shard.direct_fd = pages.open_direct(path, opened)
         return shard
 
     def converts(self, target: str | None) -> bool:
@@ -108,9 +118,18 @@ class LandedShard:
 
     def allocate(self) -> None:
         for begin, stop in self.layout:
-            if stop > begin:
-                offset = self.data_start + begin
+            if stop <= begin:
+                continue
+            offset, end = self.data_start + begin, self.data_start + stop
+            if self.direct_fd < 0:
                 self.buffers[offset] = mmap.mmap(-1, stop - begin, flags=mmap.MAP_PRIVATE)
+                continue
+            # Widened to blocks at both ends: the few bytes of its neighbours there
+            # are read into it too, outside the tensor's own view.
+            base = offset - offset % pages.BLOCK
+            mapping = mmap.mmap(-1, end + -end % pages.BLOCK - base, flags=mmap.MAP_PRIVATE)
+            self.direct[offset] = (mapping, base)
+            self.buffers[offset] = memoryview(mapping)[offset - base : end - base]
 
     def ranges(self) -> list[tuple[int, int, int]]:
         """(chunk index or -1, start, end) to read: the manifest's chunks, else READ_BYTES
@@ -122,11 +141,14 @@ class LandedShard:
             return [
                 (i, *chunks.chunk_span(self.size, self.entry.chunk_bytes, i)) for i in range(count)
             ]
-        starts = range(self.data_start, self.size, READ_BYTES)
+        # Whole blocks of the file (the first read starts where the data does), so that
+        # no two reads touch the same bytes when they are direct.
+        starts = range(self.data_start - self.data_start % READ_BYTES, self.size, READ_BYTES)
         return [(-1, at, min(self.size, at + READ_BYTES)) for at in starts]
 
     def read(self, index: int, begin: int, stop: int) -> None:
-        """Read [begin, stop) into the tensors' memory with one preadv; check chunk `index`."""
+        """Read [begin, stop) into the tensors' memory (one preadv, or one direct read per
+        tensor); check chunk `index`."""
         lo = max(begin, self.data_start)
         offsets = sorted(self.buffers)
         views: list[memoryview] = []
@@ -136,16 +158,53 @@ class LandedShard:
             buffer = self.buffers[offset]
             start, end = max(lo, offset), min(stop, offset + len(buffer))
             if end > start:
-                _prefault(buffer, start - offset, end - start)
                 views.append(memoryview(buffer)[start - offset : end - offset])
         try:
-            read_into(self.fd, list(views), lo, self.rel, self.changed)
+            if self.direct_fd < 0 or not self._read_direct(lo, stop):
+                for view in views:
+                    pages.prefault(view, 0, len(view))
+                read_into(self.fd, list(views), lo, self.rel, self.changed)
             if self.entry is not None:
                 head = self.head[begin : min(stop, self.data_start)]
                 chunks.check(self.entry, index, [head, *views])
         finally:
             for view in views:
                 view.release()
+
+    def _read_direct(self, lo: int, stop: int) -> bool:
+        """Read [lo, stop) of the tensors with O_DIRECT, from the disk straight into their
+        memory: no page-cache copy to fill and copy out, which in a microVM costs a
+        host fault per guest page on top of the read (BENCHMARKS.md, bigload).
+        Chunks are whole blocks, so no two chunks' reads touch the same bytes. False
+        where the filesystem refuses direct reads: the buffered read takes over."""
+        offsets = sorted(self.direct)
+        for offset in offsets[max(0, bisect.bisect_right(offsets, lo) - 1) :]:
+            if offset >= stop:
+                break
+            mapping, base = self.direct[offset]
+            start, end = max(lo, offset), min(stop, offset + len(self.buffers[offset]))
+            if end <= start:
+                continue
+            first = start - start % pages.BLOCK
+            limit = min(end + -end % pages.BLOCK, base + len(mapping))
+            pages.prefault(mapping, first - base, limit - first)
+            target = memoryview(mapping)[first - base : limit - base]
+            try:
+                got = 0
+                while first + got < end:
+                    n = os.preadv(self.direct_fd, [target[got:]], first + got)
+                    if n == 0:
+                        raise self.changed()
+                    got += n
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise BundleError(f"{self.rel}: read failed ({exc.strerror})") from exc
+                os.close(self.direct_fd)
+                self.direct_fd = -1
+                return False
+            finally:
+                target.release()
+        return True
 
     def changed(self) -> IntegrityError:
         return IntegrityError(
@@ -154,10 +213,11 @@ class LandedShard:
         )
 
     def close(self) -> None:
-        self.buffers = {}
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        self.buffers, self.direct = {}, {}
+        for fd in (self.fd, self.direct_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.fd = self.direct_fd = -1
 
 
 class Landing:
@@ -183,7 +243,11 @@ class Landing:
         self._error: BaseException | None = None
         self._stopped = False
         self._done = False
-        workers = min(len(self._tasks), max(1, chunks.threads() - 1))
+        # A direct read's thread waits on the disk, not a core: one per core keeps the
+        # disk busy while the others hash (6 GiB here: 6.2 s, against 7.0 s with one
+        # core left to the import alone).
+        direct = any(shard.direct_fd >= 0 for shard in shards)
+        workers = min(len(self._tasks), max(1, chunks.threads() - (0 if direct else 1)))
         for number in range(workers):
             name = f"thaw-land-{number}"
             threading.Thread(target=self._work, name=name, daemon=True).start()
@@ -300,7 +364,7 @@ def should_land(directory: Path, nbytes: int) -> bool:
     except OSError:
         return False
     with _lock:
-        return _in_flight_bytes + nbytes <= 0.8 * _available_bytes()
+        return _in_flight_bytes + nbytes <= 0.8 * pages.available_bytes()
 
 
 def load_dtype(manifest: Manifest) -> tuple[bool, str | None]:
@@ -381,48 +445,3 @@ def _layout(raw: bytes, data_bytes: int) -> _Layout:
     if end != data_bytes:
         raise ValueError("tiling")
     return layout
-
-
-@functools.cache
-def _madvise() -> Callable[[int, int, int], int] | None:
-    """libc's madvise through ctypes, which releases the GIL (mmap.madvise holds it:
-    populating 6 GiB under it serialised the readers and stalled the import)."""
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return]
-
-
-def _address(buffer: mmap.mmap) -> int:
-    view = ctypes.c_char.from_buffer(buffer)
-    try:
-        return ctypes.addressof(view)
-    finally:
-        del view
-
-
-def _prefault(buffer: mmap.mmap, start: int, nbytes: int) -> None:
-    """Map the range for writing in one call (cpu.py `_prefault`: a fault per page costs
-    more than the copy). Best effort: older kernels refuse it."""
-    madvise = _madvise()
-    if madvise is None or nbytes <= 0:
-        return
-    page = mmap.PAGESIZE
-    begin = start - start % page
-    madvise(
-        _address(buffer) + begin, min(len(buffer), start + nbytes) - begin, _MADV_POPULATE_WRITE
-    )
-
-
-def _available_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
