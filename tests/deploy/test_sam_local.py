@@ -208,6 +208,7 @@ class StartLambda:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = sam.workdir / f"start-lambda-{self.port}.log"
+        self.interrupts = 0  # the Ctrl+Cs `stop` took
         argv = [sam.argv0, "local", "start-lambda", *sam.common()]
         # EAGER: one container per function, started now and kept, so jobs a call
         # leaves running are still there for the next call.
@@ -235,14 +236,19 @@ class StartLambda:
         until(listening, "sam local start-lambda listens")
 
     def stop(self) -> int:
-        """Ctrl+C, as a developer stops it: SAM then removes its warm containers."""
-        if self.proc.poll() is None:
+        """Ctrl+C, as a developer stops it: SAM then removes its warm containers. On a
+        loaded machine SAM once took longer than the safety limit to stop after it had
+        answered every call: as a developer would, a second Ctrl+C before a kill."""
+        for _ in range(2):
+            if self.proc.poll() is not None:
+                break
+            self.interrupts += 1
             self.proc.send_signal(signal.SIGINT)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(SAFETY_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
         self.sam.remember_containers(self.log())
         return self.proc.returncode
 
@@ -285,7 +291,8 @@ def test_sam_local_start_lambda_serves_boto3_invokes_and_jobs(sam: Sam, engine: 
     finally:
         code = server.stop()
     log = server.log()
-    assert code == 0, log
+    # Ended by Ctrl+C, not killed: 0 for one, whatever SAM exits with for a second.
+    assert code == 0 or (server.interrupts == 2 and code > 0), (code, server.interrupts, log)
     assert sam.containers, f"no SAM_CONTAINER_ID in the log:\n{log}"
     # SAM removed its warm container on Ctrl+C (the fixture removes any it did not).
     assert sam.left_behind(engine) == [], log
