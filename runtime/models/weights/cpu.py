@@ -9,7 +9,6 @@ fails the load.
 from __future__ import annotations
 
 import bisect
-import functools
 import os
 import stat
 import sys
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from runtime.bundles import chunks
 from runtime.bundles.chunks import read_into
+from runtime.bundles.sources import pages
 from runtime.bundles.stamps import Stamp, stamp_of
 from runtime.errors import BundleError, IntegrityError
 from runtime.models.weights.format import header_length, parse_header
@@ -39,22 +39,6 @@ _MADV_POPULATE_WRITE = 23  # Linux 5.14+
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-@functools.cache
-def _madvise() -> Callable[[int, int, int], int] | None:
-    """libc's madvise, or None off Linux. Foreign calls release the GIL."""
-    if sys.platform != "linux":
-        return None
-    import ctypes
-
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
-
-
 def _prefault(address: int, nbytes: int) -> None:
     """Map fresh memory for writing in one call, before a read fills it.
 
@@ -65,7 +49,7 @@ def _prefault(address: int, nbytes: int) -> None:
     against 0.64-1.09 s without it on this machine (median 0.69 vs 0.87 s).
     Best effort: older kernels refuse it (EINVAL) and the read faults as before.
     """
-    madvise = _madvise()
+    madvise = pages.madvise_fn() if sys.platform == "linux" else None
     if madvise is None or nbytes <= 0:
         return
     start = address - address % _PAGE_BYTES

@@ -45,8 +45,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runtime.bundles import chunks
+from runtime.bundles.sources import pages
 from runtime.errors import BundleError
-from runtime.models.weights.cpu import _madvise, _prefault
+from runtime.models.weights.cpu import _prefault
 
 if TYPE_CHECKING:
     import torch
@@ -289,7 +290,7 @@ class Region:
             raise BundleError(f"{self.rel}: no memory to copy its weights into ({_errno()})")
         source = self.address + start
         # In-kernel population of both sides instead of a fault per page (cpu._prefault).
-        madvise = _madvise()
+        madvise = pages.madvise_fn()
         if madvise is not None:
             madvise(source, length, _MADV_POPULATE_READ)
         _prefault(copy, length)
