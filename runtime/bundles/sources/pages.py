@@ -89,13 +89,19 @@ def open_direct(path: Path, opened: os.stat_result) -> int:
     return fd
 
 
-def available_bytes() -> int:
-    """The memory available to start new work without swapping (0 where unknown)."""
+def meminfo(field: str) -> int:
+    """A /proc/meminfo figure in bytes, e.g. "MemTotal" (0 where unknown)."""
     try:
         with open("/proc/meminfo") as handle:
             for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
+                name, _, value = line.partition(":")
+                if name == field:
+                    return int(value.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
         pass
     return 0
+
+
+def available_bytes() -> int:
+    """The memory available to start new work without swapping (0 where unknown)."""
+    return meminfo("MemAvailable")

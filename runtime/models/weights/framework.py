@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from runtime.bundles.sources import pages
 from runtime.errors import LoadFailed
 from runtime.models.weights import host, teams
 
@@ -183,14 +184,7 @@ def host_memory_limit() -> int:
             continue
         if text.isdigit() and int(text) < 1 << 60:
             return int(text)
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 * 1024**3
+    return pages.meminfo("MemTotal") or 8 * 1024**3
 
 
 def inference_mode() -> Any:
