@@ -228,9 +228,7 @@ class Executor:
         """
         if spec.is_async:
             if watched:  # before its first step, which may end it (and forget it)
-                at = self._now() if started_at is None else started_at
-                for run in watched:  # `watch`, inline: once per call
-                    self.overruns.watch(run, at, None)
+                self.watch(watched, self._now() if started_at is None else started_at)
             outcome = eager.start(_exits_caught(call()))
             if outcome.done():
                 then(outcome)
@@ -271,9 +269,7 @@ class Executor:
         # Watched once submitted (its outcome comes back one loop turn later at the
         # soonest, so nothing forgets it before), with its future: see `_overran`.
         if watched:
-            at = self._now() if started_at is None else started_at
-            for run in watched:  # `watch`, inline: once per call
-                self.overruns.watch(run, at, done)
+            self.watch(watched, self._now() if started_at is None else started_at, done)
         return done
 
     def watch(
@@ -282,9 +278,8 @@ class Executor:
         """Watch each of `watched` for the run limit from `started_at` (on the clock's
         `monotonic()`), run by sync `call` (None: an async one) until it is
         forgotten: what `run` and `submit` do for what a scheduler names."""
-        overruns = self.overruns
         for run in watched:
-            overruns.watch(run, started_at, call)
+            self.overruns.watch(run, started_at, call)
 
     def _overran(self, run: Watched, started_at: float, call: ThreadOutcome | None) -> None:
         """`run` has been watched `run_limit_s` since `started_at`: it overran, unless
