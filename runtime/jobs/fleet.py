@@ -160,6 +160,10 @@ class Fleet:
                     claimed = await asyncio.to_thread(self._claim, claim_next, work, cold_wait_s)
                     if claimed is None:
                         break
+                    # One of this instance's own jobs, recorded queued as it looked,
+                    # is taken back: its work waits here already (never run twice).
+                    if jobs.leases.take_back(claimed):
+                        continue
                     outcome = jobs.recovery.run_claimed(claimed)
                     if outcome is not None:
                         # One claimed job at a time: another is claimed once this one

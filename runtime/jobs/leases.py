@@ -15,7 +15,10 @@ Heartbeats and phases are fenced by the run: they carry the `attempts` the
 claim returned, so a run whose lease lapsed and that was claimed again (by
 another instance, or by this very owner) is refused, and stops. A job recorded
 queued (its instance could not start it at once, runtime/dispatch/claims.py) is
-held unclaimed, with no lease to renew, until `claim` takes it by id. `on_event`
+held unclaimed, with no lease to renew, until `claim` takes it by id, or until
+this instance's own fleet queue claims it (`take_back`: it looked while the
+instance was idle, and its claim committed after the record), which hands its
+claim to the held job: never a second run of it here, nor a second hold. `on_event`
 stops at once the work of a held job cancelled on any instance, and after a gap
 in the notifications reads the held jobs again. `outcome_of` is what a held
 job's ended work is recorded as.
@@ -123,6 +126,9 @@ class Leases:
         self.lease_s = lease_s
         self.clock = clock
         self.local: dict[str, LocalJob] = {}
+        # Jobs being recorded queued here (not held yet), by id: with the claim of this
+        # instance's fleet queue that took one meanwhile, for `hold` (`take_back`).
+        self.recording: dict[str, Job | None] = {}
         self._heartbeats: asyncio.Task[None] | None = None
         self._recheck: asyncio.Task[None] | None = None
         # Phase writes under way, by job id; the ids whose phase changed meanwhile.
@@ -130,8 +136,12 @@ class Leases:
         self._phase_changed: set[str] = set()
 
     def hold(self, local: LocalJob) -> None:
-        """Renew `local`'s lease from now on (until `drop`)."""
+        """Renew `local`'s lease from now on (until `drop`); a job recorded queued
+        holds the claim taken back while its record was written, if one was."""
         self.local[local.job.id] = local
+        taken = self.recording.pop(local.job.id, None)
+        if taken is not None:
+            local.job, local.claimed = taken, True
         if self._heartbeats is None:
             # Every job's: in a context of its own, each beat setting its job's id.
             self._heartbeats = asyncio.get_running_loop().create_task(
@@ -140,7 +150,8 @@ class Leases:
 
     def drop(self, local: LocalJob) -> None:
         """`local` is no longer held here; the loop stops with the last one."""
-        self.local.pop(local.job.id, None)
+        if self.local.get(local.job.id) is local:  # never another hold of its id
+            del self.local[local.job.id]
         if not self.local:
             self.stop()
 
@@ -199,11 +210,28 @@ class Leases:
                     delay = min(2 * delay, RETRY_MAX_S)
                     continue
                 claimed = None
+            if local.claimed:
+                break  # taken back meanwhile, by this instance's own fleet queue
             if claimed is None:
                 log.info("job %s was taken by another instance (or cancelled) first", job_id)
                 local.released = True
                 return False
             local.job, local.claimed = claimed, True
+        return True
+
+    def take_back(self, claimed: Job) -> bool:
+        """Whether `claimed`, just claimed by this instance's own fleet queue
+        (runtime/jobs/fleet.py), is a job this instance recorded queued: its claim is
+        then the held job's (or, its record still being written, `hold`'s), leased
+        here from now on, and its waiting work's `claim` finds it won. False: a job
+        of another instance's, to run here."""
+        if claimed.id in self.recording:
+            self.recording[claimed.id] = claimed
+            return True
+        local = self.local.get(claimed.id)
+        if local is None:
+            return False
+        local.job, local.claimed = claimed, True
         return True
 
     def on_event(self, event: Event | None) -> None:

@@ -37,7 +37,6 @@ from runtime.jobs.group_commit import GroupCommit
 from runtime.jobs.items import ItemSource, JobItems
 from runtime.jobs.job import Job, JobStatus, new_job_id
 from runtime.jobs.leases import Leases, LocalJob, Probe, outcome_of, wait_set
-from runtime.jobs.owners import OwnerLock
 from runtime.jobs.quota import JobQuota, json_bytes
 from runtime.jobs.recovery import JobRunner, Recovery
 from runtime.jobs.store import JobStore
@@ -119,14 +118,6 @@ class JobManager:
         # by runtime/jobs/fleet.py): only then does the dispatcher record any.
         self.shared_queue = False
 
-    @property
-    def runner(self) -> JobRunner | None:
-        return self.recovery.runner
-
-    @property
-    def owner_lock(self) -> OwnerLock | None:
-        return self.recovery.owner_lock
-
     # ---- this instance's jobs ----------------------------------------------------
 
     async def record(
@@ -154,10 +145,14 @@ class JobManager:
             key_id=key_id,
             payload_bytes=size,
         )
+        if queued:  # the fleet's once committed, this instance's fleet queue included
+            self.leases.recording[job.id] = None
         try:
             await self._creates.create(job, encoded)  # the bytes counted are those written
-        except StorageUnavailable as exc:
-            self.access.failing(exc)
+        except BaseException as exc:
+            self.leases.recording.pop(job.id, None)
+            if isinstance(exc, StorageUnavailable):
+                self.access.failing(exc)
             raise
         self.access.serving()
         (self._queued if queued else self._running).inc()
@@ -169,6 +164,8 @@ class JobManager:
         """The final record of `job`, just created, whose `work` ended before its answer
         was sent: written at once (one try), so the answer is final too and nothing
         follows it. None when that try did not record it: `follow` it then (retries)."""
+        if job.id in self.leases.recording:
+            return None  # recorded queued (unclaimed, or taken back): `follow` it
         status, output, error = outcome_of(work, job.handler)
         finish = partial(self.store.finish, attempt=job.attempts)  # fenced
         try:
@@ -252,8 +249,9 @@ class JobManager:
         job, access, store = local.job, self.access, self.store
         status, output, error = local.outcome
         recorded, tries, delay = False, 0, RETRY_FIRST_S
-        run = (self.owner, job.attempts)
         while not local.released:
+            job = local.job  # each try: a queued job may be taken back meanwhile
+            run = (self.owner, job.attempts)
             tries += 1
             try:
                 finish = partial(store.finish, attempt=job.attempts)  # fenced
@@ -413,10 +411,6 @@ class JobManager:
         """Claim and run at once the running jobs of every dead owner of this node."""
         return await self.recovery.reclaim_dead_owners()
 
-    async def purge(self) -> int:
-        """Delete expired jobs; returns how many."""
-        return await self.recovery.purge()
-
     async def maintain(self) -> None:
         """One maintenance pass: dead owners' jobs, then lapsed jobs, then expired ones."""
         await self.recovery.maintain()
@@ -446,5 +440,5 @@ class JobManager:
         the next instance on this node takes that job at once."""
         self.access.close()
         self.leases.close()
-        if self.owner_lock is not None:
-            self.owner_lock.release(delete=self._abandoned == 0 and not self.local)
+        if self.recovery.owner_lock is not None:
+            self.recovery.owner_lock.release(delete=self._abandoned == 0 and not self.local)
