@@ -5,7 +5,9 @@ a job; this is how it becomes one. The job is recorded before its work starts:
 the answer then waits for nothing the work does first (a cold load imports
 torch, which holds the GIL), a job the store refuses never runs (the caller
 was told it was not taken: docs/reliability.md), and work queued for the fleet
-waits for its claim (claims.py).
+waits for its claim (claims.py). Queued work is followed before it starts, not
+after: its models may have turned ready while its record was written, and then
+its claim is made in the start's first step, which must find the job held.
 
 A job is then followed: its lease renewed while the work runs, each change
 of phase written as it happens, its outcome recorded as it ends
@@ -67,10 +69,15 @@ class Recorder:
             spec, self.executor, self.cache, self.busy(spec)
         )
         job = await self.record(spec, event, work, key_id, queued=queued)
-        if queued:
-            work.claim = partial(claims.claim_job, self.jobs, self.streams, job.id, work)
+        if not queued:
+            start(work, event)
+            return await self.follow(spec, job, work)
+        # Held before it starts: its claim may be made in the start's first step (its
+        # models turned ready while the record was written), and must find it here.
+        work.claim = partial(claims.claim_job, self.jobs, self.streams, job.id, work)
+        followed = await self.follow(spec, job, work)
         start(work, event)
-        return await self.follow(spec, job, work)
+        return followed
 
     async def turn_into_job(
         self, spec: HandlerSpec, event: Any, work: Work, key_id: str | None, queued: bool

@@ -23,7 +23,7 @@ from runtime.dispatch.answers import JOB_NOW
 from runtime.jobs.job import JobStatus
 from tests.handlers.one_at_a_time import RUNS
 from tests.jobs import postgres_fixtures
-from tests.support import SAFETY_S, running_instance, settings_for
+from tests.support import SAFETY_S, make_bundle, running_instance, settings_for
 
 pytestmark = [
     pytest.mark.anyio,
@@ -80,6 +80,85 @@ async def test_work_waiting_for_capacity_is_recorded_queued_and_taken_back_in_tu
             assert done.status is JobStatus.SUCCEEDED, done
             assert done.attempts == 1
         assert RUNS.started == ["job-0", "job-1", "sync"] and RUNS.peak == 1
+
+
+async def test_a_job_whose_model_turns_ready_while_it_is_recorded_queued_runs_here_once(
+    dsn: str, tmp_path: Path
+) -> None:
+    """Recorded queued because its model was loading; the load ends while the record is
+    being written. Its work then starts at once, claiming the job in its first step,
+    and the job must be held here by then: it runs now, once. (It was cancelled, and
+    left queued until an idle instance of the fleet took it: this one never is
+    idle here, a call of `one_at_a_time` runs throughout.)
+
+    The order is the test's: the job table is locked from another connection, so the
+    record's INSERT waits in its thread until the load has ended."""
+    import psycopg
+
+    from tests.handlers import held
+
+    make_bundle(tmp_path / "bundles", "held")
+    held.BUILD_GATE.clear()
+    held.BUILDING.clear()
+    RUNS.reset()
+    settings = settings_for(
+        tmp_path,
+        job_store=dsn,
+        handlers=("tests.handlers.held", "tests.handlers.one_at_a_time"),
+        job_lease_s=600.0,
+    )
+    async with running_instance(settings) as instance:
+        await settled(instance.ready, "ready")
+        busy = asyncio.ensure_future(
+            instance.invoke(HANDLER, {"id": "busy"}, wait_s=SAFETY_S, request_id="b")
+        )
+        await settled(lambda: RUNS.started == ["busy"], "a call runs throughout")
+        try:
+            waiter = asyncio.ensure_future(
+                instance.invoke("held_async", {"n": 0}, wait_s=SAFETY_S, request_id="w")
+            )
+            locker = await asyncio.to_thread(psycopg.connect, dsn)
+            watcher = await asyncio.to_thread(psycopg.connect, dsn, autocommit=True)
+            try:
+                await settled(held.BUILDING.is_set, "the load waits at its gate")
+                await asyncio.to_thread(locker.execute, "LOCK TABLE thaw_jobs IN EXCLUSIVE MODE")
+                submitted = asyncio.ensure_future(
+                    instance.invoke("held_async", {"n": 1}, policy=JOB_NOW, request_id="j")
+                )
+
+                async def inserts_waiting() -> int:
+                    found = await asyncio.to_thread(
+                        watcher.execute,
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND query LIKE '%INSERT INTO thaw_jobs%'",
+                    )
+                    row = found.fetchone()
+                    return 0 if row is None else int(row[0])
+
+                for _ in range(2000):
+                    if await inserts_waiting():
+                        break
+                    await asyncio.sleep(0.01)
+                else:
+                    raise AssertionError("never: the record waits for the table lock")
+                assert not submitted.done()
+                held.BUILD_GATE.set()
+                await settled(lambda: instance.cache.is_ready("held"), "the model is ready")
+            finally:
+                held.BUILD_GATE.set()
+                await asyncio.to_thread(locker.rollback)  # the record is written now
+                await asyncio.to_thread(locker.close)
+                await asyncio.to_thread(watcher.close)
+            assert (await waiter).output == {"tensors": 1, "event": {"n": 0}}
+            answer = await submitted
+            assert answer.job is not None and answer.job.status is JobStatus.QUEUED, answer
+            done = await instance.jobs.get(answer.job.id, key_id=None, wait_s=SAFETY_S)
+            assert done.status is JobStatus.SUCCEEDED and done.attempts == 1, done
+            assert done.output == {"tensors": 1, "event": {"n": 1}}
+            assert RUNS.started == ["busy"] and not busy.done(), "it ran beside the busy call"
+        finally:
+            RUNS.finish_all()
+        assert (await busy).output == {"id": "busy"}
 
 
 async def test_a_sequence_waiting_for_a_decode_slot_is_queued_and_claimed_as_it_gets_one(

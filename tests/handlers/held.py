@@ -1,6 +1,7 @@
 """Bundle `held`, whose builder waits in its thread until the test opens `BUILD_GATE`
 (`BUILDING` is set once it waits): a load that holds its memory reservation for as
-long as the test wants. Handler `held` uses it."""
+long as the test wants. Handler `held` uses it, and so does `held_async`, an
+`async def` (run on the loop, not a handler thread)."""
 
 from __future__ import annotations
 
@@ -24,3 +25,8 @@ def build_held(weights: dict[str, Any]) -> dict[str, Any]:
 @handler("held", uses=["held"])
 def held(event: Any, model: dict[str, Any], ctx: Context) -> dict[str, Any]:
     return model
+
+
+@handler("held_async", uses=["held"])
+async def held_async(event: Any, model: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    return {**model, "event": event}
