@@ -137,6 +137,10 @@ def sam(
         AWS_SHARED_CREDENTIALS_FILE=str(workdir / "none"),
         AWS_DEFAULT_REGION="us-east-1",
         HOME=str(workdir),  # SAM keeps its metadata under ~/.aws-sam
+        # Its log reaches the file as it is written, and a SIGABRT makes it print
+        # every thread's stack: what a stop that hangs was waiting on.
+        PYTHONUNBUFFERED="1",
+        PYTHONFAULTHANDLER="1",
     )
     found = Sam(argv0, env, workdir, session_images["cpu"], set())
     try:
@@ -237,17 +241,22 @@ class StartLambda:
         until(listening, "sam local start-lambda listens")
 
     def stop(self) -> int:
-        """Ctrl+C, as a developer stops it: SAM then removes its warm containers. On a
-        loaded machine SAM once took longer than the safety limit to stop after it had
-        answered every call: as a developer would, a second Ctrl+C before a kill."""
+        """Ctrl+C, as a developer stops it: SAM then removes its warm containers
+        (podman gives each 3 s to stop). In some full runs of the suite SAM did not
+        stop after it had answered every call: as a developer would, a second Ctrl+C,
+        then a SIGABRT, which makes it print its threads' stacks to its log (what it
+        waited on), then a kill."""
         for _ in range(2):
             if self.proc.poll() is not None:
                 break
             self.interrupts += 1
             self.proc.send_signal(signal.SIGINT)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(SAFETY_S / 2)
+                self.proc.wait(SAFETY_S / 4)
         if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGABRT)  # its stacks, into the log
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
         self.sam.remember_containers(self.log())
@@ -293,13 +302,14 @@ def test_sam_local_start_lambda_serves_boto3_invokes_and_jobs(sam: Sam, engine: 
         code = server.stop()
     log = server.log()
     assert sam.containers, f"no SAM_CONTAINER_ID in the log:\n{log}"
-    if code == -signal.SIGKILL:
+    if code in (-signal.SIGKILL, -signal.SIGABRT):
         # Every call above was answered; SAM's own shutdown did not end within two
-        # Ctrl+Cs. Seen twice in full runs of the suite, never with this module run
-        # alone (beside a CPU burner too); its cause is not known yet. Its warm
-        # container is left to the fixture, which removes it.
+        # Ctrl+Cs. Seen in 3 of 11 full runs of the suite, never with this module run
+        # alone (8 runs beside image builds, 3 beside a CPU burner); its cause is not
+        # known yet: the warning carries SAM's stacks. Its warm container is left to
+        # the fixture, which removes it.
         warnings.warn(
-            f"sam local start-lambda was killed after two Ctrl+Cs:\n{log[-2000:]}", stacklevel=2
+            f"sam local start-lambda was killed after two Ctrl+Cs:\n{log[-6000:]}", stacklevel=2
         )
         return
     # Ended by Ctrl+C: 0 for one, whatever SAM exits with for a second.
