@@ -17,7 +17,6 @@ call held at a gate in its thread), never by time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -156,13 +155,13 @@ def dsn(postgres_cluster: PostgresCluster, postgres_database: str) -> str:
     return postgres_cluster.dsn(postgres_database)
 
 
-@contextlib.asynccontextmanager
-async def instance(dsn: str) -> AsyncIterator[Here]:
-    here = Here(dsn)
+@pytest.fixture
+async def here(dsn: str) -> AsyncIterator[Here]:
+    made = Here(dsn)
     try:
-        yield here
+        yield made
     finally:
-        await here.close()
+        await made.close()
 
 
 def waiting_work() -> asyncio.Future[Any]:
@@ -190,12 +189,7 @@ async def runs_once_here(here: Here, job: Job, work: asyncio.Future[Any]) -> Non
     ), done
 
 
-async def test_a_held_job_the_fleet_queue_claims_runs_once_on_its_waiting_work(dsn: str) -> None:
-    async with instance(dsn) as here:
-        await held_job_claimed(here)
-
-
-async def held_job_claimed(here: Here) -> None:
+async def test_a_held_job_the_fleet_queue_claims_runs_once_on_its_waiting_work(here: Here) -> None:
     job = await here.jobs.record(HANDLER, {"id": "job-1"}, phase="queued", key_id=None, queued=True)
     work = waiting_work()
     follow(here, job, work)
@@ -208,13 +202,8 @@ async def held_job_claimed(here: Here) -> None:
 
 
 async def test_a_job_claimed_while_its_record_is_written_is_taken_back_once_followed(
-    dsn: str,
+    here: Here,
 ) -> None:
-    async with instance(dsn) as here:
-        await claimed_while_recorded(here)
-
-
-async def claimed_while_recorded(here: Here) -> None:
     here.store.create_gate = gate = threading.Event()
     recording = asyncio.ensure_future(
         here.jobs.record(HANDLER, {"id": "job-1"}, phase="queued", key_id=None, queued=True)
@@ -234,12 +223,7 @@ async def claimed_while_recorded(here: Here) -> None:
     await runs_once_here(here, job, work)
 
 
-async def test_a_job_taken_back_while_its_work_claims_it_runs_on_that_claim(dsn: str) -> None:
-    async with instance(dsn) as here:
-        await claimed_while_its_work_claims(here)
-
-
-async def claimed_while_its_work_claims(here: Here) -> None:
+async def test_a_job_taken_back_while_its_work_claims_it_runs_on_that_claim(here: Here) -> None:
     job = await here.jobs.record(HANDLER, {"id": "job-1"}, phase="queued", key_id=None, queued=True)
     work = waiting_work()
     follow(here, job, work)
