@@ -22,6 +22,7 @@ import pytest
 from runtime.dispatch.answers import JOB_NOW
 from runtime.jobs.job import JobStatus
 from tests.handlers.one_at_a_time import RUNS
+from tests.inproc import until
 from tests.jobs import postgres_fixtures
 from tests.support import SAFETY_S, make_bundle, running_instance, settings_for
 
@@ -43,14 +44,6 @@ def dsn(postgres_cluster: postgres_fixtures.PostgresCluster) -> Iterator[str]:
     postgres_cluster.drop_database(name)
 
 
-async def settled(done: object, what: str) -> None:
-    for _ in range(20_000):
-        if done():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError(f"never: {what}")
-
-
 async def test_work_waiting_for_capacity_is_recorded_queued_and_taken_back_in_turn(
     dsn: str, tmp_path: Path
 ) -> None:
@@ -59,11 +52,11 @@ async def test_work_waiting_for_capacity_is_recorded_queued_and_taken_back_in_tu
         tmp_path, job_store=dsn, handlers=("tests.handlers.one_at_a_time",), job_lease_s=600.0
     )
     async with running_instance(settings) as instance:
-        await settled(instance.ready, "ready")
+        await until(instance.ready, "ready")
         assert instance.jobs.shared_queue, "ready only once in its fleet"
         first = await instance.invoke(HANDLER, {"id": "job-0"}, policy=JOB_NOW, request_id="0")
         assert first.job is not None and first.job.status is JobStatus.RUNNING
-        await settled(lambda: RUNS.started == ["job-0"], "the first job runs")
+        await until(lambda: RUNS.started == ["job-0"], "the first job runs")
         behind = await instance.invoke(HANDLER, {"id": "job-1"}, policy=JOB_NOW, request_id="1")
         assert behind.job is not None and behind.job.status is JobStatus.QUEUED, behind
         sync = await instance.invoke(HANDLER, {"id": "sync"}, wait_s=0.5, request_id="s")
@@ -73,7 +66,7 @@ async def test_work_waiting_for_capacity_is_recorded_queued_and_taken_back_in_tu
         for expected in ("job-1", "sync"):
             [running] = RUNS.open
             RUNS.finish(running)
-            await settled(lambda e=expected: RUNS.started[-1:] == [e], f"{expected} runs")
+            await until(lambda e=expected: RUNS.started[-1:] == [e], f"{expected} runs")
         RUNS.finish_all()
         for job in (first.job, behind.job, sync.job):
             done = await instance.jobs.get(job.id, key_id=None, wait_s=SAFETY_S)
@@ -108,11 +101,11 @@ async def test_a_job_whose_model_turns_ready_while_it_is_recorded_queued_runs_he
         job_lease_s=600.0,
     )
     async with running_instance(settings) as instance:
-        await settled(instance.ready, "ready")
+        await until(instance.ready, "ready")
         busy = asyncio.ensure_future(
             instance.invoke(HANDLER, {"id": "busy"}, wait_s=SAFETY_S, request_id="b")
         )
-        await settled(lambda: RUNS.started == ["busy"], "a call runs throughout")
+        await until(lambda: RUNS.started == ["busy"], "a call runs throughout")
         try:
             waiter = asyncio.ensure_future(
                 instance.invoke("held_async", {"n": 0}, wait_s=SAFETY_S, request_id="w")
@@ -120,30 +113,23 @@ async def test_a_job_whose_model_turns_ready_while_it_is_recorded_queued_runs_he
             locker = await asyncio.to_thread(psycopg.connect, dsn)
             watcher = await asyncio.to_thread(psycopg.connect, dsn, autocommit=True)
             try:
-                await settled(held.BUILDING.is_set, "the load waits at its gate")
+                await until(held.BUILDING.is_set, "the load waits at its gate")
                 await asyncio.to_thread(locker.execute, "LOCK TABLE thaw_jobs IN EXCLUSIVE MODE")
                 submitted = asyncio.ensure_future(
                     instance.invoke("held_async", {"n": 1}, policy=JOB_NOW, request_id="j")
                 )
 
-                async def inserts_waiting() -> int:
-                    found = await asyncio.to_thread(
-                        watcher.execute,
+                def inserts_waiting() -> bool:
+                    row = watcher.execute(
                         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                        " AND query LIKE '%INSERT INTO thaw_jobs%'",
-                    )
-                    row = found.fetchone()
-                    return 0 if row is None else int(row[0])
+                        " AND query LIKE '%INSERT INTO thaw_jobs%'"
+                    ).fetchone()
+                    return row is not None and row[0] > 0
 
-                for _ in range(2000):
-                    if await inserts_waiting():
-                        break
-                    await asyncio.sleep(0.01)
-                else:
-                    raise AssertionError("never: the record waits for the table lock")
+                await until(inserts_waiting, "the record waits for the lock", in_thread=True)
                 assert not submitted.done()
                 held.BUILD_GATE.set()
-                await settled(lambda: instance.cache.is_ready("held"), "the model is ready")
+                await until(lambda: instance.cache.is_ready("held"), "the model is ready")
             finally:
                 held.BUILD_GATE.set()
                 await asyncio.to_thread(locker.rollback)  # the record is written now
@@ -172,7 +158,7 @@ async def test_a_sequence_waiting_for_a_decode_slot_is_queued_and_claimed_as_it_
         tmp_path, job_store=dsn, handlers=("tests.handlers.stepped",), job_lease_s=600.0
     )
     async with running_instance(settings) as instance:
-        await settled(instance.ready, "ready")
+        await until(instance.ready, "ready")
         decoder = instance.dispatcher.decoder
         held = [
             asyncio.ensure_future(
@@ -186,7 +172,7 @@ async def test_a_sequence_waiting_for_a_decode_slot_is_queued_and_claimed_as_it_
             for i in range(3)
         ]
         try:
-            await settled(lambda: decoder.busy("stepped"), "every slot taken")
+            await until(lambda: decoder.busy("stepped"), "every slot taken")
             queued = await instance.invoke(
                 "stepped", {"name": "queued", "n": 2}, policy=JOB_NOW, request_id="q"
             )
@@ -222,7 +208,7 @@ async def test_a_sync_202_waiting_for_a_handler_thread_is_queued_and_runs_once(
         tmp_path, job_store=dsn, handlers=handlers, job_lease_s=600.0, handler_threads=1
     )
     async with running_instance(settings) as instance:
-        await settled(instance.ready, "ready")
+        await until(instance.ready, "ready")
         held = asyncio.ensure_future(
             instance.invoke(
                 THREADED, {"tag": "held", "gate": "held"}, wait_s=SAFETY_S, request_id="h"
@@ -239,7 +225,7 @@ async def test_a_sync_202_waiting_for_a_handler_thread_is_queued_and_runs_once(
             other_root = tmp_path / "other"
             other = settings_for(other_root, job_store=dsn, handlers=handlers, handler_threads=1)
             async with running_instance(other) as idle:
-                await settled(idle.ready, "the other instance ready")
+                await until(idle.ready, "the other instance ready")
                 done = await idle.jobs.get(sync.job.id, key_id=None, wait_s=SAFETY_S)
                 assert done.status is JobStatus.SUCCEEDED, done
                 assert RUNS.started == ["held", "sync"]

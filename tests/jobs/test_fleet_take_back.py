@@ -4,7 +4,7 @@ The fleet queue (runtime/jobs/fleet.py `take_queued`) looks whether the instance
 is idle, then claims the fleet's oldest queued job in a worker thread. That claim
 may commit after the instance recorded a job of its own queued (it waits here for
 capacity), and take it. The claim is then that job's, handed to the work that
-waits for it (JobManager.run_claimed): the job runs once, here, and its outcome is
+waits for it (Leases.take_back): the job runs once, here, and its outcome is
 recorded. A second run of it here, under the same id, replaced the first run's
 hold and left one of the two unrecorded, `running` until its lease lapsed.
 
@@ -30,6 +30,7 @@ from runtime.jobs.job import Job, JobStatus
 from runtime.jobs.manager import JobManager
 from runtime.jobs.stores.postgres import PostgresJobStore
 from runtime.telemetry.metrics import Metrics
+from tests.inproc import until
 from tests.jobs.postgres_fixtures import PostgresCluster
 from tests.support import SAFETY_S
 
@@ -176,9 +177,7 @@ async def runs_once_here(here: Here, job: Job, work: asyncio.Future[Any]) -> Non
     """No second run started; the waiting work ends and its outcome is the job's."""
     assert here.runs.started == [], "a second run of the job started here"
     work.set_result({"id": "job-1"})
-    async with asyncio.timeout(SAFETY_S):
-        while job.id in here.jobs.local:
-            await asyncio.sleep(0.01)  # until its outcome is recorded (or discarded)
+    await until(lambda: job.id not in here.jobs.local, "its outcome recorded (or discarded)")
     done = await asyncio.to_thread(here.store.get, job.id)
     assert done is not None
     assert (done.status, done.owner, done.attempts, done.output) == (

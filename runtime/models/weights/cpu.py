@@ -49,6 +49,7 @@ def _prefault(address: int, nbytes: int) -> None:
     against 0.64-1.09 s without it on this machine (median 0.69 vs 0.87 s).
     Best effort: older kernels refuse it (EINVAL) and the read faults as before.
     """
+    # MADV_POPULATE_WRITE is Linux's: another kernel's madvise would read it as other advice.
     madvise = pages.madvise_fn() if sys.platform == "linux" else None
     if madvise is None or nbytes <= 0:
         return
